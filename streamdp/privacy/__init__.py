@@ -1,0 +1,23 @@
+"""Privacy accounting and noise: events, zCDP conversions, ledger, accountant,
+tree mechanism, samplers. See docs/privacy_accounting.md."""
+from streamdp.privacy.accountant import (Accountant, AtomLoads, BudgetExhausted, LedgerMismatch,
+                                         Reservation, atom_loads, events_loads)
+from streamdp.privacy.conversions import RHO_RTOL, zcdp_delta, zcdp_epsilon, zcdp_rho
+from streamdp.privacy.events import (STREAM, WARMUP, BudgetSpender, EventLog, GaussianEvent,
+                                     Partition, epoch_partition, parse_partition,
+                                     rho_by_partition, sigma_for_rho)
+from streamdp.privacy.ledger import FileLedger, Ledger, LedgerCorrupt, LedgerRecord
+from streamdp.privacy.noise import CSPRNGGaussianSampler, GaussianSampler, OpenDPGaussianSampler
+from streamdp.privacy.tree import (GaussianNodeMechanism, HorizonExceeded, NodeMechanism,
+                                   TreeAggregator, tree_depth)
+
+__all__ = [
+    "Accountant", "AtomLoads", "BudgetExhausted", "LedgerMismatch", "Reservation",
+    "atom_loads", "events_loads",
+    "RHO_RTOL", "zcdp_delta", "zcdp_epsilon", "zcdp_rho",
+    "STREAM", "WARMUP", "BudgetSpender", "EventLog", "GaussianEvent", "Partition",
+    "epoch_partition", "parse_partition", "rho_by_partition", "sigma_for_rho",
+    "FileLedger", "Ledger", "LedgerCorrupt", "LedgerRecord",
+    "CSPRNGGaussianSampler", "GaussianSampler", "OpenDPGaussianSampler",
+    "GaussianNodeMechanism", "HorizonExceeded", "NodeMechanism", "TreeAggregator", "tree_depth",
+]

@@ -1,0 +1,392 @@
+"""The privacy accountant: a zCDP budget filter backed by a write-ahead ledger.
+
+Guarantee
+---------
+Unit: one document; neighbouring streams differ by adding or removing one
+document. Every noise draw is a Gaussian mechanism (:class:`GaussianEvent`)
+whose cost ρ = count·Δ²/(2σ²) is reserved here before the noise is drawn.
+The configured (ε, δ) is converted once into a zCDP budget
+ρ_budget = zcdp_rho(ε, δ) (Canonne–Kamath–Steinke 2020, rounded down).
+
+Composition over partitions
+---------------------------
+Documents are split by their own timestamp into disjoint *atoms*: the warm-up,
+and each stream epoch 1, 2, 3, .... An event's ``partition`` says which atoms
+its released sum covers:
+
+* ``"warmup"``               → the warm-up atom;
+* ``"stream"``               → every stream epoch, present and future;
+* ``"stream:epochs=a-b"``    → stream epochs a..b (inclusive).
+
+A document in atom A is affected only by events covering A, and ρ adds up
+under (adaptive) sequential composition, so its loss is ρ(A) = Σ ρ of events
+covering A. Its worst case over all documents is max_A ρ(A) (parallel
+composition: the max, not the sum, over atoms). That maximum must stay
+≤ ρ_budget; it is converted back to ε with the same CKS formula in
+:meth:`Accountant.report`.
+
+Filter semantics
+----------------
+``reserve`` refuses (:class:`BudgetExhausted`) any request after which some
+atom would exceed the budget, and accepts any request that fits. Spend never
+decreases — no refunds, and a reservation never committed (a crash between
+reserve and release) counts forever — so a request refused once is refused
+forever, and an exhausted atom stays exhausted; a later *smaller* request that
+still fits (or one on another atom) may be accepted. This is a valid privacy
+filter under adaptivity (Rogers et al. 2016; Whitehead et al. 2022 for zCDP):
+the decision depends only on the ρ's asked for, never on the data, and every
+executed mechanism keeps Σρ ≤ ρ_budget on every atom.
+
+Durability and concurrency
+--------------------------
+``reserve`` runs under the ledger's exclusive lock: re-read the ledger (other
+processes may have spent), check, append the reservation durably, return. Only
+then may the caller draw noise. Two accountants (threads, processes) on one
+ledger are therefore serialised and cannot both spend the last of the budget.
+"""
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Iterable, Sequence
+
+from streamdp.privacy.conversions import RHO_RTOL, zcdp_epsilon, zcdp_rho
+from streamdp.privacy.events import (STREAM, WARMUP, GaussianEvent, Partition,
+                                     parse_partition)
+from streamdp.privacy.ledger import FileLedger, Ledger, LedgerRecord
+
+UNIT = "one document, add/remove"
+CONVERSION = ("Canonne-Kamath-Steinke 2020 zCDP->(eps,delta) (OpenDP cdp_epsilon; "
+              "cross-checked against dp_accounting RdpAccountant)")
+COMPOSITION = ("zCDP: rho adds up over events covering an atom (sequential, adaptive); "
+               "a document's loss is the max over atoms (parallel composition); atoms are "
+               "the warm-up and each stream epoch, assigned by document timestamp; "
+               "'stream' covers every epoch, 'stream:epochs=a-b' epochs a..b")
+
+
+class BudgetExhausted(RuntimeError):
+    """A reservation would push some atom's ρ over the budget; nothing was spent.
+
+    Attributes
+    ----------
+    label : str                      the refused request's label
+    requested : dict[str, float]     ρ asked for, per partition
+    atom : str                       the atom that would overflow
+    load_after : float               that atom's ρ had the request been accepted
+    remaining : float                ρ still available on that atom
+    budget : float                   ρ_budget
+    """
+
+    def __init__(self, message: str, *, label: str, requested: dict[str, float], atom: str,
+                 load_after: float, remaining: float, budget: float) -> None:
+        super().__init__(message)
+        self.label = label
+        self.requested = requested
+        self.atom = atom
+        self.load_after = load_after
+        self.remaining = remaining
+        self.budget = budget
+
+
+class LedgerMismatch(ValueError):
+    """The ledger was created for a different (ε, δ) budget."""
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Token returned by :meth:`Accountant.reserve`; pass it to :meth:`Accountant.commit`."""
+
+    id: str
+    label: str
+    events: tuple[GaussianEvent, ...]
+
+    @property
+    def rho(self) -> float:
+        return math.fsum(e.rho for e in self.events)
+
+
+# ------------------------------------------------------------ atom loads
+def _exact(x: float) -> Fraction:
+    return Fraction(x)
+
+
+def _to_float_up(q: Fraction) -> float:
+    """Nearest float ≥ q (never under-reports a load)."""
+    f = float(q)
+    return f if Fraction(f) >= q else math.nextafter(f, math.inf)
+
+
+@dataclass(frozen=True)
+class AtomLoads:
+    """Per-document ρ by atom (exact sums, reported rounded up).
+
+    Attributes
+    ----------
+    warmup : float          ρ of a warm-up document
+    stream_all : float      ρ of events covering every stream epoch ("stream")
+    worst_epoch : int|None  the stream epoch with the largest epoch-range load
+    worst_epoch_extra : float  that epoch's ρ from "stream:epochs=…" events
+    worst : float           max over atoms = the per-document worst case
+    worst_atom : str        which atom attains it
+    """
+
+    warmup: float
+    stream_all: float
+    worst_epoch: int | None
+    worst_epoch_extra: float
+    worst: float
+    worst_atom: str
+
+    @property
+    def worst_stream(self) -> float:
+        """ρ of the worst stream document (any epoch)."""
+        return _to_float_up(_exact(self.stream_all) + _exact(self.worst_epoch_extra))
+
+
+def atom_loads(items: Iterable[tuple[Partition, float]]) -> AtomLoads:
+    """Per-document worst-case ρ of a multiset of (partition, ρ) spends.
+
+    Exact rational arithmetic (floats are dyadic rationals), so the result
+    does not depend on the order of events and is rounded up only once.
+    Epochs covered by no range carry ``stream_all`` only; the worst epoch is
+    found by a sweep over range endpoints: O(n log n) for n range events.
+    """
+    warm = Fraction(0)
+    all_ = Fraction(0)
+    delta: dict[int, Fraction] = {}
+    for part, rho in items:
+        r = _exact(rho)
+        if part.kind == WARMUP:
+            warm += r
+        elif part.epochs is None:
+            all_ += r
+        else:
+            a, b = part.epochs
+            delta[a] = delta.get(a, Fraction(0)) + r
+            delta[b + 1] = delta.get(b + 1, Fraction(0)) - r
+    best, best_epoch, run = Fraction(0), None, Fraction(0)
+    for pos in sorted(delta):
+        run += delta[pos]
+        if run > best:
+            best, best_epoch = run, pos
+    stream = all_ + best
+    if warm >= stream:
+        worst, atom = warm, WARMUP
+    elif best_epoch is None:
+        worst, atom = stream, f"{STREAM} (every epoch)"
+    else:
+        worst, atom = stream, f"{STREAM} epoch {best_epoch}"
+    return AtomLoads(warmup=_to_float_up(warm), stream_all=_to_float_up(all_),
+                     worst_epoch=best_epoch, worst_epoch_extra=_to_float_up(best),
+                     worst=_to_float_up(worst), worst_atom=atom)
+
+
+def events_loads(events: Iterable[GaussianEvent]) -> AtomLoads:
+    """:func:`atom_loads` of GaussianEvents (partitions parsed strictly)."""
+    return atom_loads((parse_partition(e.partition), e.rho) for e in events)
+
+
+def _load_on_atom(events: Iterable[GaussianEvent], *, warmup: bool, epoch: int | None) -> float:
+    """ρ of a document in the warm-up, in stream ``epoch``, or (epoch None) in a
+    stream epoch that no epoch range covers."""
+    total = Fraction(0)
+    for e in events:
+        part = parse_partition(e.partition)
+        if warmup:
+            hit = part.kind == WARMUP
+        elif epoch is None:
+            hit = part.kind == STREAM and part.epochs is None
+        else:
+            hit = part.covers_epoch(epoch)
+        if hit:
+            total += _exact(e.rho)
+    return _to_float_up(total)
+
+
+def _event_from_dict(d: dict) -> GaussianEvent:
+    return GaussianEvent(block=d["block"], sensitivity=float(d["sensitivity"]),
+                         sigma=float(d["sigma"]), count=int(d["count"]),
+                         partition=d["partition"], mechanism=d["mechanism"])
+
+
+# --------------------------------------------------------------- accountant
+@dataclass(frozen=True)
+class _LedgerState:
+    events: tuple[GaussianEvent, ...]       # every reserved event, committed or not
+    reservations: int
+    uncommitted: frozenset[str]
+    refusals: int
+
+
+class Accountant:
+    """ρ-zCDP budget filter on a durable ledger (implements ``BudgetSpender``).
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        The guarantee to enforce, per document (add/remove), over the ledger's
+        whole life. Converted once to ``rho_budget`` (CKS 2020, rounded down).
+    ledger : Ledger, str or PathLike
+        A :class:`Ledger`, or a path for a :class:`FileLedger`. The first
+        accountant on a ledger records its (ε, δ); later ones must match
+        (:class:`LedgerMismatch` otherwise) so a restart can never silently
+        enlarge the budget.
+    """
+
+    unit = UNIT
+
+    def __init__(self, epsilon: float, delta: float, ledger: Ledger | str | os.PathLike) -> None:
+        self.epsilon = float(epsilon)
+        self.delta = float(delta)
+        self.ledger: Ledger = ledger if isinstance(ledger, Ledger) else FileLedger(ledger)
+        rho = zcdp_rho(self.epsilon, self.delta)
+        with self.ledger.exclusive():
+            budget = [r for r in self.ledger.read() if r.kind == "budget"]
+            if budget:
+                p = budget[0].payload
+                if (p.get("epsilon"), p.get("delta"), p.get("unit")) != (self.epsilon, self.delta, UNIT):
+                    raise LedgerMismatch(
+                        f"ledger {self.ledger!r} enforces (ε={p.get('epsilon')}, δ={p.get('delta')}, "
+                        f"unit={p.get('unit')!r}); this accountant was configured with "
+                        f"(ε={self.epsilon}, δ={self.delta}, unit={UNIT!r})")
+                # If the conversion code ever changes, keep the smaller budget.
+                rho = min(rho, float(p["rho"]))
+            else:
+                self.ledger.append(LedgerRecord("budget", "budget", {
+                    "epsilon": self.epsilon, "delta": self.delta, "rho": rho,
+                    "unit": UNIT, "conversion": CONVERSION}))
+        self.rho_budget = rho
+
+    def __repr__(self) -> str:
+        return (f"Accountant(epsilon={self.epsilon}, delta={self.delta}, "
+                f"rho_budget={self.rho_budget:.6g}, ledger={self.ledger!r})")
+
+    # ------------------------------------------------------------ ledger state
+    def _state(self) -> _LedgerState:
+        events: list[GaussianEvent] = []
+        seen: set[str] = set()
+        committed: set[str] = set()
+        refusals = 0
+        for rec in self.ledger.read():
+            if rec.kind in ("reserve", "commit"):
+                # Reserve and commit records of one reservation carry the same
+                # events (for compaction); count them once, whichever survives.
+                if rec.key not in seen:
+                    seen.add(rec.key)
+                    events.extend(_event_from_dict(e) for e in rec.payload["events"])
+                if rec.kind == "commit":
+                    committed.add(rec.key)
+            elif rec.kind == "refuse":
+                refusals += 1
+        return _LedgerState(tuple(events), len(seen), frozenset(seen - committed), refusals)
+
+    def loads(self) -> AtomLoads:
+        """Current per-document ρ by atom, from the ledger."""
+        return events_loads(self._state().events)
+
+    def remaining(self) -> float:
+        """ρ still available to the worst-off document (≥ 0)."""
+        return max(0.0, self.rho_budget - self.loads().worst)
+
+    # ---------------------------------------------------------------- spending
+    def _within(self, load: float) -> bool:
+        return load <= self.rho_budget * (1.0 + RHO_RTOL)
+
+    def reserve(self, events: Sequence[GaussianEvent], *, label: str = "") -> Reservation:
+        """Durably reserve ``events`` or raise :class:`BudgetExhausted`.
+
+        Returns a :class:`Reservation` once the reservation is on stable
+        storage; only then may the caller draw the noise. Raises
+        ``ValueError`` for non-GaussianEvents or unknown partition strings.
+        """
+        events = tuple(events)
+        for e in events:
+            if not isinstance(e, GaussianEvent):
+                raise TypeError(f"reserve() takes GaussianEvents, got {type(e).__name__}")
+            parse_partition(e.partition)              # strict: refuse to guess
+        rid = uuid.uuid4().hex
+        requested: dict[str, float] = {}
+        for e in events:
+            requested[e.partition] = requested.get(e.partition, 0.0) + e.rho
+        payload = {"label": label, "events": [e.to_dict() for e in events]}
+        with self.ledger.exclusive():
+            before = self._state().events
+            after = events_loads(before + events)
+            if not self._within(after.worst):
+                err = self._refusal(label, requested, before, events)
+                self.ledger.append(LedgerRecord("refuse", rid, {
+                    **payload, "atom": err.atom, "load_after": err.load_after,
+                    "rho_budget": self.rho_budget}))
+                raise err
+            self.ledger.append(LedgerRecord("reserve", rid, payload))
+        return Reservation(rid, label, events)
+
+    def _refusal(self, label: str, requested: dict[str, float],
+                 before: tuple[GaussianEvent, ...], new: tuple[GaussianEvent, ...]) -> BudgetExhausted:
+        after = events_loads(before + new)
+        atom = after.worst_atom
+        had = _load_on_atom(before, warmup=(atom == WARMUP), epoch=after.worst_epoch)
+        remaining = max(0.0, self.rho_budget - had)
+        asks = ", ".join(f"{p}: ρ={r:.6g}" for p, r in sorted(requested.items()))
+        msg = (f"privacy budget exhausted: refused {label or 'reservation'!r}, which asks "
+               f"{asks} (total ρ={math.fsum(requested.values()):.6g}); documents in {atom} "
+               f"would reach ρ={after.worst:.6g} > budget ρ={self.rho_budget:.6g} "
+               f"(ε={self.epsilon:g}, δ={self.delta:g}, {UNIT}); ρ remaining on {atom}: "
+               f"{remaining:.6g}. Nothing was spent.")
+        return BudgetExhausted(msg, label=label, requested=requested, atom=atom,
+                               load_after=after.worst, remaining=remaining,
+                               budget=self.rho_budget)
+
+    def commit(self, token: Reservation) -> None:
+        """Mark a reservation as released (idempotent). It stays spent either way."""
+        if not isinstance(token, Reservation):
+            raise TypeError(f"commit() takes the Reservation returned by reserve(), got {token!r}")
+        with self.ledger.exclusive():
+            keys = {(r.kind, r.key) for r in self.ledger.read()}
+            if ("commit", token.id) in keys:
+                return
+            if ("reserve", token.id) not in keys:
+                raise KeyError(f"reservation {token.id} ({token.label!r}) is not in {self.ledger!r}")
+            self.ledger.append(LedgerRecord("commit", token.id, {
+                "label": token.label, "events": [e.to_dict() for e in token.events]}))
+
+    # ---------------------------------------------------------------- report
+    def report(self) -> dict:
+        """JSON-serialisable privacy report (see the module docstring)."""
+        st = self._state()
+        loads = events_loads(st.events)
+        by_partition: dict[str, list[float]] = {}
+        for e in st.events:
+            by_partition.setdefault(e.partition, []).append(e.rho)
+        rho_by_partition = {p: math.fsum(v) for p, v in sorted(by_partition.items())}
+        return {
+            "unit": UNIT,
+            "currency": "rho (zCDP)",
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "rho_budget": self.rho_budget,
+            "conversion": CONVERSION,
+            "composition": COMPOSITION,
+            "rho_spent_by_partition": rho_by_partition,
+            "rho_by_atom": {
+                "warmup": loads.warmup,
+                "stream_every_epoch": loads.stream_all,
+                "stream_worst_epoch": loads.worst_epoch,
+                "stream_worst_epoch_rho": loads.worst_stream,
+            },
+            "rho_worst_case": loads.worst,
+            "worst_case_atom": loads.worst_atom,
+            "epsilon_worst_case": zcdp_epsilon(loads.worst, self.delta),
+            "rho_remaining": max(0.0, self.rho_budget - loads.worst),
+            "rho_remaining_by_atom": {
+                "warmup": max(0.0, self.rho_budget - loads.warmup),
+                "stream_worst_epoch": max(0.0, self.rho_budget - loads.worst_stream),
+                "stream_new_epoch": max(0.0, self.rho_budget - loads.stream_all),
+            },
+            "reservations": st.reservations,
+            "uncommitted": len(st.uncommitted),
+            "refusals": st.refusals,
+        }

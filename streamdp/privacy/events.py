@@ -1,0 +1,196 @@
+"""Privacy events: immutable records of every noise draw.
+
+Every Gaussian draw the engine makes is described, *before* it is drawn, by a
+:class:`GaussianEvent`. The release code hands the full list of planned events to
+a :class:`BudgetSpender` (the accountant) first; only if the spender accepts them
+is noise drawn. Mechanisms never decide whether budget is available: that is the
+accountant's job (the dp_accounting split between mechanisms and accountants).
+
+Currency is zero-concentrated DP (zCDP, Bun & Steinke 2016). A Gaussian mechanism
+with L2 sensitivity ``Δ`` and standard deviation ``σ`` is ρ-zCDP with
+``ρ = Δ² / (2σ²)``; ``count`` independent draws of the same shape compose to
+``count · ρ``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+# Data partitions with disjoint documents. A document belongs to exactly one of
+# them (decided by the document alone), so its privacy loss is the maximum over
+# partitions of the ρ spent on that partition (parallel composition), not the sum.
+WARMUP = "warmup"
+STREAM = "stream"
+
+# Continual release splits the stream further into epochs (by document
+# timestamp, 1-based). A released sum that covers epochs a..b (inclusive) is
+# tagged "stream:epochs=a-b"; plain "stream" covers every epoch, present and
+# future (e.g. a one-shot release of the whole stream).
+_EPOCHS_PREFIX = STREAM + ":epochs="
+
+
+@dataclass(frozen=True)
+class GaussianEvent:
+    """One (or ``count`` identical) Gaussian mechanism invocations.
+
+    Attributes
+    ----------
+    block : str
+        What was noised ("z", "s3", "m1", "count", "warmup", "s3_query", ...).
+    sensitivity : float
+        L2 sensitivity of the released quantity under add/remove of one document
+        (the enforced clip bound, or for power-method queries the derived bound).
+    sigma : float
+        Standard deviation of the Gaussian noise added to every coordinate.
+    count : int
+        Number of independent releases of this kind (e.g. power-method queries).
+    partition : str
+        The disjoint data partition whose documents the released sum covers.
+    mechanism : str
+        "tensor", "iterative" or "warmup": which release path drew it.
+    """
+
+    block: str
+    sensitivity: float
+    sigma: float
+    count: int = 1
+    partition: str = STREAM
+    mechanism: str = "tensor"
+
+    def __post_init__(self) -> None:
+        if not (self.sensitivity > 0 and self.sigma > 0):
+            raise ValueError(
+                f"GaussianEvent({self.block}): sensitivity and sigma must be > 0, "
+                f"got {self.sensitivity}, {self.sigma}")
+        if self.count < 1:
+            raise ValueError(f"GaussianEvent({self.block}): count must be >= 1")
+
+    @property
+    def noise_multiplier(self) -> float:
+        """σ / Δ (the dp_accounting convention, add/remove neighbours)."""
+        return self.sigma / self.sensitivity
+
+    @property
+    def rho(self) -> float:
+        """Total zCDP cost of the ``count`` releases."""
+        return self.count * self.sensitivity**2 / (2.0 * self.sigma**2)
+
+    def to_dict(self) -> dict:
+        return {"block": self.block, "sensitivity": self.sensitivity,
+                "sigma": self.sigma, "count": self.count,
+                "partition": self.partition, "mechanism": self.mechanism,
+                "rho": self.rho}
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A set of documents that other partitions never share (parallel composition).
+
+    Attributes
+    ----------
+    kind : str
+        ``"warmup"`` or ``"stream"``.
+    epochs : (int, int) or None
+        For ``kind == "stream"``: the inclusive, 1-based epoch range the released
+        sum covers, or ``None`` for every stream epoch (present and future).
+        Always ``None`` for the warm-up.
+
+    The per-document accounting unit ("atom") is the warm-up, or one stream
+    epoch: a document belongs to exactly one atom, chosen by its own timestamp.
+    """
+
+    kind: str
+    epochs: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in (WARMUP, STREAM):
+            raise ValueError(f"partition kind must be {WARMUP!r} or {STREAM!r}, got {self.kind!r}")
+        if self.epochs is not None:
+            if self.kind != STREAM:
+                raise ValueError("only stream partitions have epochs")
+            a, b = self.epochs
+            if not (isinstance(a, int) and isinstance(b, int) and 1 <= a <= b):
+                raise ValueError(f"epoch range must satisfy 1 <= first <= last, got {self.epochs}")
+
+    def __str__(self) -> str:
+        if self.epochs is None:
+            return self.kind
+        return f"{_EPOCHS_PREFIX}{self.epochs[0]}-{self.epochs[1]}"
+
+    def covers_epoch(self, epoch: int) -> bool:
+        """Whether a stream document of ``epoch`` is in this partition."""
+        if self.kind != STREAM:
+            return False
+        return self.epochs is None or self.epochs[0] <= epoch <= self.epochs[1]
+
+
+_EPOCHS_RE = re.compile(r"stream:epochs=([1-9][0-9]*)-([1-9][0-9]*)")
+
+
+def parse_partition(text: str) -> Partition:
+    """Parse ``"warmup"``, ``"stream"`` or ``"stream:epochs=a-b"`` (1 ≤ a ≤ b).
+
+    Anything else raises ``ValueError``: an accountant must never guess which
+    documents an unknown label covers.
+    """
+    if text == WARMUP or text == STREAM:
+        return Partition(text)
+    m = _EPOCHS_RE.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        raise ValueError(f"unknown partition {text!r}: expected {WARMUP!r}, {STREAM!r} "
+                         f"or '{_EPOCHS_PREFIX}<first>-<last>'")
+    return Partition(STREAM, (int(m.group(1)), int(m.group(2))))
+
+
+def epoch_partition(first: int, last: int) -> str:
+    """The partition string of stream epochs ``first..last`` (inclusive, 1-based)."""
+    return str(Partition(STREAM, (int(first), int(last))))
+
+
+def sigma_for_rho(sensitivity: float, rho: float, count: int = 1) -> float:
+    """Noise standard deviation so that ``count`` draws cost ``rho`` in total."""
+    if rho <= 0:
+        raise ValueError(f"rho must be > 0, got {rho}")
+    return sensitivity * (count / (2.0 * rho)) ** 0.5
+
+
+def rho_by_partition(events: Sequence[GaussianEvent]) -> dict[str, float]:
+    """Sum of ρ per data partition (sequential composition within a partition)."""
+    out: dict[str, float] = {}
+    for e in events:
+        out[e.partition] = out.get(e.partition, 0.0) + e.rho
+    return out
+
+
+@runtime_checkable
+class BudgetSpender(Protocol):
+    """What a release needs from an accountant.
+
+    ``reserve`` must durably record the events as spent (or raise, e.g.
+    ``BudgetExhausted``) *before* any noise is drawn, and return a token;
+    ``commit`` marks the reservation as released. A crash between the two still
+    counts the reservation as spent.
+    """
+
+    def reserve(self, events: Sequence[GaussianEvent], *, label: str = "") -> object: ...
+
+    def commit(self, token: object) -> None: ...
+
+
+@dataclass
+class EventLog:
+    """The minimal spender: records events, enforces nothing.
+
+    Used by the in-process estimator when no accountant is given; the snapshot's
+    privacy report still lists every event.
+    """
+
+    events: list[GaussianEvent] = field(default_factory=list)
+
+    def reserve(self, events: Sequence[GaussianEvent], *, label: str = "") -> object:
+        self.events.extend(events)
+        return len(self.events)
+
+    def commit(self, token: object) -> None:
+        return None

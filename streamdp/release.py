@@ -1,0 +1,268 @@
+"""Release: noise the sketch sums, whiten, decompose, un-whiten, denoise (DESIGN §3-4).
+
+Pipeline for sums Σ over N (weighted) stream documents, subspace Q (d × k'):
+
+1. plan the Gaussian events from the ρ budget and its per-block split, hand them
+   to the accountant (reserve, durably) — only then draw noise;
+2. N ← noised count; M1 = m1/N, Z = z/N, S1, S2 (noised, or derived from the
+   noised m1 and z as S1 = QᵀM1, S2 = QᵀZ — free post-processing);
+3. K = S2 − a S1S1ᵀ = V Λ Vᵀ; keep the top k, floor small eigenvalues, W = V_k Λ_k^{-1/2};
+4. T = T3(W,W,W), T3 = S3 − b(S2⊗S1 + perms) + c S1^{⊗3};
+5. robust tensor power method → (λ_i, v_i): on a once-noised T ("tensor"), or
+   with noise on every query of the raw S3 sum ("iterative", seed 003 Alg. 3);
+6. α_i = 4α0(α0+1)/((α0+2)²λ_i²);  μ_i = ((α0+2)/2) λ_i (Z − a M1 (M1ᵀQ)) W v_i;
+7. zero entries below τ × their known noise standard deviation, clip negatives,
+   renormalise to the simplex.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from streamdp.moments.clipping import ClipBounds
+from streamdp.moments.reference import lda_coefficients
+from streamdp.moments.sketch import SketchSums, symmetrize3
+from streamdp.privacy.events import (STREAM, BudgetSpender, EventLog, GaussianEvent,
+                                     rho_by_partition, sigma_for_rho)
+from streamdp.privacy.noise import GaussianSampler
+from streamdp.snapshot import TopicSnapshot
+from streamdp.tensor.power_method import ExactOracle, PowerMethodConfig, robust_power_method
+from streamdp.tensor.private import NoisyQueryOracle
+from streamdp.whitening.subspace import Subspace
+
+MECHANISMS = ("tensor", "iterative")
+
+
+@dataclass(frozen=True)
+class BudgetSplit:
+    """Fractions of the stream's ρ spent on each block (must sum to 1).
+
+    A zero share for s1 or s2 means "derive it from the noised m1 / z" (S1 = QᵀM1,
+    S2 = QᵀZ), which is post-processing and costs nothing. The default puts most
+    of the budget on z, whose noise dominates the topic error (DESIGN §7).
+    """
+
+    z: float = 0.75
+    s3: float = 0.15
+    m1: float = 0.08
+    count: float = 0.02
+    s1: float = 0.0
+    s2: float = 0.0
+
+    def __post_init__(self) -> None:
+        shares = asdict(self)
+        bad = {k: v for k, v in shares.items() if not (math.isfinite(v) and v >= 0)}
+        if bad:
+            raise ValueError(f"budget shares must be finite and >= 0, got {bad}")
+        for required in ("z", "s3", "m1", "count"):
+            if shares[required] <= 0:
+                raise ValueError(f"budget share for block {required!r} must be > 0 "
+                                 "(it is released in every private release)")
+        total = sum(shares.values())
+        if abs(total - 1.0) > 1e-9:
+            raise ValueError(f"budget shares must sum to 1, got {total:.6g} ({shares})")
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def block_sensitivities(clip: ClipBounds) -> dict[str, float]:
+    """L2 sensitivity of each block sum under add/remove of one document."""
+    return {"count": 1.0, "m1": clip.m1, "s1": clip.m1, "z": clip.z, "s2": clip.z, "s3": clip.s3}
+
+
+def plan_release(rho: float, clip: ClipBounds, split: BudgetSplit, mechanism: str,
+                 n_queries: int = 0, partition: str = STREAM) -> list[GaussianEvent]:
+    """Every Gaussian event of one release, before any noise is drawn.
+
+    For ``mechanism="iterative"`` the s3 share buys ``n_queries`` noisy power-method
+    queries instead of one noised s3 block: one event with sensitivity 1 and
+    sigma = ν (the per-query noise multiplier; each query's actual σ is ν times
+    its own sensitivity, see :mod:`streamdp.tensor.private`).
+    """
+    if mechanism not in MECHANISMS:
+        raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
+    if not (rho > 0 and math.isfinite(rho)):
+        raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
+    sens = block_sensitivities(clip)
+    events = []
+    for block, share in split.as_dict().items():
+        if share == 0:
+            continue
+        r = rho * share
+        if block == "s3" and mechanism == "iterative":
+            if n_queries < 1:
+                raise ValueError("the iterative mechanism needs the number of power-method queries")
+            events.append(GaussianEvent("s3_query", 1.0, sigma_for_rho(1.0, r, n_queries),
+                                        count=n_queries, partition=partition, mechanism=mechanism))
+        else:
+            events.append(GaussianEvent(block, sens[block], sigma_for_rho(sens[block], r),
+                                        partition=partition, mechanism=mechanism))
+    return events
+
+
+def noise_sums(sums: SketchSums, events: list[GaussianEvent], sampler: GaussianSampler,
+               Q: np.ndarray) -> SketchSums:
+    """Add the planned noise to each block; derive un-noised s1/s2 from m1/z.
+
+    Blocks without an event (s3 under the iterative mechanism) are passed through
+    untouched: their consumer must noise its own queries.
+    """
+    by_block = {e.block: e for e in events}
+    out = {}
+    for name in ("count", "m1", "z", "s1", "s2", "s3"):
+        value = getattr(sums, name)
+        e = by_block.get(name)
+        if e is not None and name == "count":
+            value = float(value) + float(sampler.sample(e.sigma, 1)[0])
+        elif e is not None:
+            value = value + sampler.sample(e.sigma, value.shape)
+        out[name] = value
+    if "s1" not in by_block:
+        out["s1"] = Q.T @ out["m1"]
+    if "s2" not in by_block:
+        out["s2"] = Q.T @ out["z"]
+    out["s2"] = 0.5 * (out["s2"] + out["s2"].T)
+    if "s3" in by_block:
+        out["s3"] = symmetrize3(out["s3"])
+    return SketchSums(**out)
+
+
+def _pairs(E2: np.ndarray, M1: np.ndarray) -> np.ndarray:
+    """E2⊗M1 + its two distinct permutations: [a,b,c] = E2_ab M1_c + E2_ac M1_b + E2_bc M1_a."""
+    return (np.einsum("ab,c->abc", E2, M1) + np.einsum("ac,b->abc", E2, M1)
+            + np.einsum("bc,a->abc", E2, M1))
+
+
+def qspace_moments(S1: np.ndarray, S2: np.ndarray, S3: np.ndarray | None, alpha0: float):
+    """K = S2 − a S1S1ᵀ (= QᵀM2Q) and T3 = S3 − b(S2⊗S1 + perms) + c S1^{⊗3} (= M3(Q,Q,Q)).
+
+    Inputs are normalised (divided by N). ``S3=None`` returns only the public
+    correction part of T3 (everything but S3), used by the iterative mechanism.
+    """
+    a, b, c = lda_coefficients(alpha0)
+    K = S2 - a * np.outer(S1, S1)
+    T3 = -b * _pairs(S2, S1) + c * np.einsum("a,b,c->abc", S1, S1, S1)
+    if S3 is not None:
+        T3 = T3 + S3
+    return 0.5 * (K + K.T), T3
+
+
+def whiten3(T: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """T(W, W, W): (m,m,m), (m,k) → (k,k,k)."""
+    return np.einsum("abc,ai,bj,ck->ijk", T, W, W, W, optimize=True)
+
+
+@dataclass(frozen=True)
+class DenoiseConfig:
+    """τ: entries of μ_i below τ × their noise standard deviation are zeroed."""
+
+    threshold: float = 2.0
+    eig_floor: float = 1e-9
+
+    def __post_init__(self) -> None:
+        if not (self.threshold >= 0 and math.isfinite(self.threshold)):
+            raise ValueError(f"denoising threshold must be >= 0, got {self.threshold}")
+        if not (0 < self.eig_floor < 1):
+            raise ValueError(f"eig_floor must be in (0, 1), got {self.eig_floor}")
+
+
+def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha0: float,
+                   rho: float | None, clip: ClipBounds, mechanism: str = "tensor",
+                   split: BudgetSplit = BudgetSplit(), sampler: GaussianSampler | None = None,
+                   spender: BudgetSpender | None = None,
+                   power: PowerMethodConfig = PowerMethodConfig(),
+                   denoise: DenoiseConfig = DenoiseConfig(), partition: str = STREAM,
+                   label: str = "release", epoch: int | None = None) -> TopicSnapshot:
+    """Run the whole release on closed sums. ``rho=None``: the non-private estimator."""
+    Q = subspace.Q
+    k_prime = subspace.dim
+    if not 1 <= n_topics <= k_prime:
+        raise ValueError(f"n_topics={n_topics} must be between 1 and the subspace dimension {k_prime}")
+    if not alpha0 > 0:
+        raise ValueError(f"alpha0 must be > 0, got {alpha0}")
+    private = rho is not None
+    n_queries = power.n_queries(n_topics) if mechanism == "iterative" else 0
+    events = plan_release(rho, clip, split, mechanism, n_queries, partition) if private else []
+    if private and sampler is None:
+        raise ValueError("a private release needs a noise sampler")
+    spender = spender if spender is not None else EventLog()
+    # Write-ahead: the accountant records the spend before any noise exists.
+    token = spender.reserve(events, label=label) if events else None
+    by_block = {e.block: e for e in events}
+
+    noisy = noise_sums(sums, events, sampler, Q) if private else noise_sums(sums, [], None, Q)
+    if not private:
+        noisy = noisy.replace(s3=symmetrize3(sums.s3))
+    N = max(float(noisy.count), 1.0)
+    a = lda_coefficients(alpha0)[0]
+    M1, Z = noisy.m1 / N, noisy.z / N
+    S1, S2 = noisy.s1 / N, noisy.s2 / N
+
+    # --- whitening in k'-space
+    iterative = mechanism == "iterative" and private
+    Kmat, T3 = qspace_moments(S1, S2, None if iterative else noisy.s3 / N, alpha0)
+    evals, evecs = np.linalg.eigh(Kmat)
+    order = np.argsort(evals)[::-1][:n_topics]
+    lam, V = evals[order], evecs[:, order]
+    floor = denoise.eig_floor * max(lam[0], np.finfo(float).tiny)
+    if private:
+        # spectral norm of the symmetrised noise on K is about 2σ√k' (σ per entry)
+        sigma_K = (by_block["s2"].sigma if "s2" in by_block else by_block["z"].sigma) / N
+        floor = max(floor, 2.0 * sigma_K * math.sqrt(k_prime))
+    lam = np.maximum(lam, floor)
+    W = V / np.sqrt(lam)                                     # (k', k)
+
+    # --- the whitened tensor and its decomposition
+    if iterative:
+        q = by_block["s3_query"]
+        oracle = NoisyQueryOracle(whiten3(symmetrize3(sums.s3), W), whiten3(T3, W), N, clip.s3, W,
+                                  q.sigma / q.sensitivity, q.count, sampler)
+    else:
+        oracle = ExactOracle(whiten3(T3, W))
+    lambdas, Vt = robust_power_method(oracle, n_topics, power)
+    lambdas = np.maximum(lambdas, 1e-12)
+
+    # --- un-whitening through Z and denoising
+    alpha = 4 * alpha0 * (alpha0 + 1) / ((alpha0 + 2) ** 2 * lambdas**2)
+    M1Q = M1 @ Q                                             # (k',)
+    M2Q = Z - a * np.outer(M1, M1Q)                          # (d, k')
+    WV = W @ Vt                                              # (k', k)
+    beta = (alpha0 + 2) / 2 * lambdas
+    mu = (M2Q @ WV) * beta                                   # (d, k) columns = topics
+    if private:
+        sz = by_block["z"].sigma / N
+        sm = by_block["m1"].sigma / N
+        noise_sd = beta * np.sqrt(sz**2 * np.sum(WV**2, axis=0) + (a * sm * (M1Q @ WV))**2)
+        mu = np.where(mu >= denoise.threshold * noise_sd[None, :], mu, 0.0)
+    topic_word = project_rows_to_simplex(mu.T)
+
+    if token is not None:
+        spender.commit(token)
+    privacy = {
+        "unit": "one document",
+        "neighbouring": "add/remove one document",
+        "mechanism": mechanism if private else "none",
+        "rho_by_partition": rho_by_partition(events),
+        "rho": float(sum(e.rho for e in events)),
+        "events": [e.to_dict() for e in events],
+        "clip_bounds": clip.to_dict(),
+        "budget_split": split.as_dict() if private else None,
+        "sampler": getattr(sampler, "name", None) if private else None,
+        "power_method": asdict(power),
+        "denoise_threshold": denoise.threshold if private else 0.0,
+    }
+    return TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=lambdas,
+                         n_docs=float(noisy.count), privacy=privacy,
+                         mechanism=mechanism if private else "none",
+                         subspace_id=subspace.id, epoch=epoch)
+
+
+def project_rows_to_simplex(M: np.ndarray) -> np.ndarray:
+    """Clip negatives and renormalise each row to sum 1 (uniform if nothing is left)."""
+    M = np.maximum(np.asarray(M, dtype=np.float64), 0.0)
+    s = M.sum(axis=1, keepdims=True)
+    d = M.shape[1]
+    return np.where(s > 0, M / np.where(s > 0, s, 1.0), 1.0 / d)

@@ -1,0 +1,77 @@
+"""Versioned topic snapshots: what a release publishes for downstream consumers."""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from streamdp import serialization as ser
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, eq=False)
+class TopicSnapshot:
+    """One released topic model.
+
+    Attributes
+    ----------
+    topic_word : (k, d) ndarray    rows on the probability simplex
+    alpha : (k,) ndarray           Dirichlet topic weights α_i (Σ ≈ α0)
+    eigenvalues : (k,) ndarray     λ_i of the whitened tensor
+    n_docs : float                 (noised) weighted number of stream documents
+    privacy : dict                 privacy report (unit, ε, δ, ρ by partition, events, ...)
+    mechanism : str                "tensor", "iterative" or "none"
+    subspace_id : str              basis the sketch was expressed in
+    release_id : str
+    created_at : float             UNIX seconds
+    epoch : int | None             last epoch covered (continual release)
+    """
+
+    topic_word: np.ndarray
+    alpha: np.ndarray
+    eigenvalues: np.ndarray
+    n_docs: float
+    privacy: dict
+    mechanism: str
+    subspace_id: str
+    release_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created_at: float = field(default_factory=time.time)
+    epoch: int | None = None
+
+    @property
+    def n_topics(self) -> int:
+        return self.topic_word.shape[0]
+
+    def top_words(self, vocabulary, n: int = 10) -> list[list[tuple[str, float]]]:
+        """The ``n`` most probable words of every topic, with their probabilities."""
+        out = []
+        for row in self.topic_word:
+            idx = np.argsort(-row, kind="stable")[:n]
+            out.append([(vocabulary[i], float(row[i])) for i in idx])
+        return out
+
+    def to_dict(self) -> dict:
+        return {"kind": "topic_snapshot", "v": SCHEMA_VERSION,
+                "topic_word": ser.pack_array(self.topic_word), "alpha": ser.pack_array(self.alpha),
+                "eigenvalues": ser.pack_array(self.eigenvalues), "n_docs": float(self.n_docs),
+                "privacy": self.privacy, "mechanism": self.mechanism,
+                "subspace_id": self.subspace_id, "release_id": self.release_id,
+                "created_at": float(self.created_at), "epoch": self.epoch}
+
+    def to_bytes(self) -> bytes:
+        return ser.dumps(self.to_dict())
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "TopicSnapshot":
+        obj = ser.loads(data)
+        ser.check_header(obj, "topic_snapshot", SCHEMA_VERSION)
+        return cls(topic_word=ser.unpack_array(obj["topic_word"], name="topic_word"),
+                   alpha=ser.unpack_array(obj["alpha"], name="alpha"),
+                   eigenvalues=ser.unpack_array(obj["eigenvalues"], name="eigenvalues"),
+                   n_docs=float(obj["n_docs"]), privacy=obj["privacy"],
+                   mechanism=obj["mechanism"], subspace_id=obj["subspace_id"],
+                   release_id=obj["release_id"], created_at=float(obj["created_at"]),
+                   epoch=obj.get("epoch"))

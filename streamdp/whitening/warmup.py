@@ -1,0 +1,185 @@
+"""Differentially private whitening warm-up: a randomized range finder on E2.
+
+    Y = Σ_n clip(e2_n Ω) + N(0, σ_w²)^{d×k'},    Q = orth(Y)
+
+Ω is a public, seeded d × k' matrix with orthonormal columns (orthonormal rather
+than i.i.d. Gaussian so that ‖e2 Ω‖_F ≤ ‖e2‖_F ≤ 1 and the exact per-document
+norm is cheap, see :func:`streamdp.moments.clipping.projected_e2_norm`).
+range(E2) = span(μ), so E2 alone suffices; no M1 and no count are spent here.
+
+The sum has L2 sensitivity C_w (the warm-up clip bound) under add/remove of one
+document; the Gaussian mechanism with σ_w costs ρ = C_w²/(2σ_w²) on the warm-up
+partition only: warm-up documents are never used again (DESIGN §4).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from streamdp import serialization as ser
+from streamdp.documents import as_count_batch, keep_long_documents
+from streamdp.moments import clipping
+from streamdp.moments.clipping import ClipBounds
+from streamdp.privacy.events import WARMUP, BudgetSpender, EventLog, GaussianEvent, sigma_for_rho
+from streamdp.privacy.noise import GaussianSampler
+from streamdp.whitening.subspace import Subspace
+
+SCHEMA_VERSION = 1
+
+
+def test_matrix(d: int, k_prime: int, seed: int) -> np.ndarray:
+    """Public random d × k' matrix with orthonormal columns (seeded)."""
+    rng = np.random.default_rng(seed)
+    G = rng.standard_normal((d, k_prime))
+    Q, R = np.linalg.qr(G)
+    return Q * np.sign(np.diag(R))   # unique QR: reproducible across LAPACKs
+
+
+# Log-spaced bins for the private norm histograms: every block norm lies in (0, 1].
+NORM_BIN_EDGES = np.logspace(-6.0, 0.0, 121)
+NORM_BLOCKS = ("m1", "e2", "e3")
+
+
+def quantile_from_histogram(counts: np.ndarray, q: float) -> float:
+    """Upper bin edge where the cumulative (noisy, clipped at 0) count first reaches q."""
+    c = np.maximum(np.asarray(counts, float), 0.0)
+    total = c.sum()
+    if total <= 0:
+        return 1.0
+    idx = int(np.searchsorted(np.cumsum(c), q * total))
+    # bin j covers [edge_{j-1}, edge_j) with an underflow bin 0 and overflow bin 121
+    return float(NORM_BIN_EDGES[min(idx, len(NORM_BIN_EDGES) - 1)])
+
+
+class WarmupSketch:
+    """Accumulates Σ clip(e2_n Ω) in O(d·k') memory.
+
+    Parameters
+    ----------
+    d : int            vocabulary size
+    k_prime : int      subspace dimension k' (= k + oversampling)
+    clip : float       public bound C_w on ‖e2_n Ω‖_F (1 = never clips)
+    seed : int         public seed of Ω
+    """
+
+    def __init__(self, d: int, k_prime: int, clip: float = 1.0, seed: int = 0) -> None:
+        if not 1 <= k_prime <= d:
+            raise ValueError(f"subspace dimension k' must be in [1, d={d}], got {k_prime}")
+        if not clip > 0:
+            raise ValueError(f"warm-up clip bound must be > 0, got {clip}")
+        self.d, self.k_prime, self.clip, self.seed = d, k_prime, float(clip), int(seed)
+        self.omega = test_matrix(d, k_prime, seed)
+        self._omega_rn2 = np.einsum("ij,ij->i", self.omega, self.omega)
+        self.yacc = np.zeros((d, k_prime))
+        self.a2 = np.zeros(d)
+        # histograms of the full-space norms ‖c‖/l, ‖e2‖_F, ‖e3‖_F (3 × 122 bins)
+        self.norm_hist = np.zeros((len(NORM_BLOCKS), len(NORM_BIN_EDGES) + 1))
+        self.n_docs = 0
+        self.n_clipped = 0
+
+    def update(self, X) -> "WarmupSketch":
+        X = as_count_batch(X, self.d)
+        X, lengths = keep_long_documents(X)
+        if X.shape[0] == 0:
+            return self
+        U = X @ self.omega
+        norm = clipping.projected_e2_norm(X, lengths, U, self.omega, self._omega_rn2)
+        scale = clipping.scale_factor({"w": norm}, {"w": self.clip})
+        w2 = scale / (lengths * (lengths - 1))
+        Xt = X.T.tocsr()
+        self.yacc += Xt @ (U * w2[:, None])
+        self.a2 += Xt @ w2
+        self.n_docs += X.shape[0]
+        self.n_clipped += int(np.count_nonzero(scale < 1))
+        norms = (np.sqrt(clipping.row_sums(X, X.data**2)) / lengths,
+                 clipping.e2_norm(X, lengths), clipping.e3_norm(X, lengths))
+        for b, n in enumerate(norms):
+            self.norm_hist[b] += np.bincount(np.searchsorted(NORM_BIN_EDGES, n, side="right"),
+                                             minlength=self.norm_hist.shape[1])
+        return self
+
+    def clip_bounds(self, quantile: float, rho: float | None, sampler: GaussianSampler | None = None,
+                    spender: BudgetSpender | None = None) -> tuple[ClipBounds, list[GaussianEvent]]:
+        """Stream clip bounds at the ``quantile`` of the warm-up documents' block norms.
+
+        Each document adds one to one bin of each of the three histograms, so the
+        concatenated histogram has L2 sensitivity √3 under add/remove; it is
+        released once with the Gaussian mechanism (cost ``rho`` on the warm-up
+        partition) and the quantiles are post-processing. Full-space norms bound
+        the whitened ones (‖e2 Q‖ ≤ ‖e2‖, ‖e3(Q,Q,Q)‖ ≤ ‖e3‖), so at most about
+        1 − quantile of similar stream documents are clipped.
+        """
+        if not 0 < quantile <= 1:
+            raise ValueError(f"clip quantile must be in (0, 1], got {quantile!r}")
+        hist = self.norm_hist
+        events = []
+        if rho is not None:
+            sens = float(np.sqrt(len(NORM_BLOCKS)))
+            e = GaussianEvent("clip_histogram", sens, sigma_for_rho(sens, rho),
+                              partition=WARMUP, mechanism="warmup")
+            events.append(e)
+            spender = spender if spender is not None else EventLog()
+            token = spender.reserve(events, label="warmup-clip-histogram")
+            hist = hist + sampler.sample(e.sigma, hist.shape)
+            spender.commit(token)
+        m1, e2, e3 = (quantile_from_histogram(h, quantile) for h in hist)
+        return ClipBounds(m1=m1, z=e2, s3=e3, warmup=self.clip), events
+
+    def merge(self, other: "WarmupSketch") -> "WarmupSketch":
+        if (other.d, other.k_prime, other.clip, other.seed) != (self.d, self.k_prime, self.clip, self.seed):
+            raise ValueError("cannot merge warm-up sketches with different d, k', clip or Ω seed")
+        self.yacc += other.yacc
+        self.a2 += other.a2
+        self.norm_hist += other.norm_hist
+        self.n_docs += other.n_docs
+        self.n_clipped += other.n_clipped
+        return self
+
+    def range_sum(self) -> np.ndarray:
+        """Σ_n scale_n e2_n Ω, shape (d, k')."""
+        return self.yacc - self.a2[:, None] * self.omega
+
+    def plan(self, rho: float | None) -> list[GaussianEvent]:
+        if rho is None:
+            return []
+        return [GaussianEvent("warmup", self.clip, sigma_for_rho(self.clip, rho),
+                              partition=WARMUP, mechanism="warmup")]
+
+    def subspace(self, rho: float | None, sampler: GaussianSampler | None = None,
+                 spender: BudgetSpender | None = None) -> Subspace:
+        """Release Q = orth(Σ clip(e2 Ω) + noise). ``rho=None``: no noise (non-private)."""
+        if self.n_docs == 0 and rho is None:
+            raise ValueError("the warm-up has seen no documents of length >= 3; "
+                             "call warmup() with documents before partial_fit()")
+        Y = self.range_sum()
+        events = self.plan(rho)
+        if events:
+            if sampler is None:
+                raise ValueError("a private warm-up needs a noise sampler")
+            spender = spender if spender is not None else EventLog()
+            token = spender.reserve(events, label="warmup")
+            Y = Y + sampler.sample(events[0].sigma, Y.shape)
+            spender.commit(token)
+        Q, R = np.linalg.qr(Y)
+        Q = Q * np.where(np.diag(R) < 0, -1.0, 1.0)
+        return Subspace(Q, provenance={
+            "source": "dp-range-finder" if events else "range-finder (non-private)",
+            "omega_seed": self.seed, "clip": self.clip,
+            "events": [e.to_dict() for e in events]})
+
+    def to_bytes(self) -> bytes:
+        return ser.dumps({"kind": "warmup_sketch", "v": SCHEMA_VERSION, "d": self.d,
+                          "k_prime": self.k_prime, "clip": self.clip, "seed": self.seed,
+                          "n_docs": self.n_docs, "n_clipped": self.n_clipped,
+                          "yacc": ser.pack_array(self.yacc), "a2": ser.pack_array(self.a2),
+                          "norm_hist": ser.pack_array(self.norm_hist)})
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "WarmupSketch":
+        obj = ser.loads(data)
+        ser.check_header(obj, "warmup_sketch", SCHEMA_VERSION)
+        out = cls(int(obj["d"]), int(obj["k_prime"]), float(obj["clip"]), int(obj["seed"]))
+        out.yacc = ser.unpack_array(obj["yacc"], name="yacc")
+        out.a2 = ser.unpack_array(obj["a2"], name="a2")
+        out.norm_hist = ser.unpack_array(obj["norm_hist"], name="norm_hist")
+        out.n_docs, out.n_clipped = int(obj["n_docs"]), int(obj["n_clipped"])
+        return out
