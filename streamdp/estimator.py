@@ -91,6 +91,8 @@ class StreamingSpectralLDA:
                  clip_budget_share: float = DEFAULT_CLIP_BUDGET_SHARE, n_restarts: int = 15, n_iter: int = 30,
                  threshold: float = 2.0, seed: int | None = None, noise_seed: int | None = None,
                  sampler: GaussianSampler | None = None, accountant: BudgetSpender | None = None):
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+            raise ValueError(f"seed must be an integer or None, got {seed!r}")
         self.n_topics = _check_positive_int("n_topics", n_topics)
         self.alpha0 = _check_positive_float("alpha0", alpha0)
         self.oversampling = (self.n_topics if oversampling is None
@@ -124,8 +126,6 @@ class StreamingSpectralLDA:
                                        _check_positive_int("n_iter", n_iter),
                                        seed=0 if seed is None else int(seed))
         self.denoise = DenoiseConfig(threshold=threshold)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-            raise ValueError(f"seed must be an integer or None, got {seed!r}")
         self.seed = seed
         self.sampler = sampler if sampler is not None else CSPRNGGaussianSampler(noise_seed)
         self.rho_ = zcdp_rho(self.epsilon, self.delta) if self.epsilon is not None else None

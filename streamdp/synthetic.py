@@ -22,6 +22,10 @@ class LDAModel:
 def make_lda_model(vocab_size: int, n_topics: int, *, alpha0: float = 1.0,
                    beta: float = 0.05, alpha: np.ndarray | None = None, seed: int = 0) -> LDAModel:
     """Topics ~ Dirichlet(beta) over the vocabulary; α uniform with sum α0 unless given."""
+    if n_topics < 1 or vocab_size < 2:
+        raise ValueError(f"need n_topics >= 1 and vocab_size >= 2, got {n_topics}, {vocab_size}")
+    if not (alpha0 > 0 and beta > 0):
+        raise ValueError(f"alpha0 and beta must be > 0, got {alpha0}, {beta}")
     rng = np.random.default_rng(seed)
     topics = rng.dirichlet(np.full(vocab_size, beta), size=n_topics)
     a = np.full(n_topics, alpha0 / n_topics) if alpha is None else np.asarray(alpha, float)

@@ -379,3 +379,11 @@ def test_two_accountant_objects_in_one_process(path):
     assert len(wins) == 20                      # exactly the remaining half, shared
     with pytest.raises(BudgetExhausted):
         b.reserve([ev(B / 40)])
+
+
+def test_deleted_ledger_is_not_silently_recreated(path):
+    acc = Accountant(EPS, DELTA, path)
+    acc.reserve([ev(1e-3)])
+    os.unlink(path)
+    with pytest.raises(FileNotFoundError):
+        acc.reserve([ev(1e-3)])

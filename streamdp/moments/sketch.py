@@ -16,7 +16,8 @@ w3 = scale/(l(l−1)(l−2)):
 
     Zacc += Xᵀ (w2 ⊙ Y),  a2 += Xᵀ w2        (z = Zacc − diag(a2) Q)
     B3   += Xᵀ (w3 ⊙ Y),  a3 += Xᵀ w3        (Σ_i q_i⊗q_i⊗B3_i, Σ_i a3_i q_i^{⊗3})
-    T3   += (w3 ⊙ Y)ᵀ (Y ⊙_row Y)             (Σ w3 y⊗y⊗y, one GEMM per batch)
+    T3   += (w3 ⊙ Y)ᵀ (Y ⊙_row Y)_{j≤k}       (Σ w3 y⊗y⊗y, one GEMM per batch; only
+                                              the k'(k'+1)/2 pairs j ≤ k, y⊗y is symmetric)
 
 and expand only when the sums are read (:meth:`WhitenedSketch.sums`, O(d·k'³)).
 Per document that is O(nnz·k' + k'³) work, all of it BLAS or sparse kernels.
@@ -132,7 +133,8 @@ class WhitenedSketch:
         self.a2 = np.zeros(d)
         self.b3 = np.zeros((d, k))
         self.a3 = np.zeros(d)
-        self.t3 = np.zeros((k, k * k))
+        self._pairs = np.triu_indices(k)
+        self.t3 = np.zeros((k, len(self._pairs[0])))
 
     # ------------------------------------------------------------------ update
     def update(self, X) -> "WhitenedSketch":
@@ -154,10 +156,11 @@ class WhitenedSketch:
         W3Y = Y * w3[:, None]
         self.b3 += Xt @ W3Y
         self.a3 += Xt @ w3
-        k = Q.shape[1]
-        step = max(1, _KR_ELEMENTS // (k * k))
+        j, kk = self._pairs
+        step = max(1, _KR_ELEMENTS // len(j))
         for s in range(0, Y.shape[0], step):
-            self.t3 += W3Y[s:s + step].T @ khatri_rao_rows(Y[s:s + step], Y[s:s + step])
+            Ys = Y[s:s + step]
+            self.t3 += W3Y[s:s + step].T @ (Ys[:, j] * Ys[:, kk])
         self.n_docs += X.shape[0]
         self.n_clipped += int(np.count_nonzero(scale < 1.0))
         self.weight_sum += float(scale.sum())
@@ -224,7 +227,11 @@ class WhitenedSketch:
         P = P.reshape(k, k, k)
         D = D.reshape(k, k, k)
         # term order: q⊗q⊗B → P[a,b,c]; q⊗B⊗q → P[a,c,b]; B⊗q⊗q → P[b,c,a]
-        s3 = (self.t3.reshape(k, k, k)
+        yyy = np.empty((k, k, k))
+        j, kk = self._pairs
+        yyy[:, j, kk] = self.t3
+        yyy[:, kk, j] = self.t3
+        s3 = (yyy
               - (P + P.transpose(0, 2, 1) + P.transpose(2, 0, 1)) + 2.0 * D)
         return SketchSums(count=self.weight_sum, m1=self.m1.copy(), z=z, s1=s1, s2=s2, s3=s3)
 

@@ -37,7 +37,11 @@ line cannot come from a crash (every earlier line was fsync'd before the next
 was written); it means corruption, and the ledger refuses to be read
 (:class:`LedgerCorrupt`) rather than under-count.
 
-Use a local filesystem: ``flock`` is not reliable on NFS.
+Use a local filesystem: ``flock`` is not reliable on NFS. The file *is* the
+spent budget: deleting or replacing it resets the accounting, so protect it
+(mode 0600, backups) like the raw data. An open :class:`FileLedger` refuses to
+recreate a file deleted under it, and refuses a file that shrank below the
+records it has already read.
 """
 from __future__ import annotations
 
@@ -136,13 +140,14 @@ def decode_line(line: bytes) -> LedgerRecord:
         raise ValueError(f"bad ledger line: {exc}") from exc
 
 
-def scan(data: bytes, *, origin: str = "ledger") -> tuple[list[LedgerRecord], int]:
+def scan(data: bytes, *, origin: str = "ledger", base: int = 0) -> tuple[list[LedgerRecord], int]:
     """Parse ledger bytes.
 
     Returns the records and the byte length of the valid prefix (the end of
     the last good line). A damaged *last* line (missing newline, bad JSON or
     CRC) is a torn write and is left out; a damaged line followed by more data
-    raises :class:`LedgerCorrupt`.
+    raises :class:`LedgerCorrupt`. ``base`` is the file offset of ``data``
+    (for error messages).
     """
     records: list[LedgerRecord] = []
     pos = 0
@@ -157,7 +162,7 @@ def scan(data: bytes, *, origin: str = "ledger") -> tuple[list[LedgerRecord], in
         except ValueError as exc:
             if data[end:].strip(b"\n") == b"":      # last line: torn write, ignore
                 return records, pos
-            raise LedgerCorrupt(f"{origin}: unreadable record at byte {pos} "
+            raise LedgerCorrupt(f"{origin}: unreadable record at byte {base + pos} "
                                 f"followed by more records ({exc})") from exc
         records.append(rec)
         pos = end
@@ -222,7 +227,9 @@ class FileLedger:
                 finally:
                     self._depth -= 1
                 return
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            # No O_CREAT: a ledger deleted behind our back must not silently
+            # restart from an empty (fully unspent) file.
+            fd = os.open(self.path, os.O_RDWR)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 self._fd, self._depth = fd, 1
@@ -253,7 +260,7 @@ class FileLedger:
                 raise LedgerCorrupt(f"{self.path}: shrank to {st.st_size} bytes, below "
                                     f"{c_end} bytes of durable records")
             data = os.pread(fd, st.st_size - c_end, c_end) if st.st_size > c_end else b""
-            new, valid = scan(data, origin=str(self.path))
+            new, valid = scan(data, origin=str(self.path), base=c_end)
             records = c_records + new
             self._cache = (ident, c_end + valid, records)
             return list(records), c_end + valid, st.st_size
