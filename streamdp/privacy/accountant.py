@@ -33,7 +33,7 @@ decreases — no refunds, and a reservation never committed (a crash between
 reserve and release) counts forever — so a request refused once is refused
 forever, and an exhausted atom stays exhausted; a later *smaller* request that
 still fits (or one on another atom) may be accepted. This is a valid privacy
-filter under adaptivity (Rogers et al. 2016; Whitehead et al. 2022 for zCDP):
+filter under adaptivity (Rogers et al. 2016; Feldman & Zrnic 2021 for RDP/zCDP):
 the decision depends only on the ρ's asked for, never on the data, and every
 executed mechanism keeps Σρ ≤ ρ_budget on every atom.
 
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import uuid
 from dataclasses import dataclass
 from fractions import Fraction
@@ -109,12 +110,21 @@ class Reservation:
 
 
 # ------------------------------------------------------------ atom loads
-def _exact(x: float) -> Fraction:
-    return Fraction(x)
+# Loads are summed exactly: every finite double is an integer multiple of
+# 2^-1074, so ρ·2^1074 is an exact Python int and sums do not depend on event
+# order or rounding; each reported value is rounded up to a float only once.
+_SCALE_BITS = 1074
 
 
-def _to_float_up(q: Fraction) -> float:
-    """Nearest float ≥ q (never under-reports a load)."""
+def _fixed(x: float) -> int:
+    """x · 2^1074 exactly (x ≥ 0 finite)."""
+    n, d = float(x).as_integer_ratio()
+    return n << (_SCALE_BITS - (d.bit_length() - 1))
+
+
+def _float_up(n: int) -> float:
+    """Smallest float ≥ n · 2^-1074 (never under-reports a load)."""
+    q = Fraction(n, 1 << _SCALE_BITS)
     f = float(q)
     return f if Fraction(f) >= q else math.nextafter(f, math.inf)
 
@@ -129,6 +139,7 @@ class AtomLoads:
     stream_all : float      ρ of events covering every stream epoch ("stream")
     worst_epoch : int|None  the stream epoch with the largest epoch-range load
     worst_epoch_extra : float  that epoch's ρ from "stream:epochs=…" events
+    worst_stream : float    ρ of the worst stream document (stream_all + extra)
     worst : float           max over atoms = the per-document worst case
     worst_atom : str        which atom attains it
     """
@@ -137,73 +148,83 @@ class AtomLoads:
     stream_all: float
     worst_epoch: int | None
     worst_epoch_extra: float
+    worst_stream: float
     worst: float
     worst_atom: str
 
-    @property
-    def worst_stream(self) -> float:
-        """ρ of the worst stream document (any epoch)."""
-        return _to_float_up(_exact(self.stream_all) + _exact(self.worst_epoch_extra))
+
+class LoadTally:
+    """Running exact per-atom sums of (partition, ρ) spends.
+
+    ``add`` is O(1); ``loads`` sweeps the epoch-range endpoints, O(E log E)
+    for E distinct endpoints (about two per tree node), so an accountant can
+    keep one tally and fold in only new ledger records.
+    """
+
+    def __init__(self) -> None:
+        self.warm = 0
+        self.all = 0
+        self.delta: dict[int, int] = {}          # epoch → change of range coverage there
+
+    def copy(self) -> "LoadTally":
+        out = LoadTally()
+        out.warm, out.all, out.delta = self.warm, self.all, dict(self.delta)
+        return out
+
+    def add(self, part: Partition, rho: float) -> None:
+        r = _fixed(rho)
+        if part.kind == WARMUP:
+            self.warm += r
+        elif part.epochs is None:
+            self.all += r
+        else:
+            a, b = part.epochs
+            self.delta[a] = self.delta.get(a, 0) + r
+            self.delta[b + 1] = self.delta.get(b + 1, 0) - r
+
+    def atom(self, *, warmup: bool = False, epoch: int | None = None) -> float:
+        """ρ of a warm-up document, of a document in stream ``epoch``, or (neither)
+        of a stream document in an epoch no range covers."""
+        if warmup:
+            return _float_up(self.warm)
+        extra = 0 if epoch is None else sum(v for pos, v in self.delta.items() if pos <= epoch)
+        return _float_up(self.all + extra)
+
+    def loads(self) -> AtomLoads:
+        best, best_epoch, run = 0, None, 0
+        for pos in sorted(self.delta):
+            run += self.delta[pos]                 # coverage of epochs [pos, next pos)
+            if run > best:
+                best, best_epoch = run, pos
+        stream = self.all + best
+        if self.warm >= stream:
+            worst, atom = self.warm, WARMUP
+        elif best_epoch is None:
+            worst, atom = stream, f"{STREAM} (every epoch)"
+        else:
+            worst, atom = stream, f"{STREAM} epoch {best_epoch}"
+        return AtomLoads(warmup=_float_up(self.warm), stream_all=_float_up(self.all),
+                         worst_epoch=best_epoch, worst_epoch_extra=_float_up(best),
+                         worst_stream=_float_up(stream), worst=_float_up(worst),
+                         worst_atom=atom)
 
 
 def atom_loads(items: Iterable[tuple[Partition, float]]) -> AtomLoads:
     """Per-document worst-case ρ of a multiset of (partition, ρ) spends.
 
-    Exact rational arithmetic (floats are dyadic rationals), so the result
-    does not depend on the order of events and is rounded up only once.
-    Epochs covered by no range carry ``stream_all`` only; the worst epoch is
-    found by a sweep over range endpoints: O(n log n) for n range events.
+    A document in atom A (the warm-up, or stream epoch e) loses the sum of ρ
+    over spends whose partition covers A; the result is the max over atoms.
+    Epochs covered by no range carry the "stream" spends only.
     """
-    warm = Fraction(0)
-    all_ = Fraction(0)
-    delta: dict[int, Fraction] = {}
+    tally = LoadTally()
     for part, rho in items:
-        r = _exact(rho)
-        if part.kind == WARMUP:
-            warm += r
-        elif part.epochs is None:
-            all_ += r
-        else:
-            a, b = part.epochs
-            delta[a] = delta.get(a, Fraction(0)) + r
-            delta[b + 1] = delta.get(b + 1, Fraction(0)) - r
-    best, best_epoch, run = Fraction(0), None, Fraction(0)
-    for pos in sorted(delta):
-        run += delta[pos]
-        if run > best:
-            best, best_epoch = run, pos
-    stream = all_ + best
-    if warm >= stream:
-        worst, atom = warm, WARMUP
-    elif best_epoch is None:
-        worst, atom = stream, f"{STREAM} (every epoch)"
-    else:
-        worst, atom = stream, f"{STREAM} epoch {best_epoch}"
-    return AtomLoads(warmup=_to_float_up(warm), stream_all=_to_float_up(all_),
-                     worst_epoch=best_epoch, worst_epoch_extra=_to_float_up(best),
-                     worst=_to_float_up(worst), worst_atom=atom)
+        tally.add(part, rho)
+    return tally.loads()
 
 
 def events_loads(events: Iterable[GaussianEvent]) -> AtomLoads:
     """:func:`atom_loads` of GaussianEvents (partitions parsed strictly)."""
     return atom_loads((parse_partition(e.partition), e.rho) for e in events)
-
-
-def _load_on_atom(events: Iterable[GaussianEvent], *, warmup: bool, epoch: int | None) -> float:
-    """ρ of a document in the warm-up, in stream ``epoch``, or (epoch None) in a
-    stream epoch that no epoch range covers."""
-    total = Fraction(0)
-    for e in events:
-        part = parse_partition(e.partition)
-        if warmup:
-            hit = part.kind == WARMUP
-        elif epoch is None:
-            hit = part.kind == STREAM and part.epochs is None
-        else:
-            hit = part.covers_epoch(epoch)
-        if hit:
-            total += _exact(e.rho)
-    return _to_float_up(total)
 
 
 def _event_from_dict(d: dict) -> GaussianEvent:
@@ -213,12 +234,42 @@ def _event_from_dict(d: dict) -> GaussianEvent:
 
 
 # --------------------------------------------------------------- accountant
-@dataclass(frozen=True)
-class _LedgerState:
-    events: tuple[GaussianEvent, ...]       # every reserved event, committed or not
-    reservations: int
-    uncommitted: frozenset[str]
-    refusals: int
+class _Fold:
+    """Everything the accountant derives from the ledger, folded record by record.
+
+    Purely a cache of the ledger: rebuilt from scratch whenever the ledger's
+    history does not extend what was folded (e.g. the file was replaced).
+    """
+
+    def __init__(self) -> None:
+        self.n = 0                                  # records folded
+        self.last: LedgerRecord | None = None
+        self.tally = LoadTally()
+        self.by_partition: dict[str, list[float]] = {}
+        self.keys: set[str] = set()                 # reservations (committed or not)
+        self.committed: set[str] = set()
+        self.refusals = 0
+
+    def extends(self, records: list[LedgerRecord]) -> bool:
+        return len(records) >= self.n and (self.n == 0 or records[self.n - 1] == self.last)
+
+    def fold(self, records: list[LedgerRecord]) -> None:
+        for rec in records[self.n:]:
+            if rec.kind in ("reserve", "commit"):
+                # Reserve and commit records of one reservation carry the same
+                # events (for compaction): count them once, whichever survives.
+                if rec.key not in self.keys:
+                    self.keys.add(rec.key)
+                    for d in rec.payload["events"]:
+                        e = _event_from_dict(d)
+                        self.tally.add(parse_partition(e.partition), e.rho)
+                        self.by_partition.setdefault(e.partition, []).append(e.rho)
+                if rec.kind == "commit":
+                    self.committed.add(rec.key)
+            elif rec.kind == "refuse":
+                self.refusals += 1
+        self.n = len(records)
+        self.last = records[-1] if records else None
 
 
 class Accountant:
@@ -234,6 +285,10 @@ class Accountant:
         accountant on a ledger records its (ε, δ); later ones must match
         (:class:`LedgerMismatch` otherwise) so a restart can never silently
         enlarge the budget.
+
+    The accountant holds no state of its own beyond a cache of the ledger:
+    any number of accountants (threads, processes, restarts) on one ledger
+    enforce one budget.
     """
 
     unit = UNIT
@@ -242,6 +297,8 @@ class Accountant:
         self.epsilon = float(epsilon)
         self.delta = float(delta)
         self.ledger: Ledger = ledger if isinstance(ledger, Ledger) else FileLedger(ledger)
+        self._lock = threading.RLock()
+        self._fold = _Fold()
         rho = zcdp_rho(self.epsilon, self.delta)
         with self.ledger.exclusive():
             budget = [r for r in self.ledger.read() if r.kind == "budget"]
@@ -265,27 +322,19 @@ class Accountant:
                 f"rho_budget={self.rho_budget:.6g}, ledger={self.ledger!r})")
 
     # ------------------------------------------------------------ ledger state
-    def _state(self) -> _LedgerState:
-        events: list[GaussianEvent] = []
-        seen: set[str] = set()
-        committed: set[str] = set()
-        refusals = 0
-        for rec in self.ledger.read():
-            if rec.kind in ("reserve", "commit"):
-                # Reserve and commit records of one reservation carry the same
-                # events (for compaction); count them once, whichever survives.
-                if rec.key not in seen:
-                    seen.add(rec.key)
-                    events.extend(_event_from_dict(e) for e in rec.payload["events"])
-                if rec.kind == "commit":
-                    committed.add(rec.key)
-            elif rec.kind == "refuse":
-                refusals += 1
-        return _LedgerState(tuple(events), len(seen), frozenset(seen - committed), refusals)
+    def _state(self) -> _Fold:
+        """The fold of the whole ledger as it is now (new records folded in)."""
+        with self._lock:
+            records = self.ledger.read()
+            if not self._fold.extends(records):
+                self._fold = _Fold()
+            self._fold.fold(records)
+            return self._fold
 
     def loads(self) -> AtomLoads:
         """Current per-document ρ by atom, from the ledger."""
-        return events_loads(self._state().events)
+        with self._lock:
+            return self._state().tally.loads()
 
     def remaining(self) -> float:
         """ρ still available to the worst-off document (≥ 0)."""
@@ -300,23 +349,28 @@ class Accountant:
 
         Returns a :class:`Reservation` once the reservation is on stable
         storage; only then may the caller draw the noise. Raises
-        ``ValueError`` for non-GaussianEvents or unknown partition strings.
+        ``TypeError``/``ValueError`` for non-GaussianEvents or unknown
+        partition strings (nothing is recorded then).
         """
         events = tuple(events)
+        parts = []
         for e in events:
             if not isinstance(e, GaussianEvent):
                 raise TypeError(f"reserve() takes GaussianEvents, got {type(e).__name__}")
-            parse_partition(e.partition)              # strict: refuse to guess
+            parts.append(parse_partition(e.partition))      # strict: refuse to guess
         rid = uuid.uuid4().hex
         requested: dict[str, float] = {}
         for e in events:
             requested[e.partition] = requested.get(e.partition, 0.0) + e.rho
         payload = {"label": label, "events": [e.to_dict() for e in events]}
-        with self.ledger.exclusive():
-            before = self._state().events
-            after = events_loads(before + events)
+        with self.ledger.exclusive(), self._lock:
+            before = self._state().tally
+            after_tally = before.copy()
+            for part, e in zip(parts, events):
+                after_tally.add(part, e.rho)
+            after = after_tally.loads()
             if not self._within(after.worst):
-                err = self._refusal(label, requested, before, events)
+                err = self._refusal(label, requested, before, after)
                 self.ledger.append(LedgerRecord("refuse", rid, {
                     **payload, "atom": err.atom, "load_after": err.load_after,
                     "rho_budget": self.rho_budget}))
@@ -324,11 +378,10 @@ class Accountant:
             self.ledger.append(LedgerRecord("reserve", rid, payload))
         return Reservation(rid, label, events)
 
-    def _refusal(self, label: str, requested: dict[str, float],
-                 before: tuple[GaussianEvent, ...], new: tuple[GaussianEvent, ...]) -> BudgetExhausted:
-        after = events_loads(before + new)
+    def _refusal(self, label: str, requested: dict[str, float], before: LoadTally,
+                 after: AtomLoads) -> BudgetExhausted:
         atom = after.worst_atom
-        had = _load_on_atom(before, warmup=(atom == WARMUP), epoch=after.worst_epoch)
+        had = before.atom(warmup=(atom == WARMUP), epoch=after.worst_epoch)
         remaining = max(0.0, self.rho_budget - had)
         asks = ", ".join(f"{p}: ρ={r:.6g}" for p, r in sorted(requested.items()))
         msg = (f"privacy budget exhausted: refused {label or 'reservation'!r}, which asks "
@@ -344,11 +397,11 @@ class Accountant:
         """Mark a reservation as released (idempotent). It stays spent either way."""
         if not isinstance(token, Reservation):
             raise TypeError(f"commit() takes the Reservation returned by reserve(), got {token!r}")
-        with self.ledger.exclusive():
-            keys = {(r.kind, r.key) for r in self.ledger.read()}
-            if ("commit", token.id) in keys:
+        with self.ledger.exclusive(), self._lock:
+            st = self._state()
+            if token.id in st.committed:
                 return
-            if ("reserve", token.id) not in keys:
+            if token.id not in st.keys:
                 raise KeyError(f"reservation {token.id} ({token.label!r}) is not in {self.ledger!r}")
             self.ledger.append(LedgerRecord("commit", token.id, {
                 "label": token.label, "events": [e.to_dict() for e in token.events]}))
@@ -356,12 +409,12 @@ class Accountant:
     # ---------------------------------------------------------------- report
     def report(self) -> dict:
         """JSON-serialisable privacy report (see the module docstring)."""
-        st = self._state()
-        loads = events_loads(st.events)
-        by_partition: dict[str, list[float]] = {}
-        for e in st.events:
-            by_partition.setdefault(e.partition, []).append(e.rho)
-        rho_by_partition = {p: math.fsum(v) for p, v in sorted(by_partition.items())}
+        with self._lock:
+            st = self._state()
+            loads = st.tally.loads()
+            rho_by_partition = {p: math.fsum(v) for p, v in sorted(st.by_partition.items())}
+            reservations, uncommitted, refusals = (len(st.keys), len(st.keys - st.committed),
+                                                   st.refusals)
         return {
             "unit": UNIT,
             "currency": "rho (zCDP)",
@@ -386,7 +439,7 @@ class Accountant:
                 "stream_worst_epoch": max(0.0, self.rho_budget - loads.worst_stream),
                 "stream_new_epoch": max(0.0, self.rho_budget - loads.stream_all),
             },
-            "reservations": st.reservations,
-            "uncommitted": len(st.uncommitted),
-            "refusals": st.refusals,
+            "reservations": reservations,
+            "uncommitted": uncommitted,
+            "refusals": refusals,
         }
