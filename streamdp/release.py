@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from streamdp.moments.clipping import ClipBounds
-from streamdp.moments.reference import lda_coefficients
+from streamdp.moments.reference import lda_coefficients, whiten3
 from streamdp.moments.sketch import SketchSums, symmetrize3
 from streamdp.privacy.events import (STREAM, BudgetSpender, EventLog, GaussianEvent,
                                      rho_by_partition, sigma_for_rho)
@@ -107,8 +107,9 @@ def noise_sums(sums: SketchSums, events: list[GaussianEvent], sampler: GaussianS
                Q: np.ndarray) -> SketchSums:
     """Add the planned noise to each block; derive un-noised s1/s2 from m1/z.
 
-    Blocks without an event (s3 under the iterative mechanism) are passed through
-    untouched: their consumer must noise its own queries.
+    Blocks without an event (s3 under the iterative mechanism, everything when
+    non-private) pass through un-noised: their consumer must noise its own queries.
+    s2 and s3 are returned symmetrised.
     """
     by_block = {e.block: e for e in events}
     out = {}
@@ -125,8 +126,7 @@ def noise_sums(sums: SketchSums, events: list[GaussianEvent], sampler: GaussianS
     if "s2" not in by_block:
         out["s2"] = Q.T @ out["z"]
     out["s2"] = 0.5 * (out["s2"] + out["s2"].T)
-    if "s3" in by_block:
-        out["s3"] = symmetrize3(out["s3"])
+    out["s3"] = symmetrize3(out["s3"])
     return SketchSums(**out)
 
 
@@ -148,11 +148,6 @@ def qspace_moments(S1: np.ndarray, S2: np.ndarray, S3: np.ndarray | None, alpha0
     if S3 is not None:
         T3 = T3 + S3
     return 0.5 * (K + K.T), T3
-
-
-def whiten3(T: np.ndarray, W: np.ndarray) -> np.ndarray:
-    """T(W, W, W): (m,m,m), (m,k) → (k,k,k)."""
-    return np.einsum("abc,ai,bj,ck->ijk", T, W, W, W, optimize=True)
 
 
 @dataclass(frozen=True)
@@ -193,9 +188,7 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
     token = spender.reserve(events, label=label) if events else None
     by_block = {e.block: e for e in events}
 
-    noisy = noise_sums(sums, events, sampler, Q) if private else noise_sums(sums, [], None, Q)
-    if not private:
-        noisy = noisy.replace(s3=symmetrize3(sums.s3))
+    noisy = noise_sums(sums, events, sampler, Q)
     N = max(float(noisy.count), 1.0)
     a = lda_coefficients(alpha0)[0]
     M1, Z = noisy.m1 / N, noisy.z / N
@@ -218,7 +211,8 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
     # --- the whitened tensor and its decomposition
     if iterative:
         q = by_block["s3_query"]
-        oracle = NoisyQueryOracle(whiten3(symmetrize3(sums.s3), W), whiten3(T3, W), N, clip.s3, W,
+        # s3 has no event under this mechanism: noisy.s3 is the raw (symmetrised) sum
+        oracle = NoisyQueryOracle(whiten3(noisy.s3, W), whiten3(T3, W), N, clip.s3, W,
                                   q.sigma / q.sensitivity, q.count, sampler)
     else:
         oracle = ExactOracle(whiten3(T3, W))

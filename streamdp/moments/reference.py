@@ -1,7 +1,8 @@
 """Dense brute-force LDA moments (DESIGN §2), for tests and small vocabularies.
 
 O(d³) memory: only for d up to a few hundred. These are the definitions the
-sketch path is tested against, written as literally as possible.
+sketch path is tested against, written as literally as possible. The small
+helpers (``lda_coefficients``, ``whiten3``) are shared with the release.
 """
 from __future__ import annotations
 
@@ -74,4 +75,4 @@ def population_moments(topics: np.ndarray, alpha: np.ndarray):
 
 def whiten3(T: np.ndarray, A: np.ndarray) -> np.ndarray:
     """T(A, A, A) for T (d,d,d), A (d, m)."""
-    return np.einsum("ijk,ia,jb,kc->abc", T, A, A, A)
+    return np.einsum("ijk,ia,jb,kc->abc", T, A, A, A, optimize=True)
