@@ -3,14 +3,17 @@
 Public entry points: :class:`StreamingSpectralLDA`, :func:`fit`, the sketch
 :class:`WhitenedSketch`, and :class:`TopicSnapshot`.
 """
+from streamdp.continual import ContinualRelease
 from streamdp.estimator import StreamingSpectralLDA, fit
 from streamdp.moments.clipping import ClipBounds
 from streamdp.moments.sketch import SketchSums, WhitenedSketch
+from streamdp.privacy.epochs import EpochClock
 from streamdp.release import BudgetSplit
 from streamdp.snapshot import TopicSnapshot
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch
 
 __all__ = ["StreamingSpectralLDA", "fit", "ClipBounds", "SketchSums", "WhitenedSketch",
-           "BudgetSplit", "TopicSnapshot", "Subspace", "WarmupSketch"]
+           "BudgetSplit", "TopicSnapshot", "Subspace", "WarmupSketch", "ContinualRelease",
+           "EpochClock"]
 __version__ = "0.1.0"

@@ -107,9 +107,11 @@ def noise_sums(sums: SketchSums, events: list[GaussianEvent], sampler: GaussianS
                Q: np.ndarray) -> SketchSums:
     """Add the planned noise to each block; derive un-noised s1/s2 from m1/z.
 
-    Blocks without an event (s3 under the iterative mechanism, everything when
-    non-private) pass through un-noised: their consumer must noise its own queries.
-    s2 and s3 are returned symmetrised.
+    Noise goes through ``sampler.add_noise`` (for OpenDP's sampler the true
+    values pass through the vetted mechanism). Blocks without an event (s3
+    under the iterative mechanism, everything when non-private) pass through
+    un-noised: their consumer must noise its own queries. s2 and s3 are
+    returned symmetrised.
     """
     by_block = {e.block: e for e in events}
     out = {}
@@ -117,9 +119,9 @@ def noise_sums(sums: SketchSums, events: list[GaussianEvent], sampler: GaussianS
         value = getattr(sums, name)
         e = by_block.get(name)
         if e is not None and name == "count":
-            value = float(value) + float(sampler.sample(e.sigma, 1)[0])
+            value = float(sampler.add_noise(np.array([float(value)]), e.sigma)[0])
         elif e is not None:
-            value = value + sampler.sample(e.sigma, value.shape)
+            value = sampler.add_noise(value, e.sigma)
         out[name] = value
     if "s1" not in by_block:
         out["s1"] = Q.T @ out["m1"]
@@ -128,6 +130,19 @@ def noise_sums(sums: SketchSums, events: list[GaussianEvent], sampler: GaussianS
     out["s2"] = 0.5 * (out["s2"] + out["s2"].T)
     out["s3"] = symmetrize3(out["s3"])
     return SketchSums(**out)
+
+
+def noise_scales(events: list[GaussianEvent], multiplier: float = 1.0) -> dict[str, float]:
+    """Standard deviation of the noise on each released block sum.
+
+    ``multiplier`` is √(number of independently noised sums added together),
+    e.g. √popcount(t) for a tree release. s1/s2 derived from m1/z inherit their sd.
+    """
+    sd = {e.block: e.sigma * multiplier for e in events if e.block != "s3_query"}
+    if sd:
+        sd.setdefault("s1", sd.get("m1", 0.0))
+        sd.setdefault("s2", sd.get("z", 0.0))
+    return sd
 
 
 def _pairs(E2: np.ndarray, M1: np.ndarray) -> np.ndarray:
@@ -172,12 +187,7 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
                    denoise: DenoiseConfig = DenoiseConfig(), partition: str = STREAM,
                    label: str = "release", epoch: int | None = None) -> TopicSnapshot:
     """Run the whole release on closed sums. ``rho=None``: the non-private estimator."""
-    Q = subspace.Q
-    k_prime = subspace.dim
-    if not 1 <= n_topics <= k_prime:
-        raise ValueError(f"n_topics={n_topics} must be between 1 and the subspace dimension {k_prime}")
-    if not alpha0 > 0:
-        raise ValueError(f"alpha0 must be > 0, got {alpha0}")
+    _check_topics(subspace, n_topics, alpha0)
     private = rho is not None
     n_queries = power.n_queries(n_topics) if mechanism == "iterative" else 0
     events = plan_release(rho, clip, split, mechanism, n_queries, partition) if private else []
@@ -186,36 +196,94 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
     spender = spender if spender is not None else EventLog()
     # Write-ahead: the accountant records the spend before any noise exists.
     token = spender.reserve(events, label=label) if events else None
-    by_block = {e.block: e for e in events}
 
-    noisy = noise_sums(sums, events, sampler, Q)
+    noisy = noise_sums(sums, events, sampler, Q=subspace.Q)
+    oracle_factory = None
+    if mechanism == "iterative" and private:
+        q = next(e for e in events if e.block == "s3_query")
+
+        def oracle_factory(W, T3_public, N):
+            # s3 has no event under this mechanism: noisy.s3 is the raw (symmetrised) sum
+            return NoisyQueryOracle(whiten3(noisy.s3, W), whiten3(T3_public, W), N, clip.s3, W,
+                                    q.sigma / q.sensitivity, q.count, sampler)
+
+    topic_word, alpha, lambdas = decompose_sums(
+        noisy, subspace, n_topics=n_topics, alpha0=alpha0,
+        noise_sd=noise_scales(events) if private else None, power=power, denoise=denoise,
+        oracle_factory=oracle_factory)
+    if token is not None:
+        spender.commit(token)
+    privacy = {
+        "unit": "one document",
+        "neighbouring": "add/remove one document",
+        "mechanism": mechanism if private else "none",
+        "rho_by_partition": rho_by_partition(events),
+        "rho": float(sum(e.rho for e in events)),
+        "events": [e.to_dict() for e in events],
+        "noise_sd": noise_scales(events) if private else {},
+        "clip_bounds": clip.to_dict(),
+        "budget_split": split.as_dict() if private else None,
+        "sampler": getattr(sampler, "name", None) if private else None,
+        "power_method": asdict(power),
+        "denoise_threshold": denoise.threshold if private else 0.0,
+    }
+    return TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=lambdas,
+                         n_docs=float(noisy.count), privacy=privacy,
+                         mechanism=mechanism if private else "none",
+                         subspace_id=subspace.id, epoch=epoch)
+
+
+def _check_topics(subspace: Subspace, n_topics: int, alpha0: float) -> None:
+    if not 1 <= n_topics <= subspace.dim:
+        raise ValueError(f"n_topics={n_topics} must be between 1 and the subspace dimension "
+                         f"{subspace.dim}")
+    if not alpha0 > 0:
+        raise ValueError(f"alpha0 must be > 0, got {alpha0}")
+
+
+def decompose_sums(noisy: SketchSums, subspace: Subspace, *, n_topics: int, alpha0: float,
+                   noise_sd: dict[str, float] | None, power: PowerMethodConfig = PowerMethodConfig(),
+                   denoise: DenoiseConfig = DenoiseConfig(), oracle_factory=None):
+    """Topics from already-noised (or exact) sums — pure post-processing, spends nothing.
+
+    Parameters
+    ----------
+    noisy : SketchSums        released sums (s2, s3 symmetric)
+    noise_sd : dict or None   sd of the noise on each block sum (``noise_scales``);
+                              None = exact sums (no eigenvalue floor, no thresholding)
+    oracle_factory : callable (W, T3_public, N) -> oracle, optional
+                              replaces the exact oracle on the whitened T3 (the
+                              iterative mechanism noises its own queries)
+
+    Returns
+    -------
+    topic_word : (k, d)   rows on the simplex
+    alpha : (k,)
+    lambdas : (k,)        power-method eigenvalues
+    """
+    _check_topics(subspace, n_topics, alpha0)
+    Q = subspace.Q
+    k_prime = subspace.dim
+    private = noise_sd is not None
     N = max(float(noisy.count), 1.0)
     a = lda_coefficients(alpha0)[0]
     M1, Z = noisy.m1 / N, noisy.z / N
     S1, S2 = noisy.s1 / N, noisy.s2 / N
 
     # --- whitening in k'-space
-    iterative = mechanism == "iterative" and private
-    Kmat, T3 = qspace_moments(S1, S2, None if iterative else noisy.s3 / N, alpha0)
+    Kmat, T3 = qspace_moments(S1, S2, None if oracle_factory else noisy.s3 / N, alpha0)
     evals, evecs = np.linalg.eigh(Kmat)
     order = np.argsort(evals)[::-1][:n_topics]
     lam, V = evals[order], evecs[:, order]
     floor = denoise.eig_floor * max(lam[0], np.finfo(float).tiny)
     if private:
         # spectral norm of the symmetrised noise on K is about 2σ√k' (σ per entry)
-        sigma_K = (by_block["s2"].sigma if "s2" in by_block else by_block["z"].sigma) / N
-        floor = max(floor, 2.0 * sigma_K * math.sqrt(k_prime))
+        floor = max(floor, 2.0 * noise_sd["s2"] / N * math.sqrt(k_prime))
     lam = np.maximum(lam, floor)
     W = V / np.sqrt(lam)                                     # (k', k)
 
     # --- the whitened tensor and its decomposition
-    if iterative:
-        q = by_block["s3_query"]
-        # s3 has no event under this mechanism: noisy.s3 is the raw (symmetrised) sum
-        oracle = NoisyQueryOracle(whiten3(noisy.s3, W), whiten3(T3, W), N, clip.s3, W,
-                                  q.sigma / q.sensitivity, q.count, sampler)
-    else:
-        oracle = ExactOracle(whiten3(T3, W))
+    oracle = oracle_factory(W, T3, N) if oracle_factory else ExactOracle(whiten3(T3, W))
     lambdas, Vt = robust_power_method(oracle, n_topics, power)
     lambdas = np.maximum(lambdas, 1e-12)
 
@@ -227,31 +295,10 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
     beta = (alpha0 + 2) / 2 * lambdas
     mu = (M2Q @ WV) * beta                                   # (d, k) columns = topics
     if private:
-        sz = by_block["z"].sigma / N
-        sm = by_block["m1"].sigma / N
-        noise_sd = beta * np.sqrt(sz**2 * np.sum(WV**2, axis=0) + (a * sm * (M1Q @ WV))**2)
-        mu = np.where(mu >= denoise.threshold * noise_sd[None, :], mu, 0.0)
-    topic_word = project_rows_to_simplex(mu.T)
-
-    if token is not None:
-        spender.commit(token)
-    privacy = {
-        "unit": "one document",
-        "neighbouring": "add/remove one document",
-        "mechanism": mechanism if private else "none",
-        "rho_by_partition": rho_by_partition(events),
-        "rho": float(sum(e.rho for e in events)),
-        "events": [e.to_dict() for e in events],
-        "clip_bounds": clip.to_dict(),
-        "budget_split": split.as_dict() if private else None,
-        "sampler": getattr(sampler, "name", None) if private else None,
-        "power_method": asdict(power),
-        "denoise_threshold": denoise.threshold if private else 0.0,
-    }
-    return TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=lambdas,
-                         n_docs=float(noisy.count), privacy=privacy,
-                         mechanism=mechanism if private else "none",
-                         subspace_id=subspace.id, epoch=epoch)
+        sz, sm = noise_sd["z"] / N, noise_sd["m1"] / N
+        sd = beta * np.sqrt(sz**2 * np.sum(WV**2, axis=0) + (a * sm * (M1Q @ WV))**2)
+        mu = np.where(mu >= denoise.threshold * sd[None, :], mu, 0.0)
+    return project_rows_to_simplex(mu.T), alpha, lambdas
 
 
 def project_rows_to_simplex(M: np.ndarray) -> np.ndarray:

@@ -1,7 +1,10 @@
 """Gaussian noise samplers.
 
-All noise in streamdp is drawn through a :class:`GaussianSampler`; the release
-code never calls numpy's random functions for noise directly.
+All noise in streamdp is added through a :class:`GaussianSampler`'s
+``add_noise(value, sigma)``; the release code never calls numpy's random
+functions for noise directly. The default everywhere is OpenDP's vetted
+sampler (:class:`OpenDPGaussianSampler`); the fast CSPRNG-seeded sampler is an
+explicit opt-in (``sampler="fast"``), chosen by :func:`make_sampler`.
 
 :class:`CSPRNGGaussianSampler` is a numpy ``Generator`` (PCG64) whose 128-bit
 seed comes from the operating system's CSPRNG (:mod:`secrets`). It is fast
@@ -26,6 +29,10 @@ class GaussianSampler(Protocol):
         """i.i.d. N(0, sigma²) draws of the given shape (float64)."""
         ...
 
+    def add_noise(self, value, sigma: float) -> np.ndarray:
+        """``value`` + i.i.d. N(0, sigma²) noise (same shape, float64)."""
+        ...
+
 
 class CSPRNGGaussianSampler:
     """PCG64 seeded with 128 bits from the OS CSPRNG (or an explicit test seed)."""
@@ -42,6 +49,29 @@ class CSPRNGGaussianSampler:
         if not sigma > 0:
             raise ValueError(f"sigma must be > 0, got {sigma}")
         return self._rng.normal(0.0, sigma, size=shape)
+
+    def add_noise(self, value, sigma: float) -> np.ndarray:
+        x = np.asarray(value, dtype=np.float64)
+        return x + self.sample(sigma, x.shape)
+
+
+def make_sampler(kind: str = "opendp", seed: int | None = None) -> GaussianSampler:
+    """The sampler named by configuration.
+
+    ``"opendp"`` (the default everywhere): OpenDP's vetted Gaussian, exact and
+    slow (≈ 2·10⁴ draws/s). ``"fast"``: the CSPRNG-seeded numpy sampler, an
+    explicit opt-in for large d·k' or frequent releases (docs/privacy_accounting.md).
+    A ``seed`` makes noise reproducible — tests and benchmarks only — and
+    implies the fast sampler, since OpenDP's sampler cannot be seeded.
+    """
+    if seed is not None:
+        return CSPRNGGaussianSampler(seed)
+    if kind == "opendp":
+        return OpenDPGaussianSampler()
+    if kind == "fast":
+        return CSPRNGGaussianSampler()
+    raise ValueError(f"noise sampler must be 'opendp' (vetted, default) or 'fast' "
+                     f"(CSPRNG-seeded numpy), got {kind!r}")
 
 
 class OpenDPGaussianSampler:

@@ -100,7 +100,7 @@ class GaussianNodeMechanism:
 
     def privatize(self, value: np.ndarray, events: Sequence[GaussianEvent]) -> np.ndarray:
         value = np.asarray(value, dtype=np.float64)
-        return value + self.sampler.sample(self.sigma, value.shape)
+        return self.sampler.add_noise(value, self.sigma)
 
 
 def tree_depth(horizon: int) -> int:

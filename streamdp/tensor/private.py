@@ -81,16 +81,18 @@ class NoisyQueryOracle:
         wu = np.linalg.norm(self.W @ U, axis=0)                   # ‖W u‖ per query
         sens = self.C3 * self.W_norm * wu**2
         raw = contract_iuu(self.S, U)
-        noise = np.column_stack([self.sampler.sample(self.nu * s, raw.shape[0]) for s in sens])
-        return (raw + noise) / self.N + contract_iuu(self.T_pub, U) - self._deflation(U, 2)
+        noised = np.column_stack([self.sampler.add_noise(raw[:, j], self.nu * s)
+                                  for j, s in enumerate(sens)])
+        return noised / self.N + contract_iuu(self.T_pub, U) - self._deflation(U, 2)
 
     def uuu(self, U: np.ndarray) -> np.ndarray:
         self._charge(U.shape[1])
         wu = np.linalg.norm(self.W @ U, axis=0)
         sens = self.C3 * wu**3
         raw = contract_uuu(self.S, U)
-        noise = np.array([self.sampler.sample(self.nu * s, 1)[0] for s in sens])
-        return (raw + noise) / self.N + contract_uuu(self.T_pub, U) - self._deflation(U, 3)
+        noised = np.array([self.sampler.add_noise(raw[j:j + 1], self.nu * s)[0]
+                           for j, s in enumerate(sens)])
+        return noised / self.N + contract_uuu(self.T_pub, U) - self._deflation(U, 3)
 
     def deflate(self, lam: float, v: np.ndarray) -> None:
         self._components.append((float(lam), np.asarray(v, dtype=np.float64).copy()))

@@ -119,7 +119,7 @@ class WarmupSketch:
             events.append(e)
             spender = spender if spender is not None else EventLog()
             token = spender.reserve(events, label="warmup-clip-histogram")
-            hist = hist + sampler.sample(e.sigma, hist.shape)
+            hist = sampler.add_noise(hist, e.sigma)
             spender.commit(token)
         m1, e2, e3 = (quantile_from_histogram(h, quantile) for h in hist)
         return ClipBounds(m1=m1, z=e2, s3=e3, warmup=self.clip), events
@@ -157,7 +157,7 @@ class WarmupSketch:
                 raise ValueError("a private warm-up needs a noise sampler")
             spender = spender if spender is not None else EventLog()
             token = spender.reserve(events, label="warmup")
-            Y = Y + sampler.sample(events[0].sigma, Y.shape)
+            Y = sampler.add_noise(Y, events[0].sigma)
             spender.commit(token)
         Q, R = np.linalg.qr(Y)
         Q = Q * np.where(np.diag(R) < 0, -1.0, 1.0)
