@@ -1,0 +1,778 @@
+"""Metrics, liveness/readiness and a small HTTP endpoint for streamdp services.
+
+Three pieces, each usable alone (DESIGN §6 "Conventions"):
+
+:class:`ServiceMetrics`
+    The Prometheus metrics of one service (``role="sketcher"`` or
+    ``role="release"``) on its **own** :class:`~prometheus_client.CollectorRegistry`
+    (never the process-global one, so several services can share a test
+    process), with typed update methods. Every metric is declared once, in
+    :data:`METRIC_SPECS` (name, type, help, labels, roles, unit); dashboards,
+    alert rules and tests import that list (or :data:`METRIC_NAMES`,
+    :func:`metric_specs`) instead of repeating names.
+:class:`HealthState`
+    Liveness = the poll loop called :meth:`HealthState.beat` within
+    ``liveness_timeout`` seconds (every poll, empty polls included);
+    readiness = a flag the service sets (partitions assigned and state
+    restored) with a human-readable reason.
+:class:`ObservabilityServer`
+    A threaded HTTP server in a daemon thread: ``/metrics`` (Prometheus text
+    format, or OpenMetrics if the scraper asks for it), ``/healthz``,
+    ``/readyz`` and JSON routes registered by the service (e.g. the release
+    service's ``/snapshot/latest``).
+
+This module deliberately does not import ``confluent_kafka``: consumer lag is
+read from librdkafka's statistics JSON string (``stats_cb``), see
+:meth:`ServiceMetrics.set_lag_from_stats`. docs/metrics.md documents every
+metric, the endpoints and the suggested alerts.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import math
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import metadata
+from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+
+__all__ = [
+    "ROLES", "SKETCHER", "RELEASE", "MetricSpec", "METRIC_SPECS", "METRIC_NAMES",
+    "metric_specs", "names_for_role", "RELEASE_OUTCOMES", "REBALANCE_KINDS", "KNOWN_SKIP_REASONS",
+    "ServiceMetrics", "HealthState", "ObservabilityServer",
+]
+
+log = logging.getLogger(__name__)
+
+SKETCHER = "sketcher"
+RELEASE = "release"
+ROLES = (SKETCHER, RELEASE)
+_BOTH = frozenset(ROLES)
+_SK = frozenset({SKETCHER})
+_RE = frozenset({RELEASE})
+
+COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+#: Allowed values of ``streamdp_releases_total{outcome}`` (pre-initialised to 0).
+RELEASE_OUTCOMES = ("published", "refused_budget", "failed")
+#: Allowed values of ``streamdp_rebalances_total{kind}`` (pre-initialised to 0).
+REBALANCE_KINDS = ("assign", "revoke", "lost")
+#: ``streamdp_documents_skipped_total{reason}`` values pre-initialised to 0.
+KNOWN_SKIP_REASONS = ("too_short",)
+#: Distinct values accepted for an open-ended label (error_class, reason,
+#: partition) before further values are folded into ``"other"``: a flood of
+#: odd exception names must not explode the series count.
+MAX_LABEL_VALUES = 64
+OVERFLOW_LABEL = "other"
+
+
+# --------------------------------------------------------------------- specs
+@dataclass(frozen=True)
+class MetricSpec:
+    """Declaration of one exported metric.
+
+    ``name`` is the full exposition name (counters include ``_total``);
+    ``unit`` is the unit suffix the name carries (before ``_total`` for
+    counters): a base unit (``seconds``, ``bytes``) or the counted thing
+    (``documents``, ``tokens``, ``messages``); ``""`` when the name carries
+    none (dimensionless values, counts named by event such as ``_skipped_total``).
+    """
+
+    name: str
+    type: str
+    help: str
+    labels: tuple[str, ...] = ()
+    roles: frozenset[str] = _BOTH
+    unit: str = ""
+    buckets: tuple[float, ...] | None = None
+
+
+# sketcher
+DOCUMENTS_TOTAL = "streamdp_documents_total"
+DOCUMENTS_SKIPPED_TOTAL = "streamdp_documents_skipped_total"
+TOKENS_TOTAL = "streamdp_tokens_total"
+UNKNOWN_TOKENS_TOTAL = "streamdp_unknown_tokens_total"
+DLQ_MESSAGES_TOTAL = "streamdp_dlq_messages_total"
+DLQ_DROPPED_TOTAL = "streamdp_dlq_dropped_total"
+BATCH_DURATION_SECONDS = "streamdp_batch_duration_seconds"
+BATCH_SIZE_DOCUMENTS = "streamdp_batch_size_documents"
+CONSUMER_LAG_MESSAGES = "streamdp_consumer_lag_messages"
+CHECKPOINT_AGE_SECONDS = "streamdp_checkpoint_age_seconds"
+CHECKPOINTS_TOTAL = "streamdp_checkpoints_total"
+CHECKPOINT_BYTES = "streamdp_checkpoint_bytes"
+ASSIGNED_PARTITIONS = "streamdp_assigned_partitions"
+REBALANCES_TOTAL = "streamdp_rebalances_total"
+# release
+RELEASES_TOTAL = "streamdp_releases_total"
+RELEASE_DURATION_SECONDS = "streamdp_release_duration_seconds"
+PRIVACY_RHO_SPENT = "streamdp_privacy_rho_spent"
+PRIVACY_RHO_REMAINING = "streamdp_privacy_rho_remaining"
+PRIVACY_EPSILON_SPENT = "streamdp_privacy_epsilon_spent"
+PRIVACY_EPSILON_BUDGET = "streamdp_privacy_epsilon_budget"
+LAST_RELEASE_TIMESTAMP_SECONDS = "streamdp_last_release_timestamp_seconds"
+EPOCHS_CLOSED_TOTAL = "streamdp_epochs_closed_total"
+TREE_EPOCH = "streamdp_tree_epoch"
+TREE_HORIZON = "streamdp_tree_horizon"
+# both
+BUILD_INFO = "streamdp_build_info"
+LAST_PROGRESS_TIMESTAMP_SECONDS = "streamdp_last_progress_timestamp_seconds"
+
+_BATCH_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                  10.0, 30.0)
+_BATCH_DOCS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+_RELEASE_SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+                    600.0)
+
+METRIC_SPECS: tuple[MetricSpec, ...] = (
+    # ---- sketcher
+    MetricSpec(DOCUMENTS_TOTAL, COUNTER,
+               "Documents added to the sketch, by input partition.",
+               ("partition",), _SK, "documents"),
+    MetricSpec(DOCUMENTS_SKIPPED_TOTAL, COUNTER,
+               "Well-formed documents not added to the sketch, by reason "
+               "(too_short: fewer in-vocabulary tokens than the moment estimators need).",
+               ("reason",), _SK),
+    MetricSpec(TOKENS_TOTAL, COUNTER,
+               "Tokens read from processed documents, unknown tokens included.",
+               (), _SK, "tokens"),
+    MetricSpec(UNKNOWN_TOKENS_TOTAL, COUNTER,
+               "Tokens dropped because they are not in the vocabulary.",
+               (), _SK, "tokens"),
+    MetricSpec(DLQ_MESSAGES_TOTAL, COUNTER,
+               "Malformed input messages detected, by error class (written to the "
+               "dead-letter topic or dropped by its rate limit).",
+               ("error_class",), _SK, "messages"),
+    MetricSpec(DLQ_DROPPED_TOTAL, COUNTER,
+               "Malformed input messages NOT written to the dead-letter topic because its "
+               "rate limit was exhausted (still skipped and counted in "
+               "streamdp_dlq_messages_total).",
+               (), _SK),
+    MetricSpec(BATCH_DURATION_SECONDS, HISTOGRAM,
+               "Wall time to decode and sketch one consumed batch.",
+               (), _SK, "seconds", _BATCH_SECONDS),
+    MetricSpec(BATCH_SIZE_DOCUMENTS, HISTOGRAM,
+               "Documents sketched per batch.",
+               (), _SK, "documents", _BATCH_DOCS),
+    MetricSpec(CONSUMER_LAG_MESSAGES, GAUGE,
+               "Messages between the consumer position and the end of the partition "
+               "(librdkafka statistics), per assigned partition.",
+               ("topic", "partition"), _SK, "messages"),
+    MetricSpec(CHECKPOINT_AGE_SECONDS, GAUGE,
+               "Seconds since the last completed checkpoint (since start if none yet), "
+               "computed at scrape time.",
+               (), _SK, "seconds"),
+    MetricSpec(CHECKPOINTS_TOTAL, COUNTER,
+               "Completed checkpoints (state record manifests written).",
+               (), _SK),
+    MetricSpec(CHECKPOINT_BYTES, GAUGE,
+               "Size of the last completed checkpoint (all chunks).",
+               (), _SK, "bytes"),
+    MetricSpec(ASSIGNED_PARTITIONS, GAUGE,
+               "Input partitions currently assigned to this consumer.",
+               (), _SK),
+    MetricSpec(REBALANCES_TOTAL, COUNTER,
+               "Consumer group rebalance callbacks, by kind (assign, revoke, lost).",
+               ("kind",), _SK),
+    # ---- release
+    MetricSpec(RELEASES_TOTAL, COUNTER,
+               "Release attempts by outcome (published, refused_budget, failed).",
+               ("outcome",), _RE),
+    MetricSpec(RELEASE_DURATION_SECONDS, HISTOGRAM,
+               "Wall time of one release (merge, noise, decomposition, publish).",
+               (), _RE, "seconds", _RELEASE_SECONDS),
+    MetricSpec(PRIVACY_RHO_SPENT, GAUGE,
+               "zCDP rho spent by the worst-off document, from the ledger.",
+               (), _RE),
+    MetricSpec(PRIVACY_RHO_REMAINING, GAUGE,
+               "zCDP rho still available to the worst-off document.",
+               (), _RE),
+    MetricSpec(PRIVACY_EPSILON_SPENT, GAUGE,
+               "(epsilon, delta)-DP epsilon of the rho spent so far, at the configured delta.",
+               (), _RE),
+    MetricSpec(PRIVACY_EPSILON_BUDGET, GAUGE,
+               "Configured total epsilon budget.",
+               (), _RE),
+    MetricSpec(LAST_RELEASE_TIMESTAMP_SECONDS, GAUGE,
+               "Unix time of the last published release (0 = none known).",
+               (), _RE, "seconds"),
+    MetricSpec(EPOCHS_CLOSED_TOTAL, COUNTER,
+               "Epochs closed into the binary tree.",
+               (), _RE),
+    MetricSpec(TREE_EPOCH, GAUGE,
+               "Last closed epoch of the binary tree (1-based; 0 = none).",
+               (), _RE),
+    MetricSpec(TREE_HORIZON, GAUGE,
+               "Horizon T of the binary tree (epochs it can release before a new tree "
+               "and budget are needed).",
+               (), _RE),
+    # ---- both
+    MetricSpec(BUILD_INFO, GAUGE,
+               "Constant 1, labelled with the streamdp version and the service role.",
+               ("version", "role"), _BOTH),
+    MetricSpec(LAST_PROGRESS_TIMESTAMP_SECONDS, GAUGE,
+               "Unix time the poll loop last made progress (empty polls included).",
+               (), _BOTH, "seconds"),
+)
+
+#: Every metric name, in declaration order.
+METRIC_NAMES: tuple[str, ...] = tuple(s.name for s in METRIC_SPECS)
+
+
+def metric_specs(role: str | None = None) -> dict[str, MetricSpec]:
+    """``name -> MetricSpec`` for all metrics, or those exported by ``role``."""
+    if role is not None:
+        _check_role(role)
+    return {s.name: s for s in METRIC_SPECS if role is None or role in s.roles}
+
+
+def names_for_role(role: str) -> tuple[str, ...]:
+    """Names of the metrics exported by ``role``."""
+    return tuple(metric_specs(role))
+
+
+def _check_role(role: str) -> None:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+
+
+def _package_version() -> str:
+    try:
+        return metadata.version("streamdp")
+    except metadata.PackageNotFoundError:  # pragma: no cover - not installed
+        return "unknown"
+
+
+def _count(x: float, what: str) -> float:
+    x = float(x)
+    if not (x >= 0 and math.isfinite(x)):
+        raise ValueError(f"{what} must be a finite number >= 0, got {x!r}")
+    return x
+
+
+# ------------------------------------------------------------------- metrics
+class ServiceMetrics:
+    """The metrics of one service on a private registry.
+
+    Parameters
+    ----------
+    role : ``"sketcher"`` or ``"release"``
+        Selects the metric subset (see :data:`METRIC_SPECS`); calling a method
+        of the other role raises :class:`LookupError`.
+    version : str, optional
+        Label of ``streamdp_build_info`` (default: the installed package version).
+    clock : callable, optional
+        Wall clock in Unix seconds (default :func:`time.time`); injectable for tests.
+    registry : CollectorRegistry, optional
+        Default: a fresh registry. Never the global ``REGISTRY``.
+    health : HealthState, optional
+        Source of ``streamdp_last_progress_timestamp_seconds`` (see :meth:`bind_health`).
+
+    All methods are thread-safe (the stats callback runs in the poll thread,
+    scrapes in server threads).
+    """
+
+    def __init__(self, role: str, *, version: str | None = None,
+                 clock: Callable[[], float] = time.time,
+                 registry: CollectorRegistry | None = None,
+                 health: "HealthState | None" = None) -> None:
+        _check_role(role)
+        self.role = role
+        self.version = version or _package_version()
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._started = clock()
+        self._last_checkpoint: float | None = None
+        self._last_progress: float | None = None
+        self._health: HealthState | None = None
+        # (topic, partition) lag series set from each librdkafka handle's stats
+        self._lag_series: dict[str, set[tuple[str, str]]] = {}
+        self._label_values: dict[str, set[str]] = {}
+        self._metrics: dict[str, Any] = {}
+        for spec in metric_specs(role).values():
+            self._metrics[spec.name] = self._make(spec)
+
+        self._metrics[BUILD_INFO].labels(version=self.version, role=role).set(1)
+        self._metrics[LAST_PROGRESS_TIMESTAMP_SECONDS].set_function(self._progress_timestamp)
+        if role == SKETCHER:
+            self._metrics[CHECKPOINT_AGE_SECONDS].set_function(self._checkpoint_age)
+            for kind in REBALANCE_KINDS:
+                self._metrics[REBALANCES_TOTAL].labels(kind=kind)
+            for reason in KNOWN_SKIP_REASONS:
+                self._metrics[DOCUMENTS_SKIPPED_TOTAL].labels(reason=reason)
+        else:
+            for outcome in RELEASE_OUTCOMES:
+                self._metrics[RELEASES_TOTAL].labels(outcome=outcome)
+        if health is not None:
+            self.bind_health(health)
+
+    def _make(self, spec: MetricSpec):
+        kw: dict[str, Any] = {"labelnames": spec.labels, "registry": self.registry}
+        if spec.type == COUNTER:
+            return Counter(spec.name, spec.help, **kw)
+        if spec.type == GAUGE:
+            return Gauge(spec.name, spec.help, **kw)
+        if spec.type == HISTOGRAM:
+            return Histogram(spec.name, spec.help, buckets=spec.buckets or Histogram.DEFAULT_BUCKETS,
+                             **kw)
+        raise ValueError(f"unknown metric type {spec.type!r} for {spec.name}")  # pragma: no cover
+
+    def metric(self, name: str):
+        """The prometheus_client object behind ``name`` (for uncommon updates)."""
+        try:
+            return self._metrics[name]
+        except KeyError:
+            if name in METRIC_NAMES:
+                raise LookupError(f"{name} is not exported by the {self.role} service") from None
+            raise LookupError(f"unknown metric {name!r}") from None
+
+    _m = metric
+
+    def _bounded(self, metric: str, value: Any) -> str:
+        """Label value, folded to ``"other"`` past MAX_LABEL_VALUES distinct values."""
+        value = str(value) if value is not None and str(value) != "" else "unknown"
+        with self._lock:
+            seen = self._label_values.setdefault(metric, set())
+            if value in seen:
+                return value
+            if len(seen) >= MAX_LABEL_VALUES:
+                return OVERFLOW_LABEL
+            seen.add(value)
+            return value
+
+    # ---------------------------------------------------------------- both
+    def bind_health(self, health: "HealthState") -> None:
+        """Export ``health``'s last beat as ``streamdp_last_progress_timestamp_seconds``."""
+        self._health = health
+
+    def mark_progress(self, at: float | None = None) -> None:
+        """Record progress explicitly (used when no HealthState is bound)."""
+        self._last_progress = self._clock() if at is None else float(at)
+
+    def _progress_timestamp(self) -> float:
+        candidates = [t for t in (self._last_progress,
+                                  self._health.last_beat_wall if self._health else None)
+                      if t is not None]
+        return max(candidates) if candidates else 0.0
+
+    # ------------------------------------------------------------ sketcher
+    def observe_batch(self, n_docs: int, n_tokens: int, n_unknown: int, seconds: float,
+                      partition: int | str | Mapping[int | str, int] | None = None) -> None:
+        """One processed batch.
+
+        ``n_docs`` documents were added to the sketch (skipped and dead-lettered
+        messages are reported with :meth:`skipped` / :meth:`dlq`); ``n_tokens``
+        tokens were read, of which ``n_unknown`` were out of vocabulary.
+        ``partition`` is the input partition of the whole batch, or a mapping
+        ``partition -> documents`` for a batch spanning partitions (its values
+        should sum to ``n_docs``); ``None`` labels the documents ``"unknown"``.
+        """
+        n_docs = _count(n_docs, "n_docs")
+        n_tokens = _count(n_tokens, "n_tokens")
+        n_unknown = _count(n_unknown, "n_unknown")
+        seconds = _count(seconds, "seconds")
+        if n_unknown > n_tokens:
+            raise ValueError(f"n_unknown ({n_unknown}) > n_tokens ({n_tokens})")
+        docs = self._m(DOCUMENTS_TOTAL)
+        if isinstance(partition, Mapping):
+            for p, n in partition.items():
+                docs.labels(partition=self._bounded(DOCUMENTS_TOTAL, p)).inc(
+                    _count(n, "documents per partition"))
+        elif n_docs:
+            docs.labels(partition=self._bounded(DOCUMENTS_TOTAL, partition)).inc(n_docs)
+        self._m(TOKENS_TOTAL).inc(n_tokens)
+        self._m(UNKNOWN_TOKENS_TOTAL).inc(n_unknown)
+        self._m(BATCH_DURATION_SECONDS).observe(seconds)
+        self._m(BATCH_SIZE_DOCUMENTS).observe(n_docs)
+
+    def skipped(self, reason: str, n: int = 1) -> None:
+        """``n`` well-formed documents were not sketched (e.g. ``"too_short"``)."""
+        self._m(DOCUMENTS_SKIPPED_TOTAL).labels(
+            reason=self._bounded(DOCUMENTS_SKIPPED_TOTAL, reason)).inc(_count(n, "n"))
+
+    def dlq(self, error_class: str, *, dropped: bool = False, n: int = 1) -> None:
+        """``n`` malformed messages of ``error_class`` were detected.
+
+        ``dropped=True`` means the dead-letter producer's rate limit was
+        exhausted and they were skipped without a DLQ record; they count in
+        both ``streamdp_dlq_messages_total`` and ``streamdp_dlq_dropped_total``.
+        Use a bounded vocabulary for ``error_class`` (exception class names).
+        """
+        n = _count(n, "n")
+        self._m(DLQ_MESSAGES_TOTAL).labels(
+            error_class=self._bounded(DLQ_MESSAGES_TOTAL, error_class)).inc(n)
+        if dropped:
+            self._m(DLQ_DROPPED_TOTAL).inc(n)
+
+    def checkpointed(self, nbytes: int, *, at: float | None = None) -> None:
+        """A checkpoint of ``nbytes`` bytes (all chunks) completed at ``at`` (default now)."""
+        nbytes = _count(nbytes, "nbytes")
+        self._m(CHECKPOINTS_TOTAL).inc()
+        self._m(CHECKPOINT_BYTES).set(nbytes)
+        self._last_checkpoint = self._clock() if at is None else float(at)
+
+    def _checkpoint_age(self) -> float:
+        ref = self._last_checkpoint if self._last_checkpoint is not None else self._started
+        return max(0.0, self._clock() - ref)
+
+    def rebalance(self, kind: str, assigned: int | None = None) -> None:
+        """A rebalance callback of ``kind`` (assign/revoke/lost); ``assigned`` is the
+        total assignment size afterwards (not the increment), if known."""
+        if kind not in REBALANCE_KINDS:
+            raise ValueError(f"kind must be one of {REBALANCE_KINDS}, got {kind!r}")
+        self._m(REBALANCES_TOTAL).labels(kind=kind).inc()
+        if assigned is not None:
+            self.set_assigned_partitions(assigned)
+
+    def set_assigned_partitions(self, n: int) -> None:
+        self._m(ASSIGNED_PARTITIONS).set(_count(n, "assigned partitions"))
+
+    def set_lag_from_stats(self, stats_json: str | bytes,
+                           fields: tuple[str, ...] = ("consumer_lag_stored", "consumer_lag"),
+                           ) -> dict[tuple[str, int], int]:
+        """Update ``streamdp_consumer_lag_messages`` from a librdkafka statistics JSON.
+
+        Reads ``topics.<topic>.partitions.<id>``; the lag of a partition is the
+        first of ``fields`` that is ``>= 0``. The internal UA partition ``-1``
+        and partitions with no valid lag (``-1``: not assigned, offsets or
+        watermarks not known yet) are skipped, and series this handle set
+        before but no longer reports are removed. Series are tracked per
+        handle (``name``), so stats of a second consumer do not erase the
+        first one's; producer statistics are ignored.
+
+        Why ``consumer_lag_stored`` first: librdkafka computes ``consumer_lag``
+        from the *committed* offset, which stays -1 when offsets live in our
+        own state records or are sent with ``send_offsets_to_transaction``;
+        ``consumer_lag_stored`` is end offset − stored (≈ consumed) position.
+        Both use the last stable offset under ``isolation.level=read_committed``.
+
+        Never raises on bad input (it runs inside the poll loop's stats
+        callback): malformed JSON is logged and returns ``{}`` unchanged.
+        Returns ``{(topic, partition): lag}`` of the series now exported.
+        """
+        gauge = self._m(CONSUMER_LAG_MESSAGES)
+        try:
+            stats = json.loads(stats_json)
+            if not isinstance(stats, dict):
+                raise ValueError("statistics JSON is not an object")
+        except (ValueError, TypeError) as exc:
+            log.warning("ignoring malformed librdkafka statistics: %s", exc)
+            return {}
+        if stats.get("type", "consumer") != "consumer":
+            return {}
+        handle = str(stats.get("name", ""))
+        lags: dict[tuple[str, int], int] = {}
+        topics = stats.get("topics")
+        for topic, tstats in (topics.items() if isinstance(topics, dict) else ()):
+            parts = tstats.get("partitions") if isinstance(tstats, dict) else None
+            for pid, pstats in (parts.items() if isinstance(parts, dict) else ()):
+                try:
+                    partition = int(pstats.get("partition", pid)) if isinstance(pstats, dict) \
+                        else int(pid)
+                except (TypeError, ValueError):
+                    continue
+                if partition < 0 or not isinstance(pstats, dict):
+                    continue
+                for f in fields:
+                    v = pstats.get(f)
+                    if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0:
+                        lags[(str(topic), partition)] = int(v)
+                        break
+        with self._lock:
+            current = {(t, str(p)) for t, p in lags}
+            for t, p in self._lag_series.get(handle, set()) - current:
+                try:
+                    gauge.remove(t, p)
+                except KeyError:  # pragma: no cover - already gone
+                    pass
+            for (t, p), v in lags.items():
+                gauge.labels(topic=t, partition=str(p)).set(v)
+            self._lag_series[handle] = current
+        return lags
+
+    def clear_lag(self) -> None:
+        """Remove every lag series (e.g. after all partitions were revoked or lost)."""
+        with self._lock:
+            gauge = self._m(CONSUMER_LAG_MESSAGES)
+            for series in self._lag_series.values():
+                for t, p in series:
+                    try:
+                        gauge.remove(t, p)
+                    except KeyError:  # pragma: no cover
+                        pass
+            self._lag_series.clear()
+
+    # ------------------------------------------------------------- release
+    def release_outcome(self, outcome: str, seconds: float | None = None, *,
+                        at: float | None = None) -> None:
+        """One release attempt ended with ``outcome`` (published/refused_budget/failed).
+
+        ``seconds`` (if given) is observed in the duration histogram; a
+        ``published`` outcome sets the last-release timestamp to ``at`` (default now).
+        """
+        if outcome not in RELEASE_OUTCOMES:
+            raise ValueError(f"outcome must be one of {RELEASE_OUTCOMES}, got {outcome!r}")
+        self._m(RELEASES_TOTAL).labels(outcome=outcome).inc()
+        if seconds is not None:
+            self._m(RELEASE_DURATION_SECONDS).observe(_count(seconds, "seconds"))
+        if outcome == "published":
+            self.set_last_release_timestamp(self._clock() if at is None else at)
+
+    def set_last_release_timestamp(self, ts: float) -> None:
+        """E.g. on startup, from the latest snapshot on the snapshot topic."""
+        self._m(LAST_RELEASE_TIMESTAMP_SECONDS).set(_count(ts, "timestamp"))
+
+    def set_budget(self, rho_spent: float, rho_remaining: float, eps_spent: float,
+                   eps_budget: float) -> None:
+        """Privacy budget state (worst-off document), e.g. after each ledger change."""
+        self._m(PRIVACY_RHO_SPENT).set(_count(rho_spent, "rho_spent"))
+        self._m(PRIVACY_RHO_REMAINING).set(_count(rho_remaining, "rho_remaining"))
+        self._m(PRIVACY_EPSILON_SPENT).set(_count(eps_spent, "eps_spent"))
+        self._m(PRIVACY_EPSILON_BUDGET).set(_count(eps_budget, "eps_budget"))
+
+    def set_budget_from_report(self, report: Mapping[str, Any]) -> None:
+        """:meth:`set_budget` from ``Accountant.report()`` (``rho_worst_case``,
+        ``rho_remaining``, ``epsilon_worst_case``, ``epsilon``)."""
+        self.set_budget(report["rho_worst_case"], report["rho_remaining"],
+                        report["epsilon_worst_case"], report["epsilon"])
+
+    def epoch_closed(self, epoch: int | None = None) -> None:
+        """An epoch was closed into the tree; ``epoch`` (1-based) becomes the current one."""
+        self._m(EPOCHS_CLOSED_TOTAL).inc()
+        if epoch is not None:
+            self._m(TREE_EPOCH).set(_count(epoch, "epoch"))
+
+    def set_tree(self, epoch: int, horizon: int) -> None:
+        """Tree position, e.g. after restoring the release state."""
+        self._m(TREE_EPOCH).set(_count(epoch, "epoch"))
+        self._m(TREE_HORIZON).set(_count(horizon, "horizon"))
+
+    # ---------------------------------------------------------- exposition
+    def exposition(self, accept: str = "") -> tuple[bytes, str]:
+        """``(body, content_type)`` for a scrape with the given Accept header."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
+
+
+# -------------------------------------------------------------------- health
+class HealthState:
+    """Liveness (poll-loop heartbeat) and readiness (service-set flag).
+
+    ``beat()`` must be called on every poll, empty polls included; the loop is
+    live while the last beat is at most ``liveness_timeout`` seconds old
+    (construction counts as a beat, a start-up grace period: beat during long
+    state restores too, or give the pod a startupProbe). Readiness starts
+    false with reason ``"starting"``.
+    """
+
+    def __init__(self, liveness_timeout: float = 30.0, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        if not liveness_timeout > 0:
+            raise ValueError("liveness_timeout must be > 0")
+        self.liveness_timeout = float(liveness_timeout)
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._last = (clock(), wall_clock())  # (monotonic, wall), replaced atomically
+        self._lock = threading.Lock()
+        self._ready = False
+        self._reason = "starting"
+
+    def beat(self) -> None:
+        """The poll loop went round once (hot path: two clock reads, one store)."""
+        self._last = (self._clock(), self._wall_clock())
+
+    @property
+    def last_beat_wall(self) -> float:
+        """Unix time of the last beat."""
+        return self._last[1]
+
+    def last_progress_age(self) -> float:
+        return max(0.0, self._clock() - self._last[0])
+
+    def is_live(self) -> bool:
+        return self.last_progress_age() <= self.liveness_timeout
+
+    def set_ready(self, ready: bool, reason: str = "") -> None:
+        """E.g. ``set_ready(True, "3 partitions assigned, state restored")`` or
+        ``set_ready(False, "revoked; restoring")`` / ``(False, "shutting down")``."""
+        with self._lock:
+            self._ready = bool(ready)
+            self._reason = reason or ("ready" if ready else "not ready")
+
+    def is_ready(self) -> bool:
+        return self._ready
+
+    def liveness(self) -> tuple[bool, dict[str, Any]]:
+        age = self.last_progress_age()
+        live = age <= self.liveness_timeout
+        return live, {"status": "ok" if live else "stalled",
+                      "last_progress_age_seconds": round(age, 3),
+                      "liveness_timeout_seconds": self.liveness_timeout}
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        with self._lock:
+            ready, reason = self._ready, self._reason
+        return ready, {"status": "ready" if ready else "not_ready", "reason": reason}
+
+
+# -------------------------------------------------------------------- server
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):  # numpy arrays and scalars, without importing numpy
+        return obj.tolist()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def _encode_json(obj: Any) -> bytes:
+    return json.dumps(obj, default=_json_default, allow_nan=False,
+                      separators=(",", ":")).encode()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    owner: "ObservabilityServer"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+    timeout = 10  # a stuck client cannot hold a handler thread forever
+    server_version = "streamdp-observability"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("%s - %s", self.address_string(), format % args)
+
+    def _send(self, status: int, body: bytes, content_type: str, head: bool = False) -> None:
+        if "gzip" in (self.headers.get("Accept-Encoding") or "") and len(body) > 1024:
+            body = gzip.compress(body)
+            gz = True
+        else:
+            gz = False
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        if gz:
+            self.send_header("Content-Encoding", "gzip")
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def _json(self, status: int, obj: Any, head: bool) -> None:
+        self._send(status, _encode_json(obj), "application/json", head)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._dispatch(head=True)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._dispatch(head=False)
+
+    def _dispatch(self, head: bool) -> None:
+        owner = self.server.owner
+        path = urlsplit(self.path).path
+        if len(path) > 1:
+            path = path.rstrip("/")
+        try:
+            if path == "/metrics":
+                body, ctype = owner.metrics.exposition(self.headers.get("Accept", ""))
+                self._send(200, body, ctype, head)
+            elif path == "/healthz":
+                ok, info = owner.health.liveness()
+                self._json(200 if ok else 503, info, head)
+            elif path == "/readyz":
+                ok, info = owner.health.readiness()
+                self._json(200 if ok else 503, info, head)
+            elif path in owner._routes:
+                obj = owner._routes[path]()
+                if obj is None:
+                    self._json(404, {"error": "not found", "path": path}, head)
+                else:
+                    self._json(200, obj, head)
+            else:
+                self._json(404, {"error": "not found", "path": path,
+                                 "routes": owner.routes()}, head)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        except Exception as exc:  # a failing route must not kill the server
+            log.exception("error serving %s", path)
+            try:
+                self._json(500, {"error": type(exc).__name__, "detail": str(exc)}, head)
+            except OSError:
+                pass
+
+
+class ObservabilityServer:
+    """HTTP endpoint for one service, started on construction.
+
+    ``/metrics`` (Prometheus text format 0.0.4 via ``generate_latest``;
+    OpenMetrics when the Accept header asks for it), ``/healthz`` and
+    ``/readyz`` (200 / 503 with a JSON body), plus JSON routes added with
+    :meth:`add_json_route`. ``port=0`` binds an ephemeral port, see
+    :attr:`port`. The metrics' ``streamdp_last_progress_timestamp_seconds`` is
+    bound to ``health`` unless the metrics already have a health source.
+    """
+
+    def __init__(self, metrics: ServiceMetrics, health: HealthState, host: str = "127.0.0.1",
+                 port: int = 0, *, poll_interval: float = 0.1) -> None:
+        self.metrics = metrics
+        self.health = health
+        if metrics._health is None:
+            metrics.bind_health(health)
+        self._routes: dict[str, Callable[[], Any]] = {}
+        server_cls = _Server
+        if ":" in host:
+            server_cls = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
+        self._httpd = server_cls((host, port), _Handler)
+        self._httpd.owner = self
+        self.host = host
+        self.port: int = self._httpd.server_address[1]
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": poll_interval},
+            name=f"streamdp-observability-{self.port}", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def add_json_route(self, path: str, fn: Callable[[], Any]) -> None:
+        """Serve ``fn()`` as JSON at ``path`` (GET); 404 when it returns ``None``.
+
+        ``fn`` runs in a server thread: it must be thread-safe and quick (return
+        a prepared object, e.g. the latest snapshot's dict). numpy values are
+        converted with ``tolist()``; non-finite floats give a 500.
+        """
+        if not path.startswith("/") or path in ("/metrics", "/healthz", "/readyz"):
+            raise ValueError(f"invalid or reserved route {path!r}")
+        self._routes[path.rstrip("/") or "/"] = fn
+
+    def routes(self) -> list[str]:
+        return ["/metrics", "/healthz", "/readyz", *sorted(self._routes)]
+
+    def close(self) -> None:
+        """Stop serving and release the port (idempotent; ~poll_interval)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> "ObservabilityServer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
