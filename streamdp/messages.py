@@ -1,0 +1,470 @@
+"""Input-document messages (schema v1): decoding, validation, encoding, batching, DLQ headers.
+
+A document arrives on the docs topic as a msgpack map (DESIGN §6; docs/schemas.md)::
+
+    {"v": 1, "id": str, "ts": float | int,
+     and exactly one of
+       "text": str                                   raw text, tokenized by the sketcher
+       "tokens": [str, ...]                          pre-tokenized, matched verbatim
+       "counts": {"ids": [int], "counts": [int],     word counts over the public vocabulary
+                  "vocab": str (optional)}}          ... whose vocabulary_id this must equal
+
+:func:`decode_document` turns bytes into a :class:`Document` or raises :class:`InvalidMessage`
+with a stable ``error_class`` (the sketcher sends such messages to the dead-letter topic with
+:func:`dlq_headers`). :func:`documents_to_counts` turns a batch of decoded documents into one
+CSR count batch, validating everything first and returning the bad documents separately, so
+a bad document never half-updates a sketch.
+
+Error messages describe types, positions and bounds, never the document's words, so they can
+be logged and put in headers without copying private text around (the DLQ record itself still
+carries the raw message: the DLQ topic needs the same access control as the docs topic).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+import msgpack
+import numpy as np
+import scipy.sparse as sp
+
+from streamdp import serialization as ser
+from streamdp.documents import as_count_batch
+from streamdp.text.tokenizer import Tokenizer
+from streamdp.text.vocabulary import Vocabulary
+
+SCHEMA_VERSION = 1
+MAX_ID_CHARS = 256
+DEFAULT_MAX_BYTES = 1 << 20         # 1 MiB per document message
+DEFAULT_MAX_TOKENS = 100_000        # tokens per document (text after tokenizing, tokens, Σcounts)
+MAX_DLQ_MESSAGE_BYTES = 1024
+PAYLOAD_KINDS = ("text", "tokens", "counts")
+
+# Stable error classes (part of the operational interface: DLQ headers, metric labels).
+MALFORMED_MSGPACK = "malformed_msgpack"
+UNSUPPORTED_VERSION = "unsupported_version"
+MISSING_FIELD = "missing_field"
+WRONG_TYPE = "wrong_type"
+INVALID_UTF8 = "invalid_utf8"
+EMPTY_DOCUMENT = "empty_document"
+TOO_LARGE = "too_large"
+INVALID_VALUE = "invalid_value"
+ERROR_CLASSES = (MALFORMED_MSGPACK, UNSUPPORTED_VERSION, MISSING_FIELD, WRONG_TYPE, INVALID_UTF8,
+                 EMPTY_DOCUMENT, TOO_LARGE, INVALID_VALUE)
+
+# Dead-letter record headers (values are UTF-8 bytes; partition and offset in decimal).
+HEADER_ERROR_CLASS = "streamdp.error.class"
+HEADER_ERROR_MESSAGE = "streamdp.error.message"
+HEADER_SOURCE_TOPIC = "streamdp.source.topic"
+HEADER_SOURCE_PARTITION = "streamdp.source.partition"
+HEADER_SOURCE_OFFSET = "streamdp.source.offset"
+DLQ_HEADERS = (HEADER_ERROR_CLASS, HEADER_ERROR_MESSAGE, HEADER_SOURCE_TOPIC,
+               HEADER_SOURCE_PARTITION, HEADER_SOURCE_OFFSET)
+
+
+class InvalidMessage(ser.SchemaError):
+    """A document message that cannot be used; ``error_class`` is one of ERROR_CLASSES."""
+
+    def __init__(self, error_class: str, message: str):
+        if error_class not in ERROR_CLASSES:
+            raise ValueError(f"unknown error class {error_class!r}")
+        super().__init__(error_class, message)
+        self.error_class = error_class
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.error_class}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"InvalidMessage({self.error_class!r}, {self.message!r})"
+
+
+Kind = Literal["text", "tokens", "counts"]
+Payload = Union[str, tuple[str, ...], tuple[tuple[int, ...], tuple[int, ...]]]
+
+
+@dataclass(frozen=True)
+class Document:
+    """A validated input document.
+
+    ``payload`` by ``kind``: ``"text"`` -> str (not blank); ``"tokens"`` -> tuple of non-empty
+    str; ``"counts"`` -> ``(ids, counts)``, two equally long tuples of int with distinct ids ≥ 0
+    and counts ≥ 1. ``vocabulary_id`` is the optional ``counts.vocab`` field (else None).
+    """
+
+    id: str
+    ts: float
+    kind: Kind
+    payload: Payload = field(repr=False)  # document content stays out of logs
+    vocabulary_id: str | None = None
+
+
+def _type_name(x: Any) -> str:
+    return {bytes: "bin", str: "str", bool: "bool", int: "int", float: "float", list: "array",
+            dict: "map", type(None): "nil"}.get(type(x), type(x).__name__)
+
+
+def _require(obj: Mapping, key: str, where: str = "") -> Any:
+    if key not in obj:
+        raise InvalidMessage(MISSING_FIELD, f"missing field {where}{key!r}")
+    return obj[key]
+
+
+def _check_str(value: Any, name: str) -> str:
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            bytes(value).decode("utf-8")
+            how = "valid UTF-8, but sent as msgpack bin"
+        except UnicodeDecodeError:
+            how = "not valid UTF-8"
+        raise InvalidMessage(INVALID_UTF8, f"{name} must be a msgpack str; got bin ({how})")
+    if type(value) is not str:
+        raise InvalidMessage(WRONG_TYPE, f"{name} must be a str, got {_type_name(value)}")
+    return value
+
+
+def _check_int_list(value: Any, name: str) -> list[int]:
+    if type(value) is not list:
+        raise InvalidMessage(WRONG_TYPE, f"{name} must be an array of int, got {_type_name(value)}")
+    for i, x in enumerate(value):
+        if type(x) is not int:
+            raise InvalidMessage(WRONG_TYPE, f"{name}[{i}] must be an int, got {_type_name(x)}")
+    return value
+
+
+def _unpack(raw: Any, max_bytes: int) -> Any:
+    if raw is None:
+        raise InvalidMessage(MALFORMED_MSGPACK, "null message value (tombstone)")
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise TypeError(f"raw must be bytes, got {type(raw).__name__}")
+    if len(raw) > max_bytes:
+        raise InvalidMessage(TOO_LARGE, f"message of {len(raw)} bytes exceeds the limit of {max_bytes}")
+    try:
+        return ser.loads(bytes(raw), max_bytes=max_bytes)
+    except ser.SchemaError as exc:
+        if isinstance(exc.__cause__, UnicodeDecodeError):
+            raise InvalidMessage(INVALID_UTF8, "a msgpack str is not valid UTF-8 "
+                                 f"(at byte {exc.__cause__.start} of that string)") from None
+        raise InvalidMessage(MALFORMED_MSGPACK, _describe(exc.__cause__ or exc)) from None
+    except (TypeError, OverflowError, RecursionError, MemoryError, msgpack.UnpackException) as exc:
+        raise InvalidMessage(MALFORMED_MSGPACK, _describe(exc)) from None
+
+
+def _describe(exc: BaseException) -> str:
+    detail = str(exc)
+    return f"not valid msgpack: {type(exc).__name__}{': ' + detail if detail else ''}"[:200]
+
+
+def validate_document(obj: Any, *, max_tokens: int = DEFAULT_MAX_TOKENS,
+                      vocabulary: Vocabulary | None = None) -> Document:
+    """Validate an already unpacked message (see :func:`decode_document`)."""
+    if not isinstance(obj, dict):
+        raise InvalidMessage(WRONG_TYPE, f"a document must be a msgpack map, got {_type_name(obj)}")
+    v = _require(obj, "v")
+    if type(v) is not int:
+        raise InvalidMessage(WRONG_TYPE, f"'v' must be an int, got {_type_name(v)}")
+    if v != SCHEMA_VERSION:
+        raise InvalidMessage(UNSUPPORTED_VERSION,
+                             f"unsupported schema version {v} (this build reads v{SCHEMA_VERSION})")
+
+    doc_id = _check_str(_require(obj, "id"), "'id'")
+    if not doc_id:
+        raise InvalidMessage(INVALID_VALUE, "'id' must not be empty")
+    if len(doc_id) > MAX_ID_CHARS:
+        raise InvalidMessage(INVALID_VALUE, f"'id' has {len(doc_id)} characters (limit {MAX_ID_CHARS})")
+
+    ts = _require(obj, "ts")
+    if type(ts) not in (int, float):
+        raise InvalidMessage(WRONG_TYPE, f"'ts' must be a number, got {_type_name(ts)}")
+    ts = float(ts)
+    if not math.isfinite(ts) or ts < 0:
+        raise InvalidMessage(INVALID_VALUE, f"'ts' must be finite and >= 0, got {ts!r}")
+
+    present = [k for k in PAYLOAD_KINDS if k in obj]
+    if not present:
+        raise InvalidMessage(MISSING_FIELD, "missing payload: one of 'text', 'tokens', 'counts'")
+    if len(present) > 1:
+        raise InvalidMessage(INVALID_VALUE, f"exactly one of 'text', 'tokens', 'counts' allowed, "
+                                            f"got {', '.join(map(repr, present))}")
+    kind = present[0]
+    value = obj[kind]
+
+    if kind == "text":
+        text = _check_str(value, "'text'")
+        if not text.strip():
+            raise InvalidMessage(EMPTY_DOCUMENT, "'text' is empty or blank")
+        return Document(doc_id, ts, "text", text)
+
+    if kind == "tokens":
+        if type(value) is not list:
+            raise InvalidMessage(WRONG_TYPE, f"'tokens' must be an array of str, got {_type_name(value)}")
+        if not value:
+            raise InvalidMessage(EMPTY_DOCUMENT, "'tokens' is empty")
+        if len(value) > max_tokens:
+            raise InvalidMessage(TOO_LARGE, f"{len(value)} tokens exceed the limit of {max_tokens}")
+        for i, tok in enumerate(value):
+            _check_str(tok, f"'tokens'[{i}]")
+            if not tok:
+                raise InvalidMessage(INVALID_VALUE, f"'tokens'[{i}] is an empty string")
+        return Document(doc_id, ts, "tokens", tuple(value))
+
+    # counts
+    if type(value) is not dict:
+        raise InvalidMessage(WRONG_TYPE, f"'counts' must be a map {{ids, counts}}, got {_type_name(value)}")
+    ids = _check_int_list(_require(value, "ids", "'counts'."), "'counts'.'ids'")
+    counts = _check_int_list(_require(value, "counts", "'counts'."), "'counts'.'counts'")
+    vocab_id = _check_str(value["vocab"], "'counts'.'vocab'") if "vocab" in value else None
+    if len(ids) != len(counts):
+        raise InvalidMessage(INVALID_VALUE, f"'counts' has {len(ids)} ids but {len(counts)} counts")
+    if not ids:
+        raise InvalidMessage(EMPTY_DOCUMENT, "'counts' is empty")
+    if len(ids) > max_tokens:
+        raise InvalidMessage(TOO_LARGE, f"{len(ids)} distinct words exceed the limit of {max_tokens} tokens")
+    _check_counts(ids, counts, vocab_id, max_tokens, vocabulary)
+    return Document(doc_id, ts, "counts", (tuple(ids), tuple(counts)), vocab_id)
+
+
+def _check_counts(ids: Sequence[int], counts: Sequence[int], vocab_id: str | None,
+                  max_tokens: float, vocabulary: Vocabulary | None) -> None:
+    bad = next((i for i, c in enumerate(counts) if c < 1), None)
+    if bad is not None:
+        raise InvalidMessage(INVALID_VALUE, f"'counts'.'counts'[{bad}] = {counts[bad]} is not a positive count")
+    bad = next((i for i, j in enumerate(ids) if j < 0), None)
+    if bad is not None:
+        raise InvalidMessage(INVALID_VALUE, f"'counts'.'ids'[{bad}] = {ids[bad]} is negative")
+    total = sum(counts)  # Python ints: no overflow
+    if total > max_tokens:
+        raise InvalidMessage(TOO_LARGE, f"{total} tokens exceed the limit of {max_tokens}")
+    if len(set(ids)) != len(ids):
+        raise InvalidMessage(INVALID_VALUE, "'counts'.'ids' contains duplicates")
+    if vocabulary is not None:
+        d = len(vocabulary)
+        bad = next((i for i, j in enumerate(ids) if j >= d), None)
+        if bad is not None:
+            raise InvalidMessage(INVALID_VALUE, f"'counts'.'ids'[{bad}] = {ids[bad]} is out of range "
+                                                f"for a vocabulary of {d} words")
+        if vocab_id is not None and vocab_id != vocabulary.id:
+            raise InvalidMessage(INVALID_VALUE, f"counts are over vocabulary {vocab_id[:64]!r}, "
+                                                f"this service uses {vocabulary.id!r}")
+
+
+def decode_document(raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                    max_tokens: int = DEFAULT_MAX_TOKENS,
+                    vocabulary: Vocabulary | None = None) -> Document:
+    """Decode and validate one input-document message.
+
+    Parameters
+    ----------
+    raw : the Kafka message value (``None``, a tombstone, is ``malformed_msgpack``)
+    max_bytes : larger messages are ``too_large`` (checked before unpacking)
+    max_tokens : more ``tokens``, or a larger Σ``counts``, is ``too_large``. For ``text`` the
+        limit applies after tokenizing, in :func:`documents_to_counts`.
+    vocabulary : if given, ``counts`` ids are range-checked and ``counts.vocab`` must match
+        its id here already (otherwise :func:`documents_to_counts` does it)
+
+    Raises
+    ------
+    InvalidMessage — and nothing else for any bytes input. Keys other than ``v``, ``id``,
+    ``ts`` and the payload are ignored (room for additive extensions within v1).
+    """
+    return validate_document(_unpack(raw, max_bytes), max_tokens=max_tokens, vocabulary=vocabulary)
+
+
+def encode_document(id: str, ts: float, *, text: str | None = None,
+                    tokens: Iterable[str] | None = None,
+                    counts: Mapping[int, int] | tuple[Sequence[int], Sequence[int]] | None = None,
+                    vocabulary_id: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
+                    max_tokens: int = DEFAULT_MAX_TOKENS) -> bytes:
+    """Encode one document message (v1) for producers; exactly one of text/tokens/counts.
+
+    ``counts`` is ``{word_id: count}`` or ``(ids, counts)`` (numpy arrays accepted);
+    ``vocabulary_id`` (counts only) is sent as ``counts.vocab``. The result is validated with
+    :func:`decode_document` under the given limits, so this raises :class:`InvalidMessage`
+    (a ValueError) for anything a sketcher would reject.
+    """
+    given = [name for name, val in (("text", text), ("tokens", tokens), ("counts", counts))
+             if val is not None]
+    if len(given) != 1:
+        raise ValueError(f"give exactly one of text, tokens, counts (got {given or 'none'})")
+    if vocabulary_id is not None and counts is None:
+        raise ValueError("vocabulary_id only applies to counts documents")
+    if isinstance(ts, (int, float, np.integer, np.floating)) and not isinstance(ts, bool):
+        ts = float(ts)
+    msg: dict[str, Any] = {"v": SCHEMA_VERSION, "id": id, "ts": ts}
+    if text is not None:
+        msg["text"] = text
+    elif tokens is not None:
+        if isinstance(tokens, str):
+            raise TypeError("tokens must be a list of str, not a str (use text=)")
+        msg["tokens"] = list(tokens)
+    else:
+        if isinstance(counts, Mapping):
+            ids, cnt = list(counts.keys()), list(counts.values())
+        else:
+            ids, cnt = counts
+        # operator.index: numpy integers are fine, floats are refused rather than truncated
+        body: dict[str, Any] = {"ids": [operator.index(i) for i in ids],
+                                "counts": [operator.index(c) for c in cnt]}
+        if vocabulary_id is not None:
+            body["vocab"] = vocabulary_id
+        msg["counts"] = body
+    try:
+        raw = ser.dumps(msg)
+    except (TypeError, ValueError, OverflowError) as exc:  # e.g. lone surrogates, huge ints
+        raise ValueError(f"cannot encode document: {exc}") from exc
+    decode_document(raw, max_bytes=max_bytes, max_tokens=max_tokens)
+    return raw
+
+
+@dataclass(frozen=True, eq=False)
+class CountBatch:
+    """The usable part of a batch of documents, plus what was wrong with the rest.
+
+    Attributes
+    ----------
+    counts : csr_matrix (n_good, d) float64, canonical; row r is document ``index[r]``
+    timestamps : float64 (n_good,)
+    doc_ids : tuple of str (n_good)
+    index : intp (n_good,), position of each row in the input sequence
+    n_tokens : int64 (n_good,), tokens per document before the vocabulary lookup (after the
+        tokenizer for text; Σcounts for counts)
+    n_unknown : int64 (n_good,), of those, tokens not in the vocabulary (dropped)
+    errors : tuple of (input position, InvalidMessage) for the rejected documents
+
+    Rows may be all zero or shorter than MIN_DOC_LENGTH (every word unknown, text of only
+    stop words, ...). That is the document's own content, not an error: the engine skips such
+    rows (``streamdp.documents.keep_long_documents``), and whether it does depends only on
+    the document itself. These statistics are internal operational metrics, not DP releases.
+    """
+
+    counts: sp.csr_matrix
+    timestamps: np.ndarray
+    doc_ids: tuple[str, ...]
+    index: np.ndarray
+    n_tokens: np.ndarray
+    n_unknown: np.ndarray
+    errors: tuple[tuple[int, InvalidMessage], ...]
+
+    @property
+    def n_docs(self) -> int:
+        return self.counts.shape[0]
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.n_tokens.sum())
+
+    @property
+    def total_unknown(self) -> int:
+        return int(self.n_unknown.sum())
+
+    @property
+    def n_empty(self) -> int:
+        """Rows with no vocabulary word at all."""
+        return int(np.count_nonzero(np.diff(self.counts.indptr) == 0))
+
+
+def documents_to_counts(docs: Sequence[Document], tokenizer: Tokenizer, vocabulary: Vocabulary,
+                        *, max_tokens: int | None = DEFAULT_MAX_TOKENS) -> CountBatch:
+    """One CSR count batch from decoded documents of mixed kinds.
+
+    Every document is validated completely before anything is assembled: ``text`` longer than
+    ``max_tokens`` tokens after tokenizing is ``too_large``; ``counts`` with ids outside the
+    vocabulary, or a ``counts.vocab`` that is not ``vocabulary.id``, is ``invalid_value``.
+    Rejected documents are listed in ``errors`` and contribute nothing; the rest form the
+    rows of ``counts`` in input order. ``tokens`` documents are matched verbatim (producers
+    must normalise like the tokenizer). Nothing here mutates any state.
+    """
+    d = len(vocabulary)
+    limit = math.inf if max_tokens is None else max_tokens
+    errors: list[tuple[int, InvalidMessage]] = []
+    good: list[tuple[int, Document]] = []
+    token_lists: list[Sequence[str]] = []
+    token_rows: list[int] = []
+    count_rows: list[int] = []
+    count_ids: list[tuple[int, ...]] = []
+    count_vals: list[tuple[int, ...]] = []
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, Document):
+            raise TypeError(f"docs[{i}] is a {type(doc).__name__}, expected a Document")
+        try:
+            if doc.kind == "text":
+                toks: Sequence[str] = tokenizer.tokenize(doc.payload)  # type: ignore[arg-type]
+                if max_tokens is not None and len(toks) > max_tokens:
+                    raise InvalidMessage(TOO_LARGE, f"text has {len(toks)} tokens, "
+                                                    f"the limit is {max_tokens}")
+            elif doc.kind == "tokens":
+                toks = doc.payload  # type: ignore[assignment]
+            elif doc.kind == "counts":
+                ids, cnt = doc.payload  # type: ignore[misc]
+                _check_counts(ids, cnt, doc.vocabulary_id, limit, vocabulary)
+            else:
+                raise InvalidMessage(INVALID_VALUE, f"unknown document kind {doc.kind!r}")
+        except InvalidMessage as exc:
+            errors.append((i, exc))
+            continue
+        row = len(good)
+        good.append((i, doc))
+        if doc.kind == "counts":
+            count_rows.append(row)
+            count_ids.append(ids)
+            count_vals.append(cnt)
+        else:
+            token_rows.append(row)
+            token_lists.append(toks)
+
+    n = len(good)
+    n_tokens = np.zeros(n, dtype=np.int64)
+    n_unknown = np.zeros(n, dtype=np.int64)
+    # Token documents: one vectorised lookup for the whole batch.
+    lengths = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
+    tok_row_idx = np.asarray(token_rows, dtype=np.int64)
+    n_tokens[tok_row_idx] = lengths
+    cols = vocabulary.lookup(list(itertools.chain.from_iterable(token_lists)))
+    rows = np.repeat(tok_row_idx, lengths)
+    known = cols >= 0
+    n_unknown += np.bincount(rows[~known], minlength=n).astype(np.int64)
+    rows, cols = rows[known], cols[known].astype(np.int64)
+    data = np.ones(rows.size, dtype=np.float64)
+    # Count documents: already ids over the vocabulary.
+    if count_rows:
+        c_len = np.fromiter(map(len, count_ids), dtype=np.int64, count=len(count_ids))
+        c_rows = np.repeat(np.asarray(count_rows, dtype=np.int64), c_len)
+        c_cols = np.fromiter(itertools.chain.from_iterable(count_ids), dtype=np.int64, count=int(c_len.sum()))
+        c_data = np.fromiter(itertools.chain.from_iterable(count_vals), dtype=np.float64, count=int(c_len.sum()))
+        n_tokens[np.asarray(count_rows, dtype=np.int64)] = [sum(c) for c in count_vals]
+        rows = np.concatenate([rows, c_rows])
+        cols = np.concatenate([cols, c_cols])
+        data = np.concatenate([data, c_data])
+    X = sp.coo_matrix((data, (rows, cols)), shape=(n, d)).tocsr()
+    X = as_count_batch(X, n_features=d)
+    X.sort_indices()
+    return CountBatch(
+        counts=X,
+        timestamps=np.fromiter((doc.ts for _, doc in good), dtype=np.float64, count=n),
+        doc_ids=tuple(doc.id for _, doc in good),
+        index=np.fromiter((i for i, _ in good), dtype=np.intp, count=n),
+        n_tokens=n_tokens, n_unknown=n_unknown, errors=tuple(errors))
+
+
+def _truncate_utf8(text: str, limit: int) -> bytes:
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= limit:
+        return data
+    return data[:limit].decode("utf-8", errors="ignore").encode("utf-8")
+
+
+def dlq_headers(error: InvalidMessage, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
+    """Kafka headers for a dead-letter record (message truncated to 1 KiB at a UTF-8 boundary)."""
+    if not isinstance(error, InvalidMessage):
+        raise TypeError(f"error must be an InvalidMessage, got {type(error).__name__}")
+    return [
+        (HEADER_ERROR_CLASS, error.error_class.encode("ascii")),
+        (HEADER_ERROR_MESSAGE, _truncate_utf8(error.message, MAX_DLQ_MESSAGE_BYTES)),
+        (HEADER_SOURCE_TOPIC, str(topic).encode("utf-8", errors="replace")),
+        (HEADER_SOURCE_PARTITION, str(int(partition)).encode("ascii")),
+        (HEADER_SOURCE_OFFSET, str(int(offset)).encode("ascii")),
+    ]
