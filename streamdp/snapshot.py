@@ -28,6 +28,7 @@ class TopicSnapshot:
     release_id : str
     created_at : float             UNIX seconds
     epoch : int | None             last epoch covered (continual release)
+    vocabulary_id : str | None     content hash of the public vocabulary (services)
     """
 
     topic_word: np.ndarray
@@ -40,6 +41,7 @@ class TopicSnapshot:
     release_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created_at: float = field(default_factory=time.time)
     epoch: int | None = None
+    vocabulary_id: str | None = None
 
     @property
     def n_topics(self) -> int:
@@ -59,7 +61,8 @@ class TopicSnapshot:
                 "eigenvalues": ser.pack_array(self.eigenvalues), "n_docs": float(self.n_docs),
                 "privacy": self.privacy, "mechanism": self.mechanism,
                 "subspace_id": self.subspace_id, "release_id": self.release_id,
-                "created_at": float(self.created_at), "epoch": self.epoch}
+                "created_at": float(self.created_at), "epoch": self.epoch,
+                "vocabulary_id": self.vocabulary_id}
 
     def to_bytes(self) -> bytes:
         return ser.dumps(self.to_dict())
@@ -74,4 +77,4 @@ class TopicSnapshot:
                    n_docs=float(obj["n_docs"]), privacy=obj["privacy"],
                    mechanism=obj["mechanism"], subspace_id=obj["subspace_id"],
                    release_id=obj["release_id"], created_at=float(obj["created_at"]),
-                   epoch=obj.get("epoch"))
+                   epoch=obj.get("epoch"), vocabulary_id=obj.get("vocabulary_id"))

@@ -1,0 +1,125 @@
+"""``streamdp demo``: broker + two sketchers + release service on a readable corpus.
+
+Everything runs in one process (threads) against a real Kafka-protocol broker:
+the embedded Tansu broker by default, or ``--bootstrap`` for an existing Kafka.
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from streamdp.evaluation import matched_topic_error
+from streamdp.kafka.topics import TopicNames, ensure_topics
+from streamdp.services import control
+from streamdp.services.config import ServiceConfig
+from streamdp.services.demo_corpus import TOPICS, sample_texts
+from streamdp.services.produce import produce
+from streamdp.text.vocabulary import Vocabulary
+
+log = logging.getLogger("streamdp.demo")
+
+
+def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_docs: int = 60_000,
+             epochs: int = 4, sketchers: int = 2, bootstrap: str | None = None,
+             workdir: str | None = None, sampler: str = "opendp", seed: int = 0,
+             timeout: float = 600.0, out=print) -> dict:
+    from streamdp.kafka.broker import EmbeddedBroker
+    from streamdp.services.release import ReleaseService
+    from streamdp.services.sketcher import Sketcher
+
+    t_start = time.time()
+    broker = None
+    if bootstrap is None:
+        out("starting the embedded Kafka-protocol broker (Tansu, memory only) ...")
+        broker = EmbeddedBroker().start()
+        bootstrap = broker.bootstrap
+    work = Path(workdir or tempfile.mkdtemp(prefix="streamdp-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    prefix = f"demo-{uuid.uuid4().hex[:8]}"
+    names = TopicNames.from_prefix(prefix)
+    ensure_topics(bootstrap, names, partitions=max(2, sketchers))
+    out(f"broker {bootstrap}; topics {prefix}.*; work dir {work}")
+
+    texts, topics, words = sample_texts(warmup_docs + stream_docs, seed=seed)
+    vocab = Vocabulary(words)
+    vocab.save(work / "vocabulary.txt")
+    epoch_seconds = 3600.0
+    stream_start = float(int(time.time()) - 7 * 86400)    # a week ago: a replayed feed
+    ts = np.concatenate([
+        np.sort(stream_start - 86400 * np.random.default_rng(seed).random(warmup_docs)),
+        stream_start + np.sort(np.random.default_rng(seed + 1).random(stream_docs)) * epochs * epoch_seconds])
+    cfg = ServiceConfig(bootstrap=bootstrap, topic_prefix=prefix, group_id=f"{prefix}-sketchers",
+                        vocabulary=str(work / "vocabulary.txt"), n_topics=topics.shape[0],
+                        alpha0=1.0, epsilon=epsilon, delta=1e-6, horizon=epochs,
+                        sampler=sampler, stream_start=stream_start, epoch_seconds=epoch_seconds,
+                        ledger=str(work / "ledger.jsonl"), snapshot_dir=str(work / "snapshots"),
+                        checkpoint_seconds=2.0, poll_seconds=0.5, seed=seed)
+    release = ReleaseService(cfg)
+    workers = [Sketcher(cfg, instance=f"sketcher-{i}") for i in range(sketchers)]
+    threads = [threading.Thread(target=w.run, kwargs={"install_signals": False}, daemon=True,
+                                name=w.instance) for w in workers]
+    threads.append(threading.Thread(target=release.run, kwargs={"install_signals": False},
+                                    daemon=True, name="release"))
+    for t in threads:
+        t.start()
+    try:
+        out(f"producing {warmup_docs:,} warm-up and {stream_docs:,} stream documents "
+            f"({epochs} hourly epochs) ...")
+        n = produce(bootstrap, names.documents,
+                    ({"id": f"doc-{i}", "ts": float(ts[i]), "text": texts[i]} for i in range(len(texts))))
+        out(f"produced {n:,} documents in {time.time() - t_start:.1f} s; asking the release "
+            "service to flush (close the warm-up and every epoch seen)")
+        from confluent_kafka import Producer
+        from streamdp.kafka.topics import client_config
+        p = Producer(client_config(bootstrap, "producer"))
+        p.produce(names.control, value=control.encode("flush"))
+        p.flush(10)
+        deadline = time.time() + timeout
+        last = -1
+        while time.time() < deadline:
+            epoch = -1 if release.continual is None else (0 if release.latest is None else release.latest.epoch)
+            if epoch != last:
+                out(f"  [{time.time() - t_start:5.1f} s] "
+                    + ("waiting for the warm-up to close" if epoch < 0 else f"epochs released: {epoch}/{epochs}"))
+                last = epoch
+            if epoch >= epochs or release.exhausted:
+                break
+            time.sleep(0.5)
+        snap = release.latest
+        if snap is None:
+            raise RuntimeError(f"no snapshot was released within {timeout:.0f} s"
+                               + (f": {release.exhausted}" if release.exhausted else ""))
+        err = matched_topic_error(topics, snap.topic_word)
+        out(f"\nrelease {snap.release_id} (epoch {snap.epoch}, ~{snap.n_docs:,.0f} stream documents), "
+            f"mean matched L2 error vs the true topics {err['l2_mean']:.4f}")
+        names_true = list(TOPICS)
+        perm = err["permutation"]
+        for i, top in enumerate(snap.top_words(vocab.words, 8)):
+            true_i = int(np.flatnonzero(perm == i)[0]) if i in perm else None
+            label = names_true[true_i] if true_i is not None else "?"
+            out(f"  topic {i} ({label:>8}, α={snap.alpha[i]:.2f}): " + " ".join(w for w, _ in top))
+        pr = snap.privacy
+        if epsilon is not None:
+            acc = pr["accountant"]
+            out(f"\nprivacy: one document, add/remove; ε={pr['epsilon']:g}, δ={pr['delta']:g} for all "
+                f"{pr['horizon']} releases; spent so far: worst-case ε {acc['epsilon_worst_case']:.3f} "
+                f"(ρ {acc['rho_worst_case']:.4g} of {acc['rho_budget']:.4g}); epochs {pr['epochs_covered']} "
+                f"of horizon {pr['horizon']}")
+        else:
+            out("\nprivacy: none (--non-private)")
+        out(f"snapshots in {cfg.snapshot_dir}; total {time.time() - t_start:.1f} s")
+        return {"error": err["l2_mean"], "epoch": snap.epoch, "snapshot": snap, "workdir": str(work)}
+    finally:
+        for w in workers:
+            w.stop()
+        release.stop()
+        for t in threads:
+            t.join(timeout=30)
+        if broker is not None:
+            broker.stop()

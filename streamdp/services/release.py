@@ -1,0 +1,405 @@
+"""The release service: closes the warm-up and the epochs, spends budget, publishes snapshots.
+
+Order of operations for one epoch close (crash-safety argument in docs/services.md)
+----------------------------------------------------------------------------------
+1. read every documents partition's latest complete sketcher state; the epoch is
+   *closable* when each partition has progressed past the epoch's close time
+   (record time), or is caught up and the epoch is past (live) or forced (flush
+   / close control message);
+2. merge the epoch's sketch sums over partitions;
+3. ``ContinualRelease.close_epoch``: reserve the tree nodes with the accountant
+   (durable ledger line, write-ahead) → noise → commit;
+4. write the release state (tree + last snapshot) to the state store;
+5. publish the snapshot (snapshots topic, file directory, HTTP) and
+   ``epochs_closed`` so sketchers drop their raw sketches.
+
+A crash before 3 changes nothing. A crash between 3 and 4 leaves the reservation
+counted and the noise lost: the restarted service re-closes the epoch with a new
+reservation, which the accountant refuses if the budget does not cover it — the
+budget is never spent twice without being counted twice. A crash after 4
+republishes the last snapshot on restart (consumers deduplicate by release_id).
+
+Single writer: the service holds an exclusive ``flock`` lease next to the ledger
+for its whole life; a second release service on the same ledger fails at
+start-up. (The FileLedger's own lock additionally serialises every reservation.)
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, Producer, TopicPartition
+
+from streamdp import serialization as ser
+from streamdp.continual import ContinualRelease
+from streamdp.kafka.state_store import StateStore
+from streamdp.kafka.topics import client_config
+from streamdp.moments.clipping import ClipBounds
+from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
+from streamdp.privacy.accountant import Accountant, BudgetExhausted
+from streamdp.privacy.conversions import zcdp_rho
+from streamdp.privacy.ledger import FileLedger
+from streamdp.privacy.noise import make_sampler
+from streamdp.privacy.tree import HorizonExceeded
+from streamdp.release import BudgetSplit, DenoiseConfig
+from streamdp.services import control
+from streamdp.services.config import ConfigError, ServiceConfig
+from streamdp.services.partition_state import PartitionState
+from streamdp.snapshot import TopicSnapshot
+from streamdp.tensor.power_method import PowerMethodConfig
+from streamdp.whitening.subspace import Subspace
+from streamdp.whitening.warmup import WarmupSketch
+
+log = logging.getLogger("streamdp.release")
+
+IDLE_GRACE_SECONDS = 5.0
+
+
+class LeaseHeld(ConfigError):
+    """Another release service holds the single-writer lease."""
+
+
+class ReleaseLease:
+    """Exclusive, process-lifetime ``flock`` on ``<ledger>.lease`` (released by the OS on death)."""
+
+    def __init__(self, ledger_path: str) -> None:
+        self.path = Path(f"{ledger_path}.lease")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise LeaseHeld(f"another release service holds {self.path}: only one release writer may "
+                            "spend the budget; stop it first (or point this one at its own ledger "
+                            "for a separate deployment)") from None
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, f"{os.getpid()}\n".encode())
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class ReleaseService:
+    def __init__(self, cfg: ServiceConfig) -> None:
+        self.cfg = cfg
+        self.topics = cfg.topics
+        self.vocabulary = cfg.load_vocabulary()
+        self.d = len(self.vocabulary)
+        self.k_prime = cfg.k_prime(self.d)
+        self.routing = cfg.routing
+        self.lease = ReleaseLease(cfg.ledger)
+        self.accountant = Accountant(cfg.epsilon, cfg.delta, FileLedger(cfg.ledger)) if cfg.private else None
+        self.sampler = make_sampler(cfg.sampler, cfg.noise_seed) if cfg.private else None
+        self.rho = zcdp_rho(cfg.epsilon, cfg.delta) if cfg.private else None
+        self.metrics = ServiceMetrics("release")
+        self.health = HealthState(liveness_timeout=max(60.0, 10 * cfg.poll_seconds))
+        self.metrics.bind_health(self.health)
+        self.store = StateStore(None, cfg.bootstrap, self.topics.state)
+        self.producer = Producer(client_config(cfg.bootstrap, "producer", **{
+            "enable.idempotence": True, "acks": "all"}))
+        # Control messages are read by assignment (no group join delay) from the offset
+        # saved with the release state, so a command sent while the service was down
+        # is still seen, and one already acted on is not replayed.
+        self.control_consumer = Consumer(client_config(cfg.bootstrap, "consumer", **{
+            "group.id": f"{cfg.topic_prefix}-release-control", "enable.auto.commit": False,
+            "fetch.wait.max.ms": 100}))
+        self.control_offset: int | None = None
+        # Probes whether a sketcher state has consumed its partition to the end:
+        # Tansu's ListOffsets under-reports the end of a partition (docs/kafka.md),
+        # so "caught up" is decided by reading at the state's next offset.
+        self.probe = Consumer(client_config(cfg.bootstrap, "consumer", **{
+            "group.id": f"{cfg.topic_prefix}-release-probe", "enable.auto.commit": False,
+            "enable.partition.eof": True, "fetch.wait.max.ms": 50}))
+        self.subspace: Subspace | None = None
+        self.clip: ClipBounds | None = None
+        self.continual: ContinualRelease | None = None
+        self.latest: TopicSnapshot | None = None
+        self.forced_through = -1         # epochs an operator declared complete (0 = warm-up)
+        self.flush_requested = False
+        self.exhausted: str | None = None
+        self._stop = threading.Event()
+        self.server: ObservabilityServer | None = None
+        Path(cfg.snapshot_dir).mkdir(parents=True, exist_ok=True)
+        self.metrics.set_tree(0, cfg.horizon)
+        self._restore()
+
+    # ------------------------------------------------------------ restore
+    def _restore(self) -> None:
+        rec = self.store.read_latest(control.SUBSPACE_KEY)
+        if rec is not None:
+            self.subspace = Subspace.from_bytes(rec.payload)
+            self.clip = ClipBounds.from_dict(rec.meta["clip"])
+            if rec.meta.get("vocabulary_id") != self.vocabulary.id:
+                raise ConfigError(f"the deployment's subspace was built for vocabulary "
+                                  f"{rec.meta.get('vocabulary_id')}, this service has "
+                                  f"{self.vocabulary.id}: use the same vocabulary file")
+            self._new_continual()
+            state = self.store.read_latest(control.RELEASE_STATE_KEY)
+            if state is not None:
+                obj = ser.loads(state.payload)
+                self.continual.load_state(obj["continual"])
+                self.control_offset = obj.get("control_offset")
+                self.forced_through = obj.get("forced_through", -1)
+                self.flush_requested = bool(obj.get("flush_requested", False))
+                if obj.get("last_snapshot"):
+                    self.latest = TopicSnapshot.from_bytes(obj["last_snapshot"])
+                    self._publish(self.latest, republish=True)
+        start = OFFSET_END if self.control_offset is None else self.control_offset
+        self.control_consumer.assign([TopicPartition(self.topics.control, 0, start)])
+        if self.accountant is not None:
+            self.metrics.set_budget_from_report(self.accountant.report())
+
+    def _new_continual(self) -> None:
+        self.continual = ContinualRelease(
+            self.subspace, self.clip, n_topics=self.cfg.n_topics, alpha0=self.cfg.alpha0,
+            rho=self.rho, horizon=self.cfg.horizon, split=BudgetSplit(), sampler=self.sampler,
+            spender=self.accountant, power=PowerMethodConfig(seed=self.cfg.seed),
+            denoise=DenoiseConfig())
+
+    # ------------------------------------------------------------ lifecycle
+    def stop(self, *_args) -> None:
+        self._stop.set()
+
+    def run(self, *, max_seconds: float | None = None, install_signals: bool = True,
+            until_epoch: int | None = None) -> int:
+        if install_signals:
+            signal.signal(signal.SIGTERM, self.stop)
+            signal.signal(signal.SIGINT, self.stop)
+        self.server = ObservabilityServer(self.metrics, self.health, host=self.cfg.metrics_host,
+                                          port=self.cfg.metrics_port)
+        self.server.add_json_route("/snapshot/latest", self.latest_json)
+        self.health.set_ready(True, "serving")
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        try:
+            while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                self.step()
+                if until_epoch is not None and self.continual is not None \
+                        and self.continual.epoch >= until_epoch:
+                    break
+                self._stop.wait(self.cfg.poll_seconds)
+        finally:
+            self.close()
+        return 0
+
+    def close(self) -> None:
+        self.control_consumer.close()
+        self.probe.close()
+        self.producer.flush(10)
+        self.store.close()
+        self.lease.close()
+        if self.server is not None:
+            self.server.close()
+
+    # ------------------------------------------------------------ one step
+    def step(self) -> None:
+        self.health.beat()
+        self._read_control()
+        if self.exhausted:
+            return
+        states, hw = self._partition_view()
+        if self.subspace is None:
+            if self._closable(0, states, hw):
+                self._release_warmup(states)
+            return
+        while self.continual.epoch < self.cfg.horizon and self._closable(self.continual.epoch + 1, states, hw):
+            if not self._close_epoch(self.continual.epoch + 1, states):
+                return
+        if self.flush_requested and self.continual.epoch >= self._newest_epoch(states) and all(
+                self._caught_up(p, states[p].meta["next_offset"] if p in states else 0) for p in hw):
+            self.flush_requested = False      # everything seen is released: the flush is done
+            log.info("flush complete through epoch %d", self.continual.epoch)
+
+    @staticmethod
+    def _newest_epoch(states: dict) -> int:
+        return max([max(r.meta["epochs"] or [0]) for r in states.values()] or [0])
+
+    def _read_control(self) -> None:
+        for m in self.control_consumer.consume(num_messages=100, timeout=0):
+            if m.error() is not None:
+                continue
+            self.control_offset = m.offset() + 1
+            try:
+                msg = control.decode(m.value())
+            except ser.SchemaError as exc:
+                log.warning("ignored bad control message: %s", exc)
+                continue
+            if msg["type"] == "flush":
+                self.flush_requested = True
+            elif msg["type"] == "close":
+                self.forced_through = max(self.forced_through, msg["through"])
+
+    def _partition_view(self):
+        """Latest sketcher state per documents partition, and the partition list."""
+        found = self.store.read_all_latest(prefix=f"sketch/{self.topics.documents}/")
+        states = {int(r.meta["partition"]): r for r in found.values()}
+        md = self.probe.list_topics(self.topics.documents, timeout=10)
+        parts = sorted(md.topics[self.topics.documents].partitions)
+        return states, {p: None for p in parts}
+
+    def _caught_up(self, p: int, next_offset: int) -> bool:
+        """Whether partition p holds no record at or after ``next_offset`` (read, not listed)."""
+        self.probe.assign([TopicPartition(self.topics.documents, p, next_offset)])
+        try:
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                m = self.probe.poll(0.2)
+                if m is None:
+                    continue
+                if m.error() is not None:
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        return m.offset() <= next_offset
+                    continue
+                return False
+            return False
+        finally:
+            self.probe.unassign()
+
+    def _closable(self, epoch: int, states: dict, hw: dict) -> bool:
+        close_time = self.routing.close_time(epoch)
+        forced = epoch <= self.forced_through
+        if self.flush_requested:
+            forced = forced or epoch <= self._newest_epoch(states)
+        live_past = time.time() >= close_time + IDLE_GRACE_SECONDS and self.cfg.lateness > 0
+        if not hw:
+            return False
+        for p in hw:
+            rec = states.get(p)
+            progress = None if rec is None else rec.meta.get("progress")
+            if progress is not None and progress >= close_time:
+                continue
+            if (forced or live_past) and self._caught_up(p, 0 if rec is None else rec.meta["next_offset"]):
+                continue
+            return False
+        return True
+
+    def _load_states(self, states: dict) -> list[PartitionState]:
+        return [PartitionState.from_bytes(r.payload, self.subspace) for r in states.values()]
+
+    # ------------------------------------------------------------ warm-up
+    def _release_warmup(self, states: dict) -> None:
+        parts = self._load_states(states)
+        sketches = [p.warmup for p in parts if p.warmup is not None]
+        if not sketches or sum(s.n_docs for s in sketches) == 0:
+            log.error("the warm-up closed with no usable documents (length >= 3): cannot whiten; "
+                      "produce warm-up documents with ts < stream_start")
+            self.exhausted = "no warm-up documents"
+            return
+        merged = sketches[0]
+        for s in sketches[1:]:
+            merged = merged.merge(s)
+        t0 = time.perf_counter()
+        try:
+            if self.cfg.private:
+                hist_rho = self.rho * self.cfg.clip_budget_share
+                clip, _ = merged.clip_bounds(self.cfg.clip_quantile, hist_rho, self.sampler, self.accountant)
+                sub = merged.subspace(self.rho - hist_rho, self.sampler, self.accountant)
+            else:
+                clip, sub = ClipBounds.unclipped(), merged.subspace(None)
+        except BudgetExhausted as exc:
+            self._refused(exc)
+            return
+        self.store.write(control.SUBSPACE_KEY, sub.to_bytes(), meta={
+            "clip": clip.to_dict(), "subspace_id": sub.id, "vocabulary_id": self.vocabulary.id,
+            "warmup_documents": int(merged.n_docs)})
+        self.subspace, self.clip = sub, clip
+        self._new_continual()
+        self._send_control("subspace_ready", subspace_id=sub.id)
+        self._send_control("epochs_closed", through=0)
+        log.info("warm-up closed: %d documents, subspace %s (k'=%d) in %.1f s", merged.n_docs,
+                 sub.id, sub.dim, time.perf_counter() - t0)
+        if self.accountant is not None:
+            self.metrics.set_budget_from_report(self.accountant.report())
+
+    # ------------------------------------------------------------ epochs
+    def _close_epoch(self, epoch: int, states: dict) -> bool:
+        t0 = time.perf_counter()
+        total = None
+        n_parts = 0
+        for st in self._load_states(states):
+            sk = st.epochs.get(epoch)
+            if sk is not None:
+                s = sk.sums()
+                total = s if total is None else total + s
+                n_parts += 1
+        try:
+            snap = self.continual.close_epoch(total)
+        except BudgetExhausted as exc:
+            self._refused(exc)
+            return False
+        except HorizonExceeded as exc:
+            self.exhausted = str(exc)
+            log.error("%s", exc)
+            return False
+        privacy = dict(snap.privacy)
+        privacy.update({"epsilon": self.cfg.epsilon, "delta": self.cfg.delta, "rho_budget": self.rho,
+                        "warmup": self.subspace.provenance.get("events", []),
+                        "vocabulary_id": self.vocabulary.id})
+        if self.accountant is not None:
+            privacy["accountant"] = self.accountant.report()
+        snap = TopicSnapshot(topic_word=snap.topic_word, alpha=snap.alpha, eigenvalues=snap.eigenvalues,
+                             n_docs=snap.n_docs, privacy=privacy, mechanism=snap.mechanism,
+                             subspace_id=snap.subspace_id, epoch=snap.epoch,
+                             vocabulary_id=self.vocabulary.id)
+        self.store.write(control.RELEASE_STATE_KEY, ser.dumps({
+            "continual": self.continual.state_dict(), "last_snapshot": snap.to_bytes(),
+            "control_offset": self.control_offset, "forced_through": self.forced_through,
+            "flush_requested": self.flush_requested}),
+            meta={"epoch": epoch, "release_id": snap.release_id})
+        self.latest = snap
+        self._publish(snap)
+        self._send_control("epochs_closed", through=epoch)
+        seconds = time.perf_counter() - t0
+        self.metrics.release_outcome("published", seconds)
+        self.metrics.set_last_release_timestamp(snap.created_at)
+        self.metrics.epoch_closed(epoch)
+        self.metrics.set_tree(epoch, self.cfg.horizon)
+        if self.accountant is not None:
+            self.metrics.set_budget_from_report(privacy["accountant"])
+        log.info("epoch %d closed from %d partition sketch(es): release %s in %.2f s", epoch,
+                 n_parts, snap.release_id, seconds)
+        return True
+
+    def _refused(self, exc: BudgetExhausted) -> None:
+        self.exhausted = str(exc)
+        self.metrics.release_outcome("refused_budget")
+        log.error("release refused: %s", exc)
+
+    # ------------------------------------------------------------ output
+    def _publish(self, snap: TopicSnapshot, republish: bool = False) -> None:
+        data = snap.to_bytes()
+        self.producer.produce(self.topics.snapshots, key=snap.release_id.encode(), value=data)
+        if self.producer.flush(30) != 0:
+            raise RuntimeError("snapshot not acknowledged by the broker in 30 s")
+        out = Path(self.cfg.snapshot_dir)
+        tmp = out / f".{snap.release_id}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, out / f"epoch-{snap.epoch or 0:06d}-{snap.release_id}.msgpack")
+        latest = out / "latest.json"
+        tmp = out / ".latest.json.tmp"
+        tmp.write_text(json.dumps(self.latest_json(), default=float))
+        os.replace(tmp, latest)
+
+    def latest_json(self) -> dict | None:
+        if self.latest is None:
+            return None
+        s = self.latest
+        return {"release_id": s.release_id, "epoch": s.epoch, "created_at": s.created_at,
+                "subspace_id": s.subspace_id, "vocabulary_id": s.vocabulary_id,
+                "n_docs": s.n_docs, "alpha": s.alpha.tolist(),
+                "topics": [[{"word": w, "p": p} for w, p in top]
+                           for top in s.top_words(self.vocabulary.words, 10)],
+                "privacy": s.privacy}
+
+    def _send_control(self, type_: str, **fields) -> None:
+        self.producer.produce(self.topics.control, value=control.encode(type_, **fields))
+        self.producer.flush(10)
