@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from streamdp import serialization as ser
 from streamdp.continual import ContinualRelease
@@ -91,6 +91,7 @@ class ReleaseLease:
 
 class ReleaseService:
     def __init__(self, cfg: ServiceConfig) -> None:
+        self._closed = False
         self.cfg = cfg
         self.topics = cfg.topics
         self.vocabulary = cfg.load_vocabulary()
@@ -98,40 +99,47 @@ class ReleaseService:
         self.k_prime = cfg.k_prime(self.d)
         self.routing = cfg.routing
         self.lease = ReleaseLease(cfg.ledger)
-        self.accountant = Accountant(cfg.epsilon, cfg.delta, FileLedger(cfg.ledger)) if cfg.private else None
-        self.sampler = make_sampler(cfg.sampler, cfg.noise_seed) if cfg.private else None
-        self.rho = zcdp_rho(cfg.epsilon, cfg.delta) if cfg.private else None
-        self.metrics = ServiceMetrics("release")
-        self.health = HealthState(liveness_timeout=max(60.0, 10 * cfg.poll_seconds))
-        self.metrics.bind_health(self.health)
-        self.store = StateStore(None, cfg.bootstrap, self.topics.state)
-        self.producer = Producer(client_config(cfg.bootstrap, "producer", **{
-            "enable.idempotence": True, "acks": "all"}))
-        # Control messages are read by assignment (no group join delay) from the offset
-        # saved with the release state, so a command sent while the service was down
-        # is still seen, and one already acted on is not replayed.
-        self.control_consumer = Consumer(client_config(cfg.bootstrap, "consumer", **{
-            "group.id": f"{cfg.topic_prefix}-release-control", "enable.auto.commit": False,
-            "fetch.wait.max.ms": 100}))
-        self.control_offset: int | None = None
-        # Probes whether a sketcher state has consumed its partition to the end:
-        # Tansu's ListOffsets under-reports the end of a partition (docs/kafka.md),
-        # so "caught up" is decided by reading at the state's next offset.
-        self.probe = Consumer(client_config(cfg.bootstrap, "consumer", **{
-            "group.id": f"{cfg.topic_prefix}-release-probe", "enable.auto.commit": False,
-            "enable.partition.eof": True, "fetch.wait.max.ms": 50}))
-        self.subspace: Subspace | None = None
-        self.clip: ClipBounds | None = None
-        self.continual: ContinualRelease | None = None
-        self.latest: TopicSnapshot | None = None
-        self.forced_through = -1         # epochs an operator declared complete (0 = warm-up)
-        self.flush_requested = False
-        self.exhausted: str | None = None
-        self._stop = threading.Event()
-        self.server: ObservabilityServer | None = None
-        Path(cfg.snapshot_dir).mkdir(parents=True, exist_ok=True)
-        self.metrics.set_tree(0, cfg.horizon)
-        self._restore()
+        try:
+            self.accountant = Accountant(cfg.epsilon, cfg.delta, FileLedger(cfg.ledger)) if cfg.private else None
+            self.sampler = make_sampler(cfg.sampler, cfg.noise_seed) if cfg.private else None
+            self.rho = zcdp_rho(cfg.epsilon, cfg.delta) if cfg.private else None
+            self.metrics = ServiceMetrics("release")
+            self.health = HealthState(liveness_timeout=max(60.0, 10 * cfg.poll_seconds))
+            self.metrics.bind_health(self.health)
+            self.store = StateStore(None, cfg.bootstrap, self.topics.state)
+            self.producer = Producer(client_config(cfg.bootstrap, "producer", **{
+                "enable.idempotence": True, "acks": "all"}))
+            # Control messages are read by assignment (no group join delay) from the offset
+            # saved with the release state, so a command sent while the service was down
+            # is still seen, and one already acted on is not replayed. With no saved
+            # offset (first start, or a crash before the first epoch's state write) it
+            # reads from the beginning: nothing was durably acted on yet, and a flush sent
+            # before the service (re)started must not be lost.
+            self.control_consumer = Consumer(client_config(cfg.bootstrap, "consumer", **{
+                "group.id": f"{cfg.topic_prefix}-release-control", "enable.auto.commit": False,
+                "fetch.wait.max.ms": 100}))
+            self.control_offset: int | None = None
+            # Probes whether a sketcher state has consumed its partition to the end:
+            # Tansu's ListOffsets under-reports the end of a partition (docs/kafka.md),
+            # so "caught up" is decided by reading at the state's next offset.
+            self.probe = Consumer(client_config(cfg.bootstrap, "consumer", **{
+                "group.id": f"{cfg.topic_prefix}-release-probe", "enable.auto.commit": False,
+                "enable.partition.eof": True, "fetch.wait.max.ms": 50}))
+            self.subspace: Subspace | None = None
+            self.clip: ClipBounds | None = None
+            self.continual: ContinualRelease | None = None
+            self.latest: TopicSnapshot | None = None
+            self.forced_through = -1         # epochs an operator declared complete (0 = warm-up)
+            self.flush_requested = False
+            self.exhausted: str | None = None
+            self._stop = threading.Event()
+            self.server: ObservabilityServer | None = None
+            Path(cfg.snapshot_dir).mkdir(parents=True, exist_ok=True)
+            self.metrics.set_tree(0, cfg.horizon)
+            self._restore()
+        except BaseException:
+            self.lease.close()      # a failed start must not keep the single-writer lease
+            raise
 
     # ------------------------------------------------------------ restore
     def _restore(self) -> None:
@@ -154,7 +162,7 @@ class ReleaseService:
                 if obj.get("last_snapshot"):
                     self.latest = TopicSnapshot.from_bytes(obj["last_snapshot"])
                     self._publish(self.latest, republish=True)
-        start = OFFSET_END if self.control_offset is None else self.control_offset
+        start = OFFSET_BEGINNING if self.control_offset is None else self.control_offset
         self.control_consumer.assign([TopicPartition(self.topics.control, 0, start)])
         if self.accountant is not None:
             self.metrics.set_budget_from_report(self.accountant.report())
@@ -192,13 +200,18 @@ class ReleaseService:
         return 0
 
     def close(self) -> None:
-        self.control_consumer.close()
-        self.probe.close()
-        self.producer.flush(10)
-        self.store.close()
-        self.lease.close()
-        if self.server is not None:
-            self.server.close()
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.control_consumer.close()
+            self.probe.close()
+            self.producer.flush(10)
+            self.store.close()
+        finally:
+            self.lease.close()
+            if self.server is not None:
+                self.server.close()
 
     # ------------------------------------------------------------ one step
     def step(self) -> None:
@@ -217,6 +230,7 @@ class ReleaseService:
         if self.flush_requested and self.continual.epoch >= self._newest_epoch(states) and all(
                 self._caught_up(p, states[p].meta["next_offset"] if p in states else 0) for p in hw):
             self.flush_requested = False      # everything seen is released: the flush is done
+            self._write_state()               # ... durably, so a restart does not resume it
             log.info("flush complete through epoch %d", self.continual.epoch)
 
     @staticmethod
@@ -350,12 +364,8 @@ class ReleaseService:
                              n_docs=snap.n_docs, privacy=privacy, mechanism=snap.mechanism,
                              subspace_id=snap.subspace_id, epoch=snap.epoch,
                              vocabulary_id=self.vocabulary.id)
-        self.store.write(control.RELEASE_STATE_KEY, ser.dumps({
-            "continual": self.continual.state_dict(), "last_snapshot": snap.to_bytes(),
-            "control_offset": self.control_offset, "forced_through": self.forced_through,
-            "flush_requested": self.flush_requested}),
-            meta={"epoch": epoch, "release_id": snap.release_id})
         self.latest = snap
+        self._write_state()
         self._publish(snap)
         self._send_control("epochs_closed", through=epoch)
         seconds = time.perf_counter() - t0
@@ -368,6 +378,17 @@ class ReleaseService:
         log.info("epoch %d closed from %d partition sketch(es): release %s in %.2f s", epoch,
                  n_parts, snap.release_id, seconds)
         return True
+
+    def _write_state(self) -> None:
+        """Durably record the tree, the last snapshot and the control position."""
+        snap = self.latest
+        self.store.write(control.RELEASE_STATE_KEY, ser.dumps({
+            "continual": self.continual.state_dict(),
+            "last_snapshot": None if snap is None else snap.to_bytes(),
+            "control_offset": self.control_offset, "forced_through": self.forced_through,
+            "flush_requested": self.flush_requested}),
+            meta={"epoch": self.continual.epoch,
+                  "release_id": None if snap is None else snap.release_id})
 
     def _refused(self, exc: BudgetExhausted) -> None:
         self.exhausted = str(exc)

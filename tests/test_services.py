@@ -1,0 +1,494 @@
+"""End-to-end tests of the services (sketchers + release service) on the real embedded broker.
+
+Each pipeline runs two sketchers and the release service in threads of this
+process (as ``streamdp.services.demo.run_demo`` does); the crash test runs the
+release service in a subprocess and kills it with SIGKILL.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+
+from streamdp.evaluation import matched_topic_error
+from streamdp.privacy.ledger import FileLedger
+from streamdp.services.produce import produce
+from streamdp.snapshot import TopicSnapshot
+
+from service_helpers import (Pipeline, engine_snapshots, fresh_topics, http_get, make_config,
+                             make_corpus, metric, metric_by, read_topic, scrape, scrape_until,
+                             send_control, wait_for)
+
+
+def snapshots_by_epoch(bootstrap: str, topic: str) -> dict[int, list[TopicSnapshot]]:
+    out: dict[int, list[TopicSnapshot]] = {}
+    for r in read_topic(bootstrap, topic):
+        snap = TopicSnapshot.from_bytes(r.value)
+        assert r.key == snap.release_id.encode()
+        out.setdefault(snap.epoch, []).append(snap)
+    return out
+
+
+def assert_one_snapshot_per_epoch(by_epoch: dict[int, list[TopicSnapshot]]) -> None:
+    """Republishing the same release is allowed; two *different* releases of one epoch are not."""
+    for epoch, snaps in by_epoch.items():
+        ids = {s.release_id for s in snaps}
+        assert len(ids) == 1, f"epoch {epoch} was published as {len(ids)} different releases: {ids}"
+
+
+def wait_http_ready(urls, timeout=45.0, check=None):
+    def ready():
+        return all(http_get(u + "/readyz")[0] == 200 for u in urls)
+    wait_for(ready, timeout, "every service's /readyz to answer 200", interval=0.2, check=check)
+
+
+# =================================================================== non-private run (tests 1, 4)
+@pytest.fixture(scope="module")
+def nonprivate_run(kafka_broker, tmp_path_factory):
+    """3,000 warm-up + 6,000 stream documents over 3 epochs, non-private, 2 sketchers."""
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(3000, 6000, 3, seed=0)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path_factory.mktemp("nonprivate"), bootstrap, names, corpus, epsilon=None)
+    t0 = time.monotonic()
+    pipe = Pipeline(cfg, sketchers=2)
+    try:
+        pipe.start()
+        wait_for(lambda: all(s.server is not None for s in pipe.sketchers) and pipe.release.server,
+                 20, "the metrics servers", check=pipe.check)
+        urls = [s.server.url.rstrip("/") for s in pipe.sketchers]
+        release_url = pipe.release.server.url.rstrip("/")
+        wait_http_ready(urls + [release_url], check=pipe.check)
+        health = {u: http_get(u + "/healthz")[0] for u in urls + [release_url]}
+        n = produce(bootstrap, names.documents, corpus.records())
+        assert n == len(corpus.texts)
+        send_control(bootstrap, names, "flush")
+        last = pipe.wait_released(corpus.epochs, timeout=90)
+        # every metric below is final once the last epoch is out: scrape while running
+        sk_samples = [scrape(u) for u in urls]
+        rel_samples = scrape_until(
+            release_url, lambda m: metric(m, "streamdp_releases_total", outcome="published")
+            >= corpus.epochs, 10, "the release metrics of the last epoch")
+        latest_http = json.loads(http_get(release_url + "/snapshot/latest")[1])
+        states = {p: st for s in pipe.sketchers for p, st in list(s.states.items())}
+
+        def raw_sums_dropped():          # after `epochs_closed through=3` reaches the sketchers
+            try:
+                return all(not st.epochs and st.warmup is None for st in states.values())
+            except RuntimeError:         # dict changed size during iteration: look again
+                return False
+        wait_for(raw_sums_dropped, 15, "the sketchers to drop the released raw sketches",
+                 check=pipe.check)
+    finally:
+        pipe.stop()
+    return dict(corpus=corpus, names=names, cfg=cfg, bootstrap=bootstrap, last=last,
+                sketcher_metrics=sk_samples, release_metrics=rel_samples, health=health,
+                latest_http=latest_http, states=states, seconds=time.monotonic() - t0)
+
+
+def test_end_to_end_non_private_equals_the_engine(nonprivate_run):
+    run = nonprivate_run
+    corpus, cfg = run["corpus"], run["cfg"]
+    engine = engine_snapshots(corpus, epsilon=None)
+    assert [s.epoch for s in engine] == [1, 2, 3]
+
+    # --- the snapshots topic: one release per epoch, each equal to the engine's
+    by_epoch = snapshots_by_epoch(run["bootstrap"], run["names"].snapshots)
+    assert sorted(by_epoch) == [1, 2, 3]
+    assert_one_snapshot_per_epoch(by_epoch)
+    for eng in engine:
+        svc = by_epoch[eng.epoch][0]
+        assert svc.n_docs == eng.n_docs, (eng.epoch, svc.n_docs, eng.n_docs)
+        np.testing.assert_allclose(svc.topic_word, eng.topic_word, rtol=0, atol=1e-8,
+                                   err_msg=f"epoch {eng.epoch}")
+        np.testing.assert_allclose(svc.alpha, eng.alpha, rtol=1e-7, atol=1e-9)
+        assert svc.privacy["mechanism"] == "none"
+        assert svc.vocabulary_id == corpus.vocabulary.id
+    # epoch t covers the stream documents of epochs 1..t (cumulative release)
+    per_epoch = np.bincount(np.floor((corpus.ts[corpus.stream_slice] - corpus.stream_start)
+                                     / corpus.epoch_seconds).astype(int) + 1, minlength=4)
+    assert [by_epoch[e][0].n_docs for e in (1, 2, 3)] == list(np.cumsum(per_epoch[1:4]).astype(float))
+    assert by_epoch[3][0].n_docs == corpus.n_stream
+
+    # --- release.latest, the snapshot file and latest.json / HTTP agree with the topic
+    last = run["last"]
+    assert last.release_id == by_epoch[3][0].release_id
+    files = sorted(Path(cfg.snapshot_dir).glob("epoch-*.msgpack"))
+    assert [f.name for f in files] == [f"epoch-{e:06d}-{by_epoch[e][0].release_id}.msgpack"
+                                       for e in (1, 2, 3)]
+    on_disk = TopicSnapshot.from_bytes(files[-1].read_bytes())
+    assert on_disk.release_id == last.release_id
+    np.testing.assert_array_equal(on_disk.topic_word, last.topic_word)
+    latest = json.loads((Path(cfg.snapshot_dir) / "latest.json").read_text())
+    assert latest["release_id"] == last.release_id and latest["epoch"] == 3
+    assert run["latest_http"]["release_id"] == last.release_id
+    assert len(latest["topics"]) == corpus.topics.shape[0]
+    # and the topics are the true ones (non-private: close to the truth)
+    assert matched_topic_error(corpus.topics, last.topic_word)["l2_mean"] < 0.03
+
+    # --- the sketchers dropped the raw sums of released epochs (raw state lives one epoch)
+    assert sorted(run["states"]) == [0, 1]
+    for st in run["states"].values():
+        assert all(e > 3 for e in st.epochs) and st.warmup is None
+
+
+def test_metrics_over_http(nonprivate_run):
+    run = nonprivate_run
+    corpus = run["corpus"]
+    assert set(run["health"].values()) == {200}
+    sk = run["sketcher_metrics"]
+    docs_by_partition: dict[str, float] = {}
+    for s in sk:
+        for p, v in metric_by(s, "streamdp_documents_total", "partition").items():
+            docs_by_partition[p] = docs_by_partition.get(p, 0.0) + v
+    assert set(docs_by_partition) == {"0", "1"}
+    # streamdp_documents_total counts every document added to a sketch: the warm-up
+    # sketch (warm-up documents) and the epoch sketches (stream documents)
+    assert sum(docs_by_partition.values()) == corpus.n_warm + corpus.n_stream
+    states = run["states"]
+    assert sum(st.counters["documents"] for st in states.values()) == corpus.n_stream
+    assert sum(st.counters["warmup_documents"] for st in states.values()) == corpus.n_warm
+    for p, st in states.items():
+        assert docs_by_partition[str(p)] == st.counters["documents"] + st.counters["warmup_documents"]
+    cb = corpus.counts()
+    assert sum(metric(s, "streamdp_tokens_total") for s in sk) == int(cb.n_tokens.sum())
+    assert sum(metric(s, "streamdp_unknown_tokens_total") for s in sk) == int(cb.n_unknown.sum())
+    assert sum(metric(s, "streamdp_dlq_messages_total") for s in sk) == 0
+    assert sum(metric(s, "streamdp_documents_skipped_total") for s in sk) == 0
+    assert sum(metric(s, "streamdp_assigned_partitions") for s in sk) == 2
+    assert all(metric(s, "streamdp_checkpoints_total") >= 1 for s in sk)
+    assert all(metric(s, "streamdp_last_progress_timestamp_seconds") > 0 for s in sk)
+
+    rel = run["release_metrics"]
+    assert metric(rel, "streamdp_releases_total", outcome="published") == corpus.epochs
+    assert metric(rel, "streamdp_releases_total", outcome="refused_budget") == 0
+    assert metric(rel, "streamdp_releases_total", outcome="failed") == 0
+    assert metric(rel, "streamdp_epochs_closed_total") == corpus.epochs
+    assert metric(rel, "streamdp_tree_epoch") == corpus.epochs
+    assert metric(rel, "streamdp_tree_horizon") == corpus.epochs
+    assert metric(rel, "streamdp_last_release_timestamp_seconds") == pytest.approx(
+        run["last"].created_at)
+    # non-private: nothing spent (the budget gauges stay at 0 / are not set)
+    assert metric(rel, "streamdp_privacy_epsilon_spent") == 0
+    assert metric(rel, "streamdp_release_duration_seconds_count") == corpus.epochs
+
+
+# =================================================================== private (test 2)
+@pytest.mark.slow
+def test_end_to_end_private(kafka_broker, tmp_path):
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(10_000, 20_000, 3, seed=1)
+    names = fresh_topics(bootstrap)
+    eps = 2.0
+    cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=eps, sampler="fast",
+                      noise_seed=11)
+    pipe = Pipeline(cfg, sketchers=2)
+    try:
+        pipe.start()
+        produce(bootstrap, names.documents, corpus.records())
+        send_control(bootstrap, names, "flush")
+        last = pipe.wait_released(corpus.epochs, timeout=90)
+        wait_for(lambda: pipe.release.server is not None, 10, "the release metrics server")
+        rel = scrape_until(pipe.release.server.url, lambda m: metric(
+            m, "streamdp_releases_total", outcome="published") >= 3, 10, "the release metrics")
+    finally:
+        pipe.stop()
+
+    by_epoch = snapshots_by_epoch(bootstrap, names.snapshots)
+    assert sorted(by_epoch) == [1, 2, 3]
+    assert_one_snapshot_per_epoch(by_epoch)
+    assert by_epoch[3][0].release_id == last.release_id
+
+    engine = engine_snapshots(corpus, epsilon=eps, noise_seed=12)
+    err_svc = matched_topic_error(corpus.topics, last.topic_word)["l2_mean"]
+    err_eng = matched_topic_error(corpus.topics, engine[-1].topic_word)["l2_mean"]
+    # measured: both ≈ 0.011–0.013 (non-private ≈ 0.004); topics have L2 norm ≈ 0.25
+    assert err_svc < 0.04 and err_eng < 0.04, (err_svc, err_eng)
+    assert err_svc < 2 * err_eng and err_eng < 2 * err_svc, (err_svc, err_eng)
+    assert abs(last.n_docs - corpus.n_stream) < 0.05 * corpus.n_stream   # noised count
+
+    pr = last.privacy
+    assert pr["mechanism"] == "tree" and last.mechanism == "tree"
+    assert pr["epochs_covered"] == [1, 3] and pr["horizon"] == 3 and pr["tree_depth"] == 2
+    assert pr["epsilon"] == eps and pr["delta"] == 1e-6 and pr["sampler"]
+    acc = pr["accountant"]
+    assert acc["rho_budget"] == pytest.approx(pr["rho_budget"])
+    assert acc["rho_worst_case"] <= acc["rho_budget"] * (1 + 1e-9)
+    assert acc["epsilon_worst_case"] <= eps * (1 + 1e-9)
+    assert acc["uncommitted"] == 0 and acc["refusals"] == 0
+    # warm-up (clip quantiles + subspace) and every stream epoch spent their full share
+    assert acc["rho_by_atom"]["warmup"] == pytest.approx(acc["rho_budget"], rel=1e-6)
+    assert acc["rho_worst_case"] == pytest.approx(acc["rho_budget"], rel=1e-6)
+
+    # --- the ledger file shows the spend: every tree epoch reserved once and committed
+    recs = FileLedger(cfg.ledger).read()
+    assert recs[0].kind == "budget" and recs[0].payload["epsilon"] == eps
+    labels = [r.payload.get("label") for r in recs if r.kind == "reserve"]
+    assert [x for x in labels if x.startswith("tree:")] == [f"tree:epoch={e}" for e in (1, 2, 3)]
+    reserved = {r.key for r in recs if r.kind == "reserve"}
+    committed = {r.key for r in recs if r.kind == "commit"}
+    assert reserved == committed and len(reserved) == acc["reservations"]
+    assert not [r for r in recs if r.kind == "refuse"]
+
+    # --- the release service's budget metrics
+    assert metric(rel, "streamdp_releases_total", outcome="published") == 3
+    assert metric(rel, "streamdp_privacy_epsilon_budget") == eps
+    assert 0 < metric(rel, "streamdp_privacy_epsilon_spent") <= eps * (1 + 1e-9)
+    assert metric(rel, "streamdp_privacy_rho_spent") == pytest.approx(acc["rho_worst_case"])
+
+
+# =================================================================== dead-letter (test 3)
+def _packb(obj, **kw) -> bytes:
+    return msgpack.packb(obj, use_bin_type=kw.pop("use_bin_type", True), **kw)
+
+
+def bad_messages(ts: float, max_bytes: int, max_tokens: int, vocab_id: str) -> list[tuple[str, str, bytes | None]]:
+    """(key, expected error class, raw value) — one per input error class (and a few more)."""
+    good = {"v": 1, "id": "x", "ts": ts}
+    return [
+        ("bad-msgpack", "malformed_msgpack", b"\xc1"),
+        ("bad-truncated", "malformed_msgpack", _packb({**good, "text": "goal match"})[:-3]),
+        ("bad-null", "malformed_msgpack", None),
+        ("bad-version", "unsupported_version", _packb({**good, "v": 2, "text": "goal match team"})),
+        ("bad-missing-id", "missing_field", _packb({"v": 1, "ts": ts, "text": "goal match team"})),
+        ("bad-ts-string", "wrong_type", _packb({**good, "ts": "2024-01-01", "text": "goal match"})),
+        ("bad-not-a-map", "wrong_type", _packb([1, 2, 3])),
+        # text as msgpack *bin* and as a msgpack *str* holding invalid UTF-8
+        ("bad-utf8-bin", "invalid_utf8", _packb({**good, "text": b"caf\xe9 goal"})),
+        ("bad-utf8-str", "invalid_utf8", _packb({**good, "text": b"caf\xe9 goal"}, use_bin_type=False)),
+        ("bad-empty", "empty_document", _packb({**good, "text": "   "})),
+        ("bad-huge", "too_large", _packb({**good, "text": "goal " * (max_bytes // 5 + 10)})),
+        ("bad-too-many-tokens", "too_large", _packb({**good, "text": "goal " * (max_tokens + 1)})),
+        ("bad-negative-count", "invalid_value",
+         _packb({**good, "counts": {"ids": [0, 1], "counts": [2, -1]}})),
+        ("bad-out-of-range-id", "invalid_value",
+         _packb({**good, "counts": {"ids": [0, 10_000_000], "counts": [1, 2]}})),
+        ("bad-other-vocabulary", "invalid_value",
+         _packb({**good, "counts": {"ids": [0, 1], "counts": [1, 2], "vocab": "0" * 16}})),
+        ("bad-future-ts", "invalid_value", _packb({**good, "ts": ts + 86_400.0, "text": "goal match"})),
+    ]
+
+
+def test_dead_letter(kafka_broker, tmp_path):
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(1500, 3000, 2, seed=2)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=None,
+                      max_document_bytes=64_000, max_document_tokens=5_000)
+    vocab_id = corpus.vocabulary.id
+    # bad messages interleaved with the good ones, in the warm-up and in both epochs,
+    # each at the record time of the good document it follows
+    inject_at = {200: "w", corpus.n_warm + 100: "e1", corpus.n_warm + 2500: "e2"}
+    records, expected = [], {}
+    for i in range(len(corpus.texts)):
+        records.append(corpus.record(i))
+        if i in inject_at:
+            ts = float(corpus.ts[i])
+            for key, cls, raw in bad_messages(ts, cfg.max_document_bytes, cfg.max_document_tokens,
+                                              vocab_id):
+                key = f"{key}-{inject_at[i]}"
+                records.append((key, ts, raw))
+                expected[key] = (cls, raw)
+    # a well-formed 'counts' document refers to the vocabulary by id: accepted (not dead-lettered)
+    pipe = Pipeline(cfg, sketchers=2)
+    try:
+        pipe.start()
+        produce(bootstrap, names.documents, records)
+        send_control(bootstrap, names, "flush")
+        last = pipe.wait_released(corpus.epochs, timeout=90)
+        wait_for(lambda: all(s.server is not None for s in pipe.sketchers), 10, "metrics servers")
+        sk = [scrape(s.server.url) for s in pipe.sketchers]
+    finally:
+        pipe.stop()
+
+    # --- every bad message is in the DLQ exactly once, value unchanged, with context headers
+    docs = {r.key.decode(): r for r in read_topic(bootstrap, names.documents)}
+    dlq = read_topic(bootstrap, names.dlq)
+    got = {}
+    for r in dlq:
+        key = r.key.decode()
+        assert key not in got, f"{key} dead-lettered twice"
+        got[key] = r
+    assert sorted(got) == sorted(expected)
+    for key, (cls, raw) in expected.items():
+        r, src = got[key], docs[key]
+        h = {k: v.decode("utf-8") for k, v in r.headers.items()}
+        assert h["streamdp.error.class"] == cls, (key, h)
+        assert h["streamdp.error.message"] and len(r.headers["streamdp.error.message"]) <= 1024
+        assert h["streamdp.source.topic"] == names.documents
+        assert int(h["streamdp.source.partition"]) == src.partition
+        assert int(h["streamdp.source.offset"]) == src.offset
+        assert r.value == raw, key
+        # error messages never quote the document's words
+        assert "caf" not in h["streamdp.error.message"]
+
+    # --- the counters match, by class
+    counts: dict[str, float] = {}
+    for s in sk:
+        for cls, v in metric_by(s, "streamdp_dlq_messages_total", "error_class").items():
+            counts[cls] = counts.get(cls, 0.0) + v
+    want: dict[str, float] = {}
+    for cls, _ in expected.values():
+        want[cls] = want.get(cls, 0.0) + 1
+    assert {c: v for c, v in counts.items() if v} == want
+    assert sum(metric(s, "streamdp_dlq_dropped_total") for s in sk) == 0
+    assert sum(metric(s, "streamdp_documents_total") for s in sk) == corpus.n_warm + corpus.n_stream
+
+    # --- the sketch is the sketch of the good documents alone: the released non-private
+    # snapshot equals the in-process engine's on the good documents
+    engine = engine_snapshots(corpus, epsilon=None)
+    assert last.epoch == corpus.epochs and last.n_docs == engine[-1].n_docs == corpus.n_stream
+    np.testing.assert_allclose(last.topic_word, engine[-1].topic_word, rtol=0, atol=1e-8)
+
+
+# =================================================================== single writer (test 5)
+def test_single_release_writer(kafka_broker, tmp_path):
+    from streamdp.services.release import LeaseHeld, ReleaseService
+
+    corpus = make_corpus(10, 10, 1, seed=3)
+    names = fresh_topics(kafka_broker.bootstrap)
+    cfg = make_config(tmp_path, kafka_broker.bootstrap, names, corpus, epsilon=1.0)
+    first = ReleaseService(cfg)
+    try:
+        with pytest.raises(LeaseHeld) as info:
+            ReleaseService(cfg)
+        msg = str(info.value)
+        assert f"{cfg.ledger}.lease" in msg
+        assert "only one release writer" in msg and "stop it first" in msg
+        # another config object (e.g. another process's) on the same ledger path: same answer
+        with pytest.raises(LeaseHeld):
+            ReleaseService(cfg.replace(snapshot_dir=str(tmp_path / "other")))
+    finally:
+        first.close()
+    # the lease dies with its holder: a successor can start
+    second = ReleaseService(cfg)
+    second.close()
+
+
+# =================================================================== crash between reserve and publish (test 6)
+CRASHING_RELEASE = textwrap.dedent("""
+    import json, os, signal, sys
+    from pathlib import Path
+
+    from streamdp.privacy.accountant import Accountant
+
+    cfg_values, target, ready = json.loads(Path(sys.argv[1]).read_text()), sys.argv[2], Path(sys.argv[3])
+    original = Accountant.reserve
+
+    def reserve(self, events, *, label=""):
+        token = original(self, events, label=label)       # durable (fsync'd) when it returns
+        if label == target:
+            os.kill(os.getpid(), signal.SIGKILL)           # before any noise is drawn
+        return token
+
+    Accountant.reserve = reserve
+    from streamdp.services.config import ServiceConfig
+    from streamdp.services.release import ReleaseService
+
+    svc = ReleaseService(ServiceConfig(**cfg_values))
+    ready.write_text("ready")
+    svc.run(max_seconds=120, install_signals=True)
+    sys.exit(3)                                            # not killed: the test fails
+""")
+
+
+def test_release_killed_between_reserve_and_publish(kafka_broker, tmp_path):
+    """Kill -9 right after epoch 1's tree nodes are durably reserved, then restart.
+
+    Horizon T = 2 (depth 2, ρ_node = ρ/2). The lost reservation keeps epoch 1's
+    documents at ρ/2. The restart re-closes epoch 1 with a new reservation
+    (ρ/2 + ρ/2 = ρ ≤ budget: accepted, published once), and epoch 2 then needs
+    nodes [2,2] and [1,2]: epoch 1's documents would reach 3ρ/2 > ρ, so the
+    accountant refuses it (refused_budget) and nothing more is published.
+    """
+    from streamdp.privacy.accountant import Accountant
+    from streamdp.services.release import ReleaseService
+
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(2000, 2000, 2, seed=4)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=1.0, horizon=2,
+                      sampler="fast", noise_seed=5)
+    cfg_file, ready = tmp_path / "cfg.json", tmp_path / "ready"
+    cfg_file.write_text(json.dumps({k: getattr(cfg, k) for k in cfg.__dataclass_fields__}))
+    script = tmp_path / "crashing_release.py"
+    script.write_text(CRASHING_RELEASE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    log = (tmp_path / "release.log").open("w")
+    proc = subprocess.Popen([sys.executable, str(script), str(cfg_file), "tree:epoch=1", str(ready)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    sketchers = Pipeline(cfg, sketchers=2, release=False)
+    restarted = None
+    try:
+        sketchers.start()
+        wait_for(lambda: ready.exists() or proc.poll() is not None, 60, "the release subprocess")
+        assert proc.poll() is None, (tmp_path / "release.log").read_text()
+        produce(bootstrap, names.documents, corpus.records())
+        send_control(bootstrap, names, "flush")
+        try:
+            rc = proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the release subprocess was not killed at epoch 1's reservation:\n"
+                                 + (tmp_path / "release.log").read_text()[-3000:])
+        assert rc == -signal.SIGKILL, (rc, (tmp_path / "release.log").read_text()[-3000:])
+
+        # --- after the crash: the reservation is on the ledger, uncommitted; nothing published
+        acc = Accountant(cfg.epsilon, cfg.delta, cfg.ledger)
+        rep = acc.report()
+        tree = [r for r in FileLedger(cfg.ledger).read() if r.payload.get("label", "").startswith("tree:")]
+        assert [(r.kind, r.payload["label"]) for r in tree] == [("reserve", "tree:epoch=1")]
+        assert rep["uncommitted"] == 1
+        assert rep["rho_worst_case"] <= rep["rho_budget"] * (1 + 1e-9)
+        assert snapshots_by_epoch(bootstrap, names.snapshots) == {}
+
+        # --- restart on the same ledger and state topic (the lease died with the process)
+        restarted = Pipeline(cfg, sketchers=0)
+        restarted.start()
+        release = restarted.release
+        wait_for(lambda: release.exhausted or (release.continual is not None
+                                               and release.continual.epoch >= 2),
+                 90, "the restarted service to close or refuse epoch 2", check=restarted.check)
+        wait_for(lambda: release.server is not None, 10, "the release metrics server")
+        rel = scrape_until(release.server.url, lambda m: metric(
+            m, "streamdp_releases_total", outcome="refused_budget") >= 1, 10, "the refusal metric")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+        sketchers.stop()
+        if restarted is not None:
+            restarted.stop()
+
+    # epoch 1 re-closed (budget allowed it) and published once; epoch 2 refused
+    assert release.continual.epoch == 1
+    assert release.exhausted and "budget" in release.exhausted
+    assert release.latest is not None and release.latest.epoch == 1
+    assert metric(rel, "streamdp_releases_total", outcome="published") == 1
+    assert metric(rel, "streamdp_releases_total", outcome="refused_budget") == 1
+    by_epoch = snapshots_by_epoch(bootstrap, names.snapshots)
+    assert sorted(by_epoch) == [1]
+    assert_one_snapshot_per_epoch(by_epoch)
+    assert by_epoch[1][0].release_id == release.latest.release_id
+
+    rep = Accountant(cfg.epsilon, cfg.delta, cfg.ledger).report()
+    tree = [(r.kind, r.payload["label"]) for r in FileLedger(cfg.ledger).read()
+            if r.payload.get("label", "").startswith("tree:")]
+    assert tree == [("reserve", "tree:epoch=1"), ("reserve", "tree:epoch=1"),
+                    ("commit", "tree:epoch=1"), ("refuse", "tree:epoch=2")]
+    assert rep["uncommitted"] == 1 and rep["refusals"] == 1
+    # the crashed reservation is counted: epoch 1's documents paid for two leaf nodes
+    assert rep["rho_by_atom"]["stream_worst_epoch_rho"] == pytest.approx(rep["rho_budget"], rel=1e-6)
+    assert rep["rho_worst_case"] <= rep["rho_budget"] * (1 + 1e-9)
+    assert rep["epsilon_worst_case"] <= cfg.epsilon * (1 + 1e-9)
+    assert by_epoch[1][0].privacy["accountant"]["uncommitted"] == 1
