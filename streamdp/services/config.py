@@ -172,6 +172,51 @@ def from_mapping(values: dict, *, env: dict | None = None) -> ServiceConfig:
         raise ConfigError(str(exc)) from exc
 
 
+def load_file(path: str | os.PathLike) -> dict:
+    """Read a configuration file into a plain mapping (JSON, or TOML by its ``.toml`` suffix).
+
+    JSON: one object, ``null`` for "not set" (e.g. ``"epsilon": null`` = non-private).
+    TOML: top-level keys; TOML has no null, so a field that accepts ``None``
+    (``epsilon``, ``oversampling``, ``noise_seed``) takes the string ``"none"``
+    for it. Errors are :class:`ConfigError` naming the file and the position.
+    """
+    import json
+    import tomllib
+
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration file {str(path)!r}: {exc.strerror or exc}") from None
+    if path.suffix.lower() == ".toml":
+        try:
+            values = tomllib.loads(raw.decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"configuration file {str(path)!r} is not valid TOML: {exc}") from None
+        optional = {f.name for f in dataclasses.fields(ServiceConfig) if "None" in str(f.type)}
+        for name in optional & set(values):
+            if isinstance(values[name], str) and values[name].strip().lower() in ("none", "null"):
+                values[name] = None
+    else:
+        try:
+            values = json.loads(raw.decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            hint = " (TOML files need the .toml suffix)" if path.suffix.lower() != ".json" else ""
+            raise ConfigError(f"configuration file {str(path)!r} is not valid JSON: {exc}{hint}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"configuration file {str(path)!r} must hold one object/table of fields, "
+                          f"got {type(values).__name__}")
+    return values
+
+
+def from_file(path: str | os.PathLike, overrides: dict | None = None, *,
+              env: dict | None = None) -> ServiceConfig:
+    """:func:`load_file`, then ``overrides`` (e.g. CLI flags), then ``STREAMDP_<FIELD>`` variables."""
+    values = load_file(path)
+    values.update(overrides or {})
+    return from_mapping(values, env=env)
+
+
 def _parse_env(raw: str, typ, default):
     import json
     t = str(typ)
