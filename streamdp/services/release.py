@@ -39,8 +39,6 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 
 from streamdp import serialization as ser
 from streamdp.continual import ContinualRelease
-from streamdp.kafka.state_store import StateStore
-from streamdp.kafka.topics import client_config
 from streamdp.moments.clipping import ClipBounds
 from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
 from streamdp.privacy.accountant import Accountant, BudgetExhausted
@@ -104,10 +102,10 @@ class ReleaseService:
             self.sampler = make_sampler(cfg.sampler, cfg.noise_seed) if cfg.private else None
             self.rho = zcdp_rho(cfg.epsilon, cfg.delta) if cfg.private else None
             self.metrics = ServiceMetrics("release")
-            self.health = HealthState(liveness_timeout=max(60.0, 10 * cfg.poll_seconds))
+            self.health = HealthState(liveness_timeout=cfg.liveness_seconds)
             self.metrics.bind_health(self.health)
-            self.store = StateStore(None, cfg.bootstrap, self.topics.state)
-            self.producer = Producer(client_config(cfg.bootstrap, "producer", **{
+            self.store = cfg.state_store()
+            self.producer = Producer(cfg.client("producer", **{
                 "enable.idempotence": True, "acks": "all"}))
             # Control messages are read by assignment (no group join delay) from the offset
             # saved with the release state, so a command sent while the service was down
@@ -115,14 +113,14 @@ class ReleaseService:
             # offset (first start, or a crash before the first epoch's state write) it
             # reads from the beginning: nothing was durably acted on yet, and a flush sent
             # before the service (re)started must not be lost.
-            self.control_consumer = Consumer(client_config(cfg.bootstrap, "consumer", **{
+            self.control_consumer = Consumer(cfg.client("consumer", **{
                 "group.id": f"{cfg.topic_prefix}-release-control", "enable.auto.commit": False,
                 "fetch.wait.max.ms": 100}))
             self.control_offset: int | None = None
             # Probes whether a sketcher state has consumed its partition to the end:
             # Tansu's ListOffsets under-reports the end of a partition (docs/kafka.md),
             # so "caught up" is decided by reading at the state's next offset.
-            self.probe = Consumer(client_config(cfg.bootstrap, "consumer", **{
+            self.probe = Consumer(cfg.client("consumer", **{
                 "group.id": f"{cfg.topic_prefix}-release-probe", "enable.auto.commit": False,
                 "enable.partition.eof": True, "fetch.wait.max.ms": 50}))
             self.subspace: Subspace | None = None
@@ -162,6 +160,8 @@ class ReleaseService:
                 if obj.get("last_snapshot"):
                     self.latest = TopicSnapshot.from_bytes(obj["last_snapshot"])
                     self._publish(self.latest, republish=True)
+                    self.metrics.set_last_release_timestamp(self.latest.created_at)
+                self.metrics.set_tree(self.continual.epoch, self.cfg.horizon)
         start = OFFSET_BEGINNING if self.control_offset is None else self.control_offset
         self.control_consumer.assign([TopicPartition(self.topics.control, 0, start)])
         if self.accountant is not None:
@@ -224,7 +224,10 @@ class ReleaseService:
             if self._closable(0, states, hw):
                 self._release_warmup(states)
             return
-        while self.continual.epoch < self.cfg.horizon and self._closable(self.continual.epoch + 1, states, hw):
+        while (not self._stop.is_set() and self.continual.epoch < self.cfg.horizon
+               and self._closable(self.continual.epoch + 1, states, hw)):
+            # stop between epochs, never inside one: a kill mid-release wastes budget
+            self.health.beat()
             if not self._close_epoch(self.continual.epoch + 1, states):
                 return
         if self.flush_requested and self.continual.epoch >= self._newest_epoch(states) and all(
@@ -352,6 +355,7 @@ class ReleaseService:
             return False
         except HorizonExceeded as exc:
             self.exhausted = str(exc)
+            self.metrics.release_outcome("refused_budget")
             log.error("%s", exc)
             return False
         privacy = dict(snap.privacy)
