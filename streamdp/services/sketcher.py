@@ -309,6 +309,12 @@ class Sketcher:
         if got is not None:
             self.subspace, self.clip = got
             self.warmup_closed = True
+            # The warm-up is closed: drop the warm-up sketches of the partitions held now,
+            # as a restart would (_on_assign), so a warm-up document that still arrives is
+            # late whether or not this process restarted in between.
+            for p, st in self.states.items():
+                st.forget_closed(self.closed_through, True)
+                self.dirty.add(p)
             log.info("%s: subspace %s (k'=%d) loaded", self.instance, self.subspace.id, self.subspace.dim)
 
     def _poll_control(self) -> None:
