@@ -30,6 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from streamdp import serialization as ser
+from streamdp.documents import MIN_DOC_LENGTH
 from streamdp.moments.clipping import ClipBounds
 from streamdp.moments.sketch import WhitenedSketch
 from streamdp.privacy.epochs import WARMUP_EPOCH, EpochClock
@@ -108,7 +109,8 @@ class PartitionState:
         the release service already closed are late.
         """
         routes = np.where((routes > 0) & (routes <= self.closed_through), LATE, routes)
-        out = {"warmup": 0, "stream": 0, "late": int(np.sum(routes == LATE))}
+        out = {"warmup": 0, "stream": 0, "late": int(np.sum(routes == LATE)), "short": 0}
+        short = (np.asarray(X.sum(axis=1)).ravel() < MIN_DOC_LENGTH) if X.shape[0] else np.zeros(0, bool)
         for r in np.unique(routes):
             rows = np.flatnonzero(routes == r)
             if r == LATE:
@@ -121,6 +123,7 @@ class PartitionState:
                     self.warmup = warmup_factory()
                 self.warmup.update(X[rows])
                 out["warmup"] += rows.size
+                out["short"] += int(short[rows].sum())
                 continue
             if subspace is None:
                 raise RuntimeError("stream documents before the subspace exists (pause instead)")
@@ -129,6 +132,7 @@ class PartitionState:
                 sk = self.epochs[int(r)] = WhitenedSketch(subspace, clip)
             sk.update(X[rows])
             out["stream"] += rows.size
+            out["short"] += int(short[rows].sum())
         self.counters["late"] += out["late"]
         self.counters["warmup_documents"] += out["warmup"]
         self.counters["documents"] += out["stream"]
