@@ -80,6 +80,7 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
         p = Producer(client_config(bootstrap, "producer"))
         p.produce(names.control, value=control.encode("flush"))
         p.flush(10)
+        del p
         deadline = time.time() + timeout
         last = -1
         while time.time() < deadline:
@@ -121,5 +122,10 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
         release.stop()
         for t in threads:
             t.join(timeout=30)
+        # librdkafka handles disconnect (noisily) when destroyed after the broker is gone:
+        # destroy every client first
+        import gc
+        del workers, release, threads
+        gc.collect()
         if broker is not None:
             broker.stop()
