@@ -228,12 +228,35 @@ def validate_document(obj: Any, *, max_tokens: int = DEFAULT_MAX_TOKENS,
     return Document(doc_id, ts, "counts", (tuple(ids), tuple(counts)), vocab_id)
 
 
+def _all_at_least(values: Sequence, bound: int) -> bool:
+    """True only if no value is ``< bound``, proven by one C-level ``min``; False means "scan".
+
+    A hot-path shortcut for :func:`_check_counts` (called twice per counts document): when it
+    returns False the caller runs the original per-element scan, which finds (and names) the
+    first offending position, so results and errors are exactly those of the scan alone. min()
+    can only return a value ``>= bound`` if no element is ``< bound`` (NaN never passes), and
+    anything min() cannot compare falls back to the scan.
+    """
+    try:
+        return len(values) == 0 or bool(min(values) >= bound)
+    except Exception:       # noqa: BLE001 — the scan decides, and raises what it always raised
+        return False
+
+
+def _all_below(values: Sequence, bound: int) -> bool:
+    """True only if no value is ``>= bound`` (one C-level ``max``); see :func:`_all_at_least`."""
+    try:
+        return len(values) == 0 or bool(max(values) < bound)
+    except Exception:       # noqa: BLE001
+        return False
+
+
 def _check_counts(ids: Sequence[int], counts: Sequence[int], vocab_id: str | None,
                   max_tokens: float, vocabulary: Vocabulary | None) -> None:
-    bad = next((i for i, c in enumerate(counts) if c < 1), None)
+    bad = None if _all_at_least(counts, 1) else next((i for i, c in enumerate(counts) if c < 1), None)
     if bad is not None:
         raise InvalidMessage(INVALID_VALUE, f"'counts'.'counts'[{bad}] = {counts[bad]} is not a positive count")
-    bad = next((i for i, j in enumerate(ids) if j < 0), None)
+    bad = None if _all_at_least(ids, 0) else next((i for i, j in enumerate(ids) if j < 0), None)
     if bad is not None:
         raise InvalidMessage(INVALID_VALUE, f"'counts'.'ids'[{bad}] = {ids[bad]} is negative")
     total = sum(counts)  # Python ints: no overflow
@@ -243,7 +266,7 @@ def _check_counts(ids: Sequence[int], counts: Sequence[int], vocab_id: str | Non
         raise InvalidMessage(INVALID_VALUE, "'counts'.'ids' contains duplicates")
     if vocabulary is not None:
         d = len(vocabulary)
-        bad = next((i for i, j in enumerate(ids) if j >= d), None)
+        bad = None if _all_below(ids, d) else next((i for i, j in enumerate(ids) if j >= d), None)
         if bad is not None:
             raise InvalidMessage(INVALID_VALUE, f"'counts'.'ids'[{bad}] = {ids[bad]} is out of range "
                                                 f"for a vocabulary of {d} words")

@@ -154,8 +154,13 @@ class Tokenizer:
             text = unicodedata.normalize(self.normalize, text)
         if self.lowercase:
             text = text.lower()
-        tokens = [m.group(0) for m in self._regex.finditer(text)]
+        regex = self._regex
+        # Without groups, findall returns exactly the whole matches finditer yields (empty ones
+        # included), in one C call.
+        tokens = regex.findall(text) if regex.groups == 0 else [m.group(0) for m in regex.finditer(text)]
         maxlen, stop = self.max_token_length, self.stop_words
+        if not stop and "" not in tokens and (maxlen is None or max(map(len, tokens), default=0) <= maxlen):
+            return tokens          # nothing to drop: the filters below would copy the list unchanged
         if maxlen is not None or stop:
             tokens = [t for t in tokens
                       if t and (maxlen is None or len(t) <= maxlen) and t not in stop]
