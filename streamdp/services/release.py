@@ -219,19 +219,22 @@ class ReleaseService:
         self._read_control()
         if self.exhausted:
             return
-        states, hw = self._partition_view()
+        states, partitions = self._partition_view()
         if self.subspace is None:
-            if self._closable(0, states, hw):
-                self._release_warmup(states)
+            if self._closable(0, states, partitions):
+                self._release_warmup(self._load_states(states))
             return
+        loaded = None      # partition states decoded once per step, however many epochs close
         while (not self._stop.is_set() and self.continual.epoch < self.cfg.horizon
-               and self._closable(self.continual.epoch + 1, states, hw)):
+               and self._closable(self.continual.epoch + 1, states, partitions)):
             # stop between epochs, never inside one: a kill mid-release wastes budget
             self.health.beat()
-            if not self._close_epoch(self.continual.epoch + 1, states):
+            loaded = loaded if loaded is not None else self._load_states(states)
+            if not self._close_epoch(self.continual.epoch + 1, loaded):
                 return
         if self.flush_requested and self.continual.epoch >= self._newest_epoch(states) and all(
-                self._caught_up(p, states[p].meta["next_offset"] if p in states else 0) for p in hw):
+                self._caught_up(p, states[p].meta["next_offset"] if p in states else 0)
+                for p in partitions):
             self.flush_requested = False      # everything seen is released: the flush is done
             self._write_state()               # ... durably, so a restart does not resume it
             log.info("flush complete through epoch %d", self.continual.epoch)
@@ -260,8 +263,7 @@ class ReleaseService:
         found = self.store.read_all_latest(prefix=f"sketch/{self.topics.documents}/")
         states = {int(r.meta["partition"]): r for r in found.values()}
         md = self.probe.list_topics(self.topics.documents, timeout=10)
-        parts = sorted(md.topics[self.topics.documents].partitions)
-        return states, {p: None for p in parts}
+        return states, sorted(md.topics[self.topics.documents].partitions)
 
     def _caught_up(self, p: int, next_offset: int) -> bool:
         """Whether partition p holds no record at or after ``next_offset`` (read, not listed)."""
@@ -281,15 +283,15 @@ class ReleaseService:
         finally:
             self.probe.unassign()
 
-    def _closable(self, epoch: int, states: dict, hw: dict) -> bool:
+    def _closable(self, epoch: int, states: dict, partitions: list[int]) -> bool:
         close_time = self.routing.close_time(epoch)
         forced = epoch <= self.forced_through
         if self.flush_requested:
             forced = forced or epoch <= self._newest_epoch(states)
         live_past = time.time() >= close_time + IDLE_GRACE_SECONDS and self.cfg.lateness > 0
-        if not hw:
+        if not partitions:
             return False
-        for p in hw:
+        for p in partitions:
             rec = states.get(p)
             progress = None if rec is None else rec.meta.get("progress")
             if progress is not None and progress >= close_time:
@@ -303,8 +305,7 @@ class ReleaseService:
         return [PartitionState.from_bytes(r.payload, self.subspace) for r in states.values()]
 
     # ------------------------------------------------------------ warm-up
-    def _release_warmup(self, states: dict) -> None:
-        parts = self._load_states(states)
+    def _release_warmup(self, parts: list[PartitionState]) -> None:
         sketches = [p.warmup for p in parts if p.warmup is not None]
         if not sketches or sum(s.n_docs for s in sketches) == 0:
             log.error("the warm-up closed with no usable documents (length >= 3): cannot whiten; "
@@ -338,11 +339,11 @@ class ReleaseService:
             self.metrics.set_budget_from_report(self.accountant.report())
 
     # ------------------------------------------------------------ epochs
-    def _close_epoch(self, epoch: int, states: dict) -> bool:
+    def _close_epoch(self, epoch: int, parts: list[PartitionState]) -> bool:
         t0 = time.perf_counter()
         total = None
         n_parts = 0
-        for st in self._load_states(states):
+        for st in parts:
             sk = st.epochs.get(epoch)
             if sk is not None:
                 s = sk.sums()

@@ -218,9 +218,11 @@ class Sketcher:
         t0 = time.perf_counter()
         st = self.states[p]
         docs, msg_of_doc, rts = [], [], []
+        batch_rt = []        # every message's record time (nan if none), read once
         bad: list[tuple[object, messages.InvalidMessage]] = []
         for m in batch:
             rt = _record_time(m)
+            batch_rt.append(math.nan if rt is None else rt)
             try:
                 value = m.value()
                 if value is None:
@@ -280,7 +282,10 @@ class Sketcher:
         st.counters["empty"] += n_short
         if processed:
             st.next_offset = last_offset + 1
-            st.progress = max(st.progress, max((_record_time(m) or -math.inf) for m in processed))
+            seen = np.asarray(batch_rt[:len(processed)])      # processed = a prefix of the batch
+            seen = seen[~np.isnan(seen)]
+            if seen.size:
+                st.progress = max(st.progress, float(seen.max()))
         if cut_offset is not None:
             st.progress = max(st.progress, float(blocker_rt))
             tp = TopicPartition(self.topics.documents, p, cut_offset)
