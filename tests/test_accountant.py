@@ -387,3 +387,111 @@ def test_deleted_ledger_is_not_silently_recreated(path):
     os.unlink(path)
     with pytest.raises(FileNotFoundError):
         acc.reserve([ev(1e-3)])
+
+
+# ------------------------------------------------------------------ lock order (review finding)
+class _SlowLedger:
+    """A ledger whose one internal lock guards both exclusive() and read() (as FileLedger's
+    thread lock does), slowed down so that two threads taking the accountant's lock and the
+    ledger's lock in opposite orders would deadlock."""
+
+    def __init__(self) -> None:
+        from streamdp.privacy.memory_ledger import MemoryLedger
+        self.inner = MemoryLedger()
+        self.lock = threading.RLock()
+        self.reading = threading.Event()
+        self.in_exclusive = threading.Event()
+
+    def exclusive(self):
+        import contextlib
+        import time as _t
+
+        @contextlib.contextmanager
+        def cm():
+            with self.lock:
+                self.in_exclusive.set()
+                _t.sleep(0.05)            # another thread takes the accountant's lock meanwhile
+                yield
+        return cm()
+
+    def read(self):
+        import time as _t
+        self.reading.set()
+        _t.sleep(0.05)
+        with self.lock:
+            return self.inner.read()
+
+    def append(self, record):
+        with self.lock:
+            self.inner.append(record)
+
+
+def test_reserve_and_report_take_the_locks_in_one_order():
+    ledger = _SlowLedger()
+    acc = Accountant(EPS, DELTA, ledger)
+    B = acc.rho_budget
+    errors = []
+
+    def reserver():
+        try:
+            for i in range(10):
+                acc.commit(acc.reserve([ev(B / 100, epoch_partition(i + 1, i + 1))], label=f"r{i}"))
+        except BaseException as exc:      # noqa: BLE001
+            errors.append(exc)
+
+    def reporter():
+        try:
+            for _ in range(20):
+                acc.report()
+        except BaseException as exc:      # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reserver, daemon=True),
+               threading.Thread(target=reporter, daemon=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert not any(t.is_alive() for t in threads), "reserve and report deadlocked"
+    assert not errors
+    assert acc.report()["reservations"] == 10
+
+
+# ------------------------------------------------------------------ idempotency keys, head
+def test_keyed_reservation_is_fulfilled_once_and_never_recharged(path):
+    from streamdp.privacy.accountant import AlreadySpent
+    acc = Accountant(EPS, DELTA, path)
+    B = acc.rho_budget
+    e = [ev(B / 2, epoch_partition(1, 1))]
+    t1 = acc.reserve(e, label="tree:epoch=1", key="tree:epoch=1")
+    assert not t1.fulfilling
+    # a restart (new accountant) reserves the same key again: same reservation, no new charge
+    acc2 = Accountant(EPS, DELTA, path)
+    t2 = acc2.reserve(e, label="tree:epoch=1", key="tree:epoch=1")
+    assert t2.fulfilling and t2.id == t1.id
+    rep = acc2.report()
+    assert rep["reservations"] == 1 and rep["uncommitted"] == 1
+    assert rep["rho_worst_case"] == pytest.approx(B / 2)
+    assert [r.id for r in acc2.uncommitted()] == ["tree:epoch=1"]
+    # other events under the same key: refused, nothing recorded
+    with pytest.raises(ValueError, match="other events"):
+        acc2.reserve([ev(B / 3, epoch_partition(1, 1))], key="tree:epoch=1")
+    acc2.commit(t2)
+    assert acc2.uncommitted() == []
+    with pytest.raises(AlreadySpent):
+        acc2.reserve(e, key="tree:epoch=1")
+    assert Accountant(EPS, DELTA, path).report()["rho_worst_case"] == pytest.approx(B / 2)
+
+
+def test_ledger_head_is_a_hash_chain_over_the_records(path):
+    from streamdp.privacy.ledger import ledger_head
+    acc = Accountant(EPS, DELTA, path)
+    h0 = acc.head()
+    assert h0 == ledger_head(FileLedger(path).read()) and h0["records"] == 1
+    acc.reserve([ev(acc.rho_budget / 4, "warmup", "warmup")], key="warmup")
+    h1 = acc.head()
+    assert h1["records"] == 2 and h1["head"] != h0["head"]
+    assert ledger_head(FileLedger(path).read()[:1]) == h0
+    # a fresh ledger with the same budget has a different head (different creation record)
+    other = Accountant(EPS, DELTA, path.parent / "other.jsonl")
+    assert other.head()["head"] != h0["head"]

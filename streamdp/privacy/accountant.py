@@ -43,6 +43,22 @@ Durability and concurrency
 processes may have spent), check, append the reservation durably, return. Only
 then may the caller draw noise. Two accountants (threads, processes) on one
 ledger are therefore serialised and cannot both spend the last of the budget.
+
+Lock order (one order everywhere): the accountant's own lock first, then the
+ledger's (``exclusive()`` and the ledger's internal lock taken by ``read()``).
+``reserve``, ``commit``, ``report`` and the constructor all follow it, so a
+thread reporting while another reserves cannot deadlock.
+
+Idempotency keys
+----------------
+``reserve(events, key=K)`` names exactly what the reservation pays for (e.g.
+``"tree:epoch=5"``, ``"warmup:warmup"``). A second ``reserve`` with the same key
+and the same events, while the first is *uncommitted*, returns the same
+reservation without a new charge (``Reservation.fulfilling`` is True): this is
+how a release whose noised output was lost in a crash is fulfilled by a fresh
+draw (docs/privacy_accounting.md §Crash-safe spending,
+:mod:`streamdp.privacy.spend`). A committed key is never reserved again
+(:class:`AlreadySpent`), and a key reused with other events is an error.
 """
 from __future__ import annotations
 
@@ -57,7 +73,7 @@ from typing import Iterable, Sequence
 from streamdp.privacy.conversions import RHO_RTOL, zcdp_epsilon, zcdp_rho
 from streamdp.privacy.events import (STREAM, WARMUP, GaussianEvent, Partition,
                                      parse_partition)
-from streamdp.privacy.ledger import FileLedger, Ledger, LedgerRecord
+from streamdp.privacy.ledger import CHAIN_SEED, FileLedger, Ledger, LedgerRecord, chain_step
 
 UNIT = "one document, add/remove"
 CONVERSION = ("Canonne-Kamath-Steinke 2020 zCDP->(eps,delta) (OpenDP cdp_epsilon; "
@@ -96,6 +112,10 @@ class LedgerMismatch(ValueError):
     """The ledger was created for a different (ε, δ) budget."""
 
 
+class AlreadySpent(ValueError):
+    """A reservation with this idempotency key was already committed: its output exists."""
+
+
 @dataclass(frozen=True)
 class Reservation:
     """Token returned by :meth:`Accountant.reserve`; pass it to :meth:`Accountant.commit`."""
@@ -103,6 +123,7 @@ class Reservation:
     id: str
     label: str
     events: tuple[GaussianEvent, ...]
+    fulfilling: bool = False      # True: an earlier, uncommitted reservation of the same key
 
     @property
     def rho(self) -> float:
@@ -248,7 +269,9 @@ class _Fold:
         self.by_partition: dict[str, list[float]] = {}
         self.keys: set[str] = set()                 # reservations (committed or not)
         self.committed: set[str] = set()
+        self.reserved: dict[str, dict] = {}         # key → payload (label, events) as reserved
         self.refusals = 0
+        self.head = CHAIN_SEED                      # hash chain over the folded records
 
     def extends(self, records: list[LedgerRecord]) -> bool:
         return len(records) >= self.n and (self.n == 0 or records[self.n - 1] == self.last)
@@ -260,6 +283,7 @@ class _Fold:
                 # events (for compaction): count them once, whichever survives.
                 if rec.key not in self.keys:
                     self.keys.add(rec.key)
+                    self.reserved[rec.key] = rec.payload
                     for d in rec.payload["events"]:
                         e = _event_from_dict(d)
                         self.tally.add(parse_partition(e.partition), e.rho)
@@ -268,6 +292,7 @@ class _Fold:
                     self.committed.add(rec.key)
             elif rec.kind == "refuse":
                 self.refusals += 1
+            self.head = chain_step(self.head, rec)
         self.n = len(records)
         self.last = records[-1] if records else None
 
@@ -300,7 +325,7 @@ class Accountant:
         self._lock = threading.RLock()
         self._fold = _Fold()
         rho = zcdp_rho(self.epsilon, self.delta)
-        with self.ledger.exclusive():
+        with self._lock, self.ledger.exclusive():
             budget = [r for r in self.ledger.read() if r.kind == "budget"]
             if budget:
                 p = budget[0].payload
@@ -344,13 +369,19 @@ class Accountant:
     def _within(self, load: float) -> bool:
         return load <= self.rho_budget * (1.0 + RHO_RTOL)
 
-    def reserve(self, events: Sequence[GaussianEvent], *, label: str = "") -> Reservation:
+    def reserve(self, events: Sequence[GaussianEvent], *, label: str = "",
+                key: str | None = None) -> Reservation:
         """Durably reserve ``events`` or raise :class:`BudgetExhausted`.
 
         Returns a :class:`Reservation` once the reservation is on stable
         storage; only then may the caller draw the noise. Raises
         ``TypeError``/``ValueError`` for non-GaussianEvents or unknown
         partition strings (nothing is recorded then).
+
+        ``key``: idempotency key naming what is released (module docstring).
+        An uncommitted reservation of the same key and events is returned
+        again, uncharged (``fulfilling=True``); a committed one raises
+        :class:`AlreadySpent`; other events under the same key raise ValueError.
         """
         events = tuple(events)
         parts = []
@@ -358,25 +389,57 @@ class Accountant:
             if not isinstance(e, GaussianEvent):
                 raise TypeError(f"reserve() takes GaussianEvents, got {type(e).__name__}")
             parts.append(parse_partition(e.partition))      # strict: refuse to guess
-        rid = uuid.uuid4().hex
+        if key is not None and (not isinstance(key, str) or not key or key.startswith("refuse:")
+                                or key == "budget"):
+            raise ValueError(f"bad reservation key {key!r}")
+        rid = key if key is not None else uuid.uuid4().hex
         requested: dict[str, float] = {}
         for e in events:
             requested[e.partition] = requested.get(e.partition, 0.0) + e.rho
         payload = {"label": label, "events": [e.to_dict() for e in events]}
-        with self.ledger.exclusive(), self._lock:
-            before = self._state().tally
+        with self._lock, self.ledger.exclusive():          # lock order: accountant, then ledger
+            st = self._state()
+            if key is not None and key in st.keys:
+                if key in st.committed:
+                    raise AlreadySpent(
+                        f"reservation {key!r} was already committed in {self.ledger!r}: its noised "
+                        "output was persisted; use it instead of drawing again")
+                if st.reserved[key]["events"] != payload["events"]:
+                    raise ValueError(f"reservation key {key!r} is in {self.ledger!r} with other "
+                                     "events: an idempotency key must name exactly one release")
+                return Reservation(rid, st.reserved[key].get("label", label), events,
+                                   fulfilling=True)
+            before = st.tally
             after_tally = before.copy()
             for part, e in zip(parts, events):
                 after_tally.add(part, e.rho)
             after = after_tally.loads()
             if not self._within(after.worst):
                 err = self._refusal(label, requested, before, after)
-                self.ledger.append(LedgerRecord("refuse", rid, {
+                self.ledger.append(LedgerRecord("refuse", f"refuse:{uuid.uuid4().hex}", {
                     **payload, "atom": err.atom, "load_after": err.load_after,
-                    "rho_budget": self.rho_budget}))
+                    "rho_budget": self.rho_budget, **({"for_key": key} if key else {})}))
                 raise err
             self.ledger.append(LedgerRecord("reserve", rid, payload))
         return Reservation(rid, label, events)
+
+    def uncommitted(self) -> list[Reservation]:
+        """Reservations on the ledger that were never committed, oldest first."""
+        with self._lock:
+            st = self._state()
+            out = []
+            for rec in self.ledger.read():
+                if rec.kind == "reserve" and rec.key not in st.committed \
+                        and rec.key not in {r.id for r in out}:
+                    out.append(Reservation(rec.key, rec.payload.get("label", ""), tuple(
+                        _event_from_dict(d) for d in rec.payload["events"])))
+            return out
+
+    def head(self) -> dict:
+        """``{"records": n, "head": sha256 chain}`` of the ledger now (ledger.ledger_head)."""
+        with self._lock:
+            st = self._state()
+            return {"records": st.n, "head": st.head}
 
     def _refusal(self, label: str, requested: dict[str, float], before: LoadTally,
                  after: AtomLoads) -> BudgetExhausted:
@@ -397,7 +460,7 @@ class Accountant:
         """Mark a reservation as released (idempotent). It stays spent either way."""
         if not isinstance(token, Reservation):
             raise TypeError(f"commit() takes the Reservation returned by reserve(), got {token!r}")
-        with self.ledger.exclusive(), self._lock:
+        with self._lock, self.ledger.exclusive():          # lock order: accountant, then ledger
             st = self._state()
             if token.id in st.committed:
                 return

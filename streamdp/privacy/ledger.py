@@ -37,6 +37,15 @@ line cannot come from a crash (every earlier line was fsync'd before the next
 was written); it means corruption, and the ledger refuses to be read
 (:class:`LedgerCorrupt`) rather than under-count.
 
+Head (count and hash chain)
+---------------------------
+:func:`ledger_head` summarises a ledger as ``(records, sha256 chain head)``, the
+chain being ``h_0 = sha256("streamdp-ledger-v1")``, ``h_i = sha256(h_{i-1} ||
+line_i)`` over the canonical encoded lines. The release service mirrors the head
+into every release-state and subspace record on Kafka, and refuses to start when
+the local ledger does not extend the head Kafka holds (a lost, replaced, truncated
+or foreign ledger): see docs/privacy_accounting.md §Ledger bound to the deployment.
+
 Use a local filesystem: ``flock`` is not reliable on NFS. The file *is* the
 spent budget: deleting or replacing it resets the accounting, so protect it
 (mode 0600, backups) like the raw data. An open :class:`FileLedger` refuses to
@@ -46,6 +55,7 @@ records it has already read.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import threading
@@ -167,6 +177,23 @@ def scan(data: bytes, *, origin: str = "ledger", base: int = 0) -> tuple[list[Le
         records.append(rec)
         pos = end
     return records, pos
+
+
+CHAIN_SEED = hashlib.sha256(b"streamdp-ledger-v1").hexdigest()
+
+
+def chain_step(head: str, record: LedgerRecord) -> str:
+    """The chain head after ``record`` (hex sha256 of the previous head and its line)."""
+    return hashlib.sha256(bytes.fromhex(head) + encode_line(record)).hexdigest()
+
+
+def ledger_head(records) -> dict:
+    """``{"records": n, "head": hex}`` of a sequence of records (oldest first)."""
+    head, n = CHAIN_SEED, 0
+    for rec in records:
+        head = chain_step(head, rec)
+        n += 1
+    return {"records": n, "head": head}
 
 
 def _fsync_dir(path: Path) -> None:
