@@ -70,8 +70,18 @@ def _config(a: argparse.Namespace):
         if v is not None:
             values[field] = v
     if getattr(a, "non_private", False):
-        values["epsilon"] = None
+        from streamdp.services.config import ConfigError
+        if getattr(a, "epsilon", None) is not None:
+            raise ConfigError("--non-private and --epsilon contradict each other: give one")
+        values["non_private"] = True
+        values["epsilon"] = None       # the flag says it in so many words
     return from_mapping(values)
+
+
+def _reachable(cfg) -> None:
+    """Fail within seconds, naming 'bootstrap', when Kafka cannot be reached."""
+    from streamdp.kafka.connectivity import check_bootstrap
+    check_bootstrap(cfg.client("admin"), timeout=10.0)
 
 
 def _logging(a) -> None:
@@ -102,6 +112,7 @@ def _produce(a) -> int:
     from streamdp.kafka.topics import ensure_topics
     from streamdp.services.produce import produce, read_corpus
     cfg = _config(a)
+    _reachable(cfg)
     if a.create_topics:
         ensure_topics(cfg.bootstrap, cfg.topics, partitions=a.partitions)
     n = produce(cfg.bootstrap, cfg.topics.documents, read_corpus(a.corpus),
@@ -115,6 +126,7 @@ def _control(a) -> int:
     from confluent_kafka import Producer
     from streamdp.services import control
     cfg = _config(a)
+    _reachable(cfg)
     fields = {} if a.through is None else {"through": a.through}
     if a.type == "close" and a.through is None:
         raise ValueError("control close needs --through EPOCH")
@@ -142,6 +154,10 @@ def _topics(a) -> int:
     for i, top in enumerate(snap.top_words(vocab.words, a.n)):
         print(f"topic {i:2d} (α={snap.alpha[i]:.2f}): " + ", ".join(f"{w} {p:.3f}" for w, p in top))
     pr = snap.privacy
+    if pr.get("non_private") or (pr.get("mechanism") == "none" and pr.get("epsilon") is None):
+        print("privacy: NON-PRIVATE snapshot (no clipping, no noise): no privacy guarantee")
+    if pr.get("insecure_reproducible_noise") or "INSECURE" in str(pr.get("sampler")):
+        print(f"privacy: INSECURE reproducible noise ({pr.get('sampler')}): no privacy guarantee")
     if pr.get("epsilon") is not None:
         print(f"privacy: {pr['unit']}, {pr['neighbouring']}; ε={pr['epsilon']:g}, δ={pr['delta']:g}; "
               f"epochs {pr.get('epochs_covered')} of horizon {pr.get('horizon')}")

@@ -110,6 +110,11 @@ def make_config(tmp: Path, bootstrap: str, names: TopicNames, corpus: Corpus, **
                   ledger=str(tmp / "ledger.jsonl"), snapshot_dir=str(tmp / "snapshots"),
                   checkpoint_seconds=0.5, poll_seconds=0.2)
     values.update(changes)
+    # the test harness opts in to non-private runs and reproducible noise in so many words
+    values.setdefault("non_private", values.get("epsilon") is None)
+    if values.get("noise_seed") is not None:
+        values.setdefault("insecure_reproducible_noise", True)
+        values.setdefault("non_production", True)
     cfg = ServiceConfig(**values)
     assert cfg.topics == names
     return cfg

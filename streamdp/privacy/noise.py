@@ -11,11 +11,21 @@ seed comes from the operating system's CSPRNG (:mod:`secrets`). It is fast
 (≈ 3.6·10⁷ draws/s measured here) but is a floating-point sampler: like every naive float Gaussian
 it is exposed in principle to Mironov-style (2012) attacks on the low-order bits.
 Passing an explicit ``seed`` makes noise reproducible and is for tests and
-benchmarks only: anyone who knows the seed can subtract the noise.
+benchmarks only: anyone who knows the seed can subtract the noise. Such a
+sampler says so in its name (:data:`SEEDED_NAME`, copied into every snapshot's
+privacy report) and :func:`make_sampler` emits an :class:`InsecureNoiseWarning`.
+
+Sampler names, as they appear in privacy reports:
+
+* ``"opendp-gaussian"`` — OpenDP's vetted sampler (the default);
+* ``"numpy-pcg64-csprng"`` — the fast sampler, seeded from the OS CSPRNG;
+* ``"numpy-pcg64-seeded-INSECURE-reproducible"`` — the fast sampler with a
+  known seed: NOT private, tests and benchmarks only.
 """
 from __future__ import annotations
 
 import secrets
+import warnings
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -34,13 +44,25 @@ class GaussianSampler(Protocol):
         ...
 
 
-class CSPRNGGaussianSampler:
-    """PCG64 seeded with 128 bits from the OS CSPRNG (or an explicit test seed)."""
+CSPRNG_NAME = "numpy-pcg64-csprng"
+SEEDED_NAME = "numpy-pcg64-seeded-INSECURE-reproducible"
 
-    name = "numpy-pcg64-csprng-seeded"
+
+class InsecureNoiseWarning(UserWarning):
+    """Noise from a known seed: reproducible, hence no privacy guarantee."""
+
+
+class CSPRNGGaussianSampler:
+    """PCG64 seeded with 128 bits from the OS CSPRNG (or an explicit test seed).
+
+    ``name`` is :data:`CSPRNG_NAME`, or :data:`SEEDED_NAME` when a seed was given.
+    """
+
+    name = CSPRNG_NAME
 
     def __init__(self, seed: int | None = None) -> None:
         self.reproducible = seed is not None
+        self.name = SEEDED_NAME if self.reproducible else CSPRNG_NAME
         if seed is None:
             seed = secrets.randbits(128)
         self._rng = np.random.Generator(np.random.PCG64(seed))
@@ -65,6 +87,9 @@ def make_sampler(kind: str = "opendp", seed: int | None = None) -> GaussianSampl
     implies the fast sampler, since OpenDP's sampler cannot be seeded.
     """
     if seed is not None:
+        warnings.warn(f"noise_seed={seed}: reproducible noise ({SEEDED_NAME}) - anyone who knows "
+                      "the seed can subtract the noise; tests and benchmarks only, never production",
+                      InsecureNoiseWarning, stacklevel=2)
         return CSPRNGGaussianSampler(seed)
     if kind == "opendp":
         return OpenDPGaussianSampler()

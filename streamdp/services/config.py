@@ -27,7 +27,10 @@ class ServiceConfig:
     """Everything a streamdp deployment must agree on (sketchers and release service).
 
     Model (public): vocabulary, n_topics, alpha0, oversampling, seed.
-    Privacy: epsilon (None = non-private), delta, horizon, sampler, ledger.
+    Privacy: epsilon, delta, horizon, sampler, ledger. Non-private only when asked for in so
+    many words: ``non_private=True`` together with ``epsilon=None``. Reproducible noise
+    (``noise_seed``) only with ``insecure_reproducible_noise=True`` and ``non_production=True``.
+    Trust boundary: ``metrics_exact_counts=False`` drops data-dependent exact counts from /metrics.
     Time: stream_start, epoch_seconds, lateness.
     Kafka: bootstrap, topic_prefix, group_id.
     """
@@ -42,10 +45,13 @@ class ServiceConfig:
     oversampling: int | None = None
     seed: int = 0
     epsilon: float | None = 1.0
+    non_private: bool = False
     delta: float = 1e-6
     horizon: int = 1024
     sampler: str = "opendp"
     noise_seed: int | None = None
+    insecure_reproducible_noise: bool = False
+    non_production: bool = False
     clip_quantile: float = 0.97
     clip_budget_share: float = 0.05
     stream_start: float = 0.0
@@ -58,10 +64,13 @@ class ServiceConfig:
     max_document_bytes: int = 1 << 20
     max_document_tokens: int = 100_000
     max_future_seconds: float = 300.0
+    require_broker_time: bool | None = None     # None: required unless non_production (issue 15)
+    control_key_file: str = ""                   # HMAC key of control messages (a Secret)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0
     poll_seconds: float = 1.0
     liveness_seconds: float = 120.0
+    metrics_exact_counts: bool = True
     kafka: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -78,8 +87,33 @@ class ServiceConfig:
             bad("n_topics", f"must be an integer >= 1, got {self.n_topics!r}")
         if not (self.alpha0 > 0 and math.isfinite(self.alpha0)):
             bad("alpha0", f"must be a finite number > 0, got {self.alpha0!r}")
-        if self.epsilon is not None and not (self.epsilon > 0 and math.isfinite(self.epsilon)):
-            bad("epsilon", f"must be > 0 (or null for a non-private deployment), got {self.epsilon!r}")
+        for name in ("non_private", "insecure_reproducible_noise", "non_production",
+                     "metrics_exact_counts"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, f"must be true or false, got {getattr(self, name)!r}")
+        if self.epsilon is None:
+            if not self.non_private:
+                bad("epsilon", "is null/blank, which would run NON-PRIVATE (no clipping, no noise): "
+                               "set a number > 0 (e.g. 1.0) for a private deployment; a non-private "
+                               "deployment must say so with non_private: true (and epsilon: null)")
+        elif self.non_private:
+            bad("non_private", f"is true but epsilon is {self.epsilon!r}: a deployment is either "
+                               "private (epsilon > 0, non_private false) or non-private "
+                               "(non_private: true, epsilon: null) - remove one of the two")
+        elif (isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float))
+              or not (self.epsilon > 0 and math.isfinite(self.epsilon))):
+            bad("epsilon", f"must be a number > 0 (e.g. 1.0), got {self.epsilon!r}; for a "
+                           "non-private deployment set non_private: true and epsilon: null")
+        if self.noise_seed is not None:
+            if isinstance(self.noise_seed, bool) or not isinstance(self.noise_seed, int):
+                bad("noise_seed", f"must be an integer or null, got {self.noise_seed!r}")
+            if not (self.insecure_reproducible_noise and self.non_production):
+                bad("noise_seed", "makes the noise reproducible: anyone who knows the seed can "
+                                  "subtract it and read the raw statistics. It is for tests and "
+                                  "benchmarks only and needs BOTH insecure_reproducible_noise: true "
+                                  "and non_production: true; in production remove noise_seed")
+        if self.insecure_reproducible_noise and not self.non_production:
+            bad("insecure_reproducible_noise", "needs non_production: true (never in production)")
         if not 0 < self.delta < 1:
             bad("delta", f"must be in (0, 1), got {self.delta!r}")
         if not (isinstance(self.horizon, int) and self.horizon >= 1):
@@ -109,6 +143,11 @@ class ServiceConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 bad(name, f"must be a number of seconds > 0, got {v!r}")
+        if self.require_broker_time is not None and not isinstance(self.require_broker_time, bool):
+            bad("require_broker_time", f"must be true, false or null (= true unless non_production), "
+                                       f"got {self.require_broker_time!r}")
+        if not isinstance(self.control_key_file, str):
+            bad("control_key_file", f"must be the path of the control-key file, got {self.control_key_file!r}")
         if not (isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535):
             bad("metrics_port", f"must be a TCP port 0..65535 (0 = any free port), got {self.metrics_port!r}")
 
@@ -117,11 +156,28 @@ class ServiceConfig:
     def private(self) -> bool:
         return self.epsilon is not None
 
+    def privacy_fields(self) -> dict:
+        """What every snapshot's privacy report says about this deployment's mode, in words."""
+        out = {"private": self.private, "non_private": not self.private}
+        if not self.private:
+            out["privacy_mode"] = ("NON-PRIVATE: no clipping, no noise - this snapshot is an "
+                                   "exact function of the documents and carries NO privacy guarantee")
+        else:
+            out["privacy_mode"] = "private"
+        if self.noise_seed is not None:
+            out["insecure_reproducible_noise"] = True
+            out["non_production"] = True
+            out["privacy_mode"] += (" (INSECURE reproducible noise from a known seed: "
+                                    "non-production only, no privacy guarantee)")
+        return out
+
     def client(self, role: str, **overrides) -> dict:
         """confluent-kafka configuration for ``role`` with the deployment's extra ``kafka``
         properties (security: SASL/TLS) applied to every client."""
+        from streamdp.kafka.connectivity import client_extras
         from streamdp.kafka.topics import client_config
-        return client_config(self.bootstrap, role, **{**self.kafka, **overrides})
+        return client_config(self.bootstrap, role,
+                             **{**client_extras(self.bootstrap), **self.kafka, **overrides})
 
     def state_store(self):
         """The deployment's StateStore, its clients configured with the ``kafka`` properties."""
@@ -129,8 +185,10 @@ class ServiceConfig:
         from streamdp.kafka.state_store import StateStore
         producer = Producer(self.client("producer", **{
             "enable.idempotence": True, "acks": "all", "linger.ms": 5}))
+        from streamdp.kafka.connectivity import client_extras
         return StateStore(producer, self.bootstrap, self.topics.state,
-                          consumer_overrides=dict(self.kafka), owns_producer=True)
+                          consumer_overrides={**client_extras(self.bootstrap), **self.kafka},
+                          owns_producer=True)
 
     @property
     def topics(self) -> TopicNames:
@@ -139,7 +197,14 @@ class ServiceConfig:
     @property
     def routing(self) -> Routing:
         return Routing(EpochClock(float(self.stream_start), float(self.epoch_seconds)),
-                       float(self.lateness))
+                       float(self.lateness), float(self.max_future_seconds))
+
+    @property
+    def broker_time_required(self) -> bool:
+        """Refuse producer-stamped (CreateTime) documents: unless non_production (docs/operations.md §Time)."""
+        if self.require_broker_time is not None:
+            return self.require_broker_time
+        return not getattr(self, "non_production", False)
 
     def k_prime(self, d: int) -> int:
         over = self.n_topics if self.oversampling is None else self.oversampling
@@ -185,14 +250,85 @@ def from_mapping(values: dict, *, env: dict | None = None) -> ServiceConfig:
         if raw is None:
             continue
         default = getattr(ServiceConfig, name, None) if not isinstance(f.default_factory, type) else None
+        if not raw.strip():
+            raise ConfigError(
+                f"environment STREAMDP_{name.upper()} is set but blank: unset it to keep the "
+                f"configuration file's {name!r}, or give it a value"
+                + (" (a number > 0; a non-private deployment sets STREAMDP_NON_PRIVATE=true and "
+                   "STREAMDP_EPSILON=null)" if name == "epsilon" else ""))
         try:
             merged[name] = _parse_env(raw, f.type, default)
         except ValueError as exc:
             raise ConfigError(f"environment STREAMDP_{name.upper()}={raw!r}: {exc}") from exc
+    for name, v in merged.items():
+        if isinstance(v, str) and not v.strip() and not str(names[name].type).startswith("str"):
+            raise ConfigError(f"configuration field {name!r} is blank: give it a value or remove it"
+                              + (" (epsilon: a number > 0; a non-private deployment says "
+                                 "non_private: true and epsilon: null)" if name == "epsilon" else ""))
+    if merged.get("non_private") is True and "epsilon" not in merged:
+        merged["epsilon"] = None        # non_private: true alone means what it says
     try:
         return ServiceConfig(**merged)
     except TypeError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+PRIVACY_MODE_KEY = "deployment/privacy"
+
+
+def check_privacy_mode(cfg: ServiceConfig, store=None, *, role: str = "release") -> None:
+    """Start-up check of the deployment's privacy mode (call before any budget is spent).
+
+    * non-private or reproducible-noise configurations log a WARNING, in words;
+    * a non-private service refuses to start on a deployment that is private: its
+      ledger (release service) holds a budget or spending, or its state topic holds the
+      private-deployment marker, a private (DP range finder) subspace or clip bounds;
+    * a private release service writes the marker (``deployment/privacy``) to the state
+      topic once, so a later non-private service is refused even if the ledger is lost.
+    """
+    import logging
+    log = logging.getLogger(f"streamdp.{role}")
+    if cfg.noise_seed is not None:
+        log.warning("INSECURE REPRODUCIBLE NOISE: noise_seed=%s with insecure_reproducible_noise "
+                    "and non_production set. Anyone who knows the seed can remove the noise; "
+                    "these snapshots carry no privacy guarantee. Never run this in production.",
+                    cfg.noise_seed)
+    if cfg.private:
+        if store is not None and role == "release":
+            rec = store.read_latest(PRIVACY_MODE_KEY)
+            if rec is None:
+                store.write(PRIVACY_MODE_KEY, b"", meta={
+                    "private": True, "epsilon": cfg.epsilon, "delta": cfg.delta})
+        return
+    log.warning("NON-PRIVATE deployment (non_private: true): no clipping and no noise; every "
+                "snapshot is an exact function of the documents and is marked non-private. "
+                "Never use this mode for data that needs protection.")
+    evidence = []
+    if role == "release" and cfg.ledger and Path(cfg.ledger).is_file():
+        from streamdp.privacy.ledger import FileLedger
+        kinds = sorted({r.kind for r in FileLedger(cfg.ledger).read()})
+        if kinds:
+            evidence.append(f"the ledger {cfg.ledger!r} holds private budget records ({', '.join(kinds)})")
+    if store is not None:
+        rec = store.read_latest(PRIVACY_MODE_KEY)
+        if rec is not None and rec.meta.get("private"):
+            evidence.append(f"the state topic {cfg.topics.state!r} records a private deployment "
+                            f"(epsilon={rec.meta.get('epsilon')})")
+        from streamdp.services import control
+        sub = store.read_latest(control.SUBSPACE_KEY)
+        if sub is not None:
+            from streamdp.whitening.subspace import Subspace
+            events = Subspace.from_bytes(sub.payload).provenance.get("events") or []
+            clip = sub.meta.get("clip") or {}
+            if events or clip != ClipBounds.unclipped().to_dict():
+                evidence.append(f"the state topic {cfg.topics.state!r} holds a private warm-up "
+                                "subspace (noised, with clip bounds)")
+    if evidence:
+        raise ConfigError(
+            "configuration field 'non_private': this deployment is private - " + "; ".join(evidence)
+            + ". A private deployment can never be switched to non-private (un-noised releases "
+              "would reveal the documents already promised privacy). Keep its epsilon, or start a "
+              "new deployment (new topic_prefix and ledger) for non-private runs.")
 
 
 def load_file(path: str | os.PathLike) -> dict:
@@ -243,8 +379,15 @@ def from_file(path: str | os.PathLike, overrides: dict | None = None, *,
 def _parse_env(raw: str, typ, default):
     import json
     t = str(typ)
-    if raw.lower() in ("null", "none", "") and "None" in t:
+    if raw.strip().lower() in ("null", "none") and "None" in t:
         return None
+    if t.startswith("bool"):
+        low = raw.strip().lower()
+        if low in ("true", "1", "yes", "on"):
+            return True
+        if low in ("false", "0", "no", "off"):
+            return False
+        raise ValueError("must be true or false")
     if t.startswith("int"):
         return int(raw)
     if t.startswith("float"):

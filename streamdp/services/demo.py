@@ -56,7 +56,8 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
         stream_start + np.sort(np.random.default_rng(seed + 1).random(stream_docs)) * epochs * epoch_seconds])
     cfg = ServiceConfig(bootstrap=bootstrap, topic_prefix=prefix, group_id=f"{prefix}-sketchers",
                         vocabulary=str(work / "vocabulary.txt"), n_topics=topics.shape[0],
-                        alpha0=1.0, epsilon=epsilon, delta=1e-6, horizon=epochs,
+                        alpha0=1.0, epsilon=epsilon, non_private=epsilon is None, delta=1e-6,
+                        horizon=epochs,
                         sampler=sampler, stream_start=stream_start, epoch_seconds=epoch_seconds,
                         ledger=str(work / "ledger.jsonl"), snapshot_dir=str(work / "snapshots"),
                         checkpoint_seconds=2.0, poll_seconds=0.5, seed=seed)

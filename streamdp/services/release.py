@@ -48,7 +48,8 @@ from streamdp.privacy.noise import make_sampler
 from streamdp.privacy.tree import HorizonExceeded
 from streamdp.release import BudgetSplit, DenoiseConfig
 from streamdp.services import control
-from streamdp.services.config import ConfigError, ServiceConfig
+from streamdp.kafka.connectivity import OutageGuard, check_bootstrap
+from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode
 from streamdp.services.partition_state import PartitionState
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import PowerMethodConfig
@@ -96,6 +97,7 @@ class ReleaseService:
         self.d = len(self.vocabulary)
         self.k_prime = cfg.k_prime(self.d)
         self.routing = cfg.routing
+        check_bootstrap(cfg.client("admin"))     # fail fast, naming 'bootstrap', before any ledger write
         self.lease = ReleaseLease(cfg.ledger)
         try:
             self.accountant = Accountant(cfg.epsilon, cfg.delta, FileLedger(cfg.ledger)) if cfg.private else None
@@ -105,6 +107,7 @@ class ReleaseService:
             self.health = HealthState(liveness_timeout=cfg.liveness_seconds)
             self.metrics.bind_health(self.health)
             self.store = cfg.state_store()
+            check_privacy_mode(cfg, self.store, role="release")   # never private -> non-private
             self.producer = Producer(cfg.client("producer", **{
                 "enable.idempotence": True, "acks": "all"}))
             # Control messages are read by assignment (no group join delay) from the offset
@@ -188,9 +191,11 @@ class ReleaseService:
         self.server.add_json_route("/snapshot/latest", self.latest_json)
         self.health.set_ready(True, "serving")
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        guard = OutageGuard(self.health, self.cfg.client("admin"), self._stop, name="release",
+                            resync=self._restore, logger=log)     # outages: alive, not ready, retry
         try:
             while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
-                self.step()
+                guard.run(self.step)
                 if until_epoch is not None and self.continual is not None \
                         and self.continual.epoch >= until_epoch:
                     break
@@ -362,7 +367,7 @@ class ReleaseService:
         privacy = dict(snap.privacy)
         privacy.update({"epsilon": self.cfg.epsilon, "delta": self.cfg.delta, "rho_budget": self.rho,
                         "warmup": self.subspace.provenance.get("events", []),
-                        "vocabulary_id": self.vocabulary.id})
+                        "vocabulary_id": self.vocabulary.id, **self.cfg.privacy_fields()})
         if self.accountant is not None:
             privacy["accountant"] = self.accountant.report()
         snap = TopicSnapshot(topic_word=snap.topic_word, alpha=snap.alpha, eigenvalues=snap.eigenvalues,

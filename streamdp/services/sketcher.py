@@ -39,7 +39,8 @@ from streamdp.kafka.state_store import StateStore
 from streamdp.moments.clipping import ClipBounds
 from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
 from streamdp.services import control
-from streamdp.services.config import ConfigError, ServiceConfig
+from streamdp.kafka.connectivity import OutageGuard, check_bootstrap
+from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode
 from streamdp.services.partition_state import LATE, PartitionState, state_key
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch
@@ -89,6 +90,7 @@ class Sketcher:
         self.tokenizer = cfg.tokenizer_()
         self.d = len(self.vocabulary)
         self.k_prime = cfg.k_prime(self.d)
+        check_bootstrap(cfg.client("admin"))     # fail fast, naming 'bootstrap'
         self.routing = cfg.routing
         self.topics = cfg.topics
         self.metrics = ServiceMetrics("sketcher")
@@ -105,6 +107,7 @@ class Sketcher:
         self._last_checkpoint = time.monotonic()
         self._bad_log = RateLimitedLog()
         self.store = cfg.state_store()
+        check_privacy_mode(cfg, self.store, role="sketcher")   # never private -> non-private
         self.producer = Producer(cfg.client("producer", **{
             "enable.idempotence": True, "acks": "all", "linger.ms": 20}))
         self.consumer = Consumer(cfg.client("consumer", **{
@@ -138,9 +141,11 @@ class Sketcher:
         self.consumer.subscribe([self.topics.documents], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        guard = OutageGuard(self.health, self.cfg.client("admin"), self._stop,
+                            name=self.instance, logger=log)     # outages: alive, not ready, retry
         try:
             while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
-                self.step()
+                guard.run(self.step)
             self.checkpoint_all()
         finally:
             self.close()
