@@ -5,12 +5,19 @@ Topics (DESIGN §5), all named ``<prefix>.<role>``:
 ========== ============================================== ==================
 role       content                                         cleanup.policy
 ========== ============================================== ==================
-documents  input documents (one per message)               delete (default)
+documents  input documents (one per message)               delete (default),
+                                                           message.timestamp.type=LogAppendTime
 state      chunked sketch + input offsets per sketcher     **compact**
 snapshots  released (noised) topic models                  delete (default)
 dlq        malformed input with error headers              delete (default)
 control    control messages (release requests, fencing)    delete (default)
 ========== ============================================== ==================
+
+The documents topic is created with ``message.timestamp.type=LogAppendTime``: the
+broker, not the producer, stamps each record, so no producer can move the time
+that closes epochs (issue 15; docs/operations.md §Time). The embedded Tansu broker
+accepts and reports that setting but ignores it (measured: records keep the
+producer's CreateTime), so on it the sketchers' other protections carry the load.
 
 :func:`client_config` raises the client-side message size limits: Tansu accepts
 messages of tens of megabytes once the clients allow them, real Kafka's broker
@@ -83,9 +90,32 @@ class TopicNames:
         return dataclasses.asdict(self)
 
 
+#: Topic config that makes the broker stamp record times (LogAppendTime).
+TIMESTAMP_TYPE = "message.timestamp.type"
+LOG_APPEND_TIME = "LogAppendTime"
+
+
 def topic_configs(names: TopicNames) -> dict[str, dict[str, str]]:
     """The topic-level configuration streamdp requires, by topic name."""
-    return {names.state: {"cleanup.policy": "compact"}}
+    return {names.state: {"cleanup.policy": "compact"},
+            names.documents: {TIMESTAMP_TYPE: LOG_APPEND_TIME}}
+
+
+def check_broker_time(bootstrap_or_admin: str | AdminClient, topic: str, *, timeout: float = 15.0) -> None:
+    """Raise :class:`TopicConfigError` unless ``topic`` has ``message.timestamp.type=LogAppendTime``.
+
+    A CreateTime documents topic lets every producer choose the time that closes
+    epochs; a production deployment refuses to start on one.
+    """
+    got = describe_topic_config(bootstrap_or_admin, topic, timeout=timeout).get(TIMESTAMP_TYPE)
+    if got != LOG_APPEND_TIME:
+        raise TopicConfigError(
+            f"documents topic {topic!r} has {TIMESTAMP_TYPE}={got or 'CreateTime (broker default)'}: "
+            "producers choose its record times, and one record stamped in the future could close "
+            "epochs early. Fix: kafka-configs --bootstrap-server <b> --alter --entity-type topics "
+            f"--entity-name {topic} --add-config {TIMESTAMP_TYPE}={LOG_APPEND_TIME} (Strimzi: set it "
+            "in the KafkaTopic's config, k8s/base/topics.yaml); or, for a non-production run on the "
+            "embedded broker, set non_production: true (or require_broker_time: false)")
 
 
 # --------------------------------------------------------------------- clients

@@ -5,11 +5,14 @@ one self-sufficient record (``streamdp.kafka.state_store``): the sketches *and*
 the next input offset they cover, so restoring it and seeking there neither loses
 nor double-counts a document.
 
-Routing rule (docs/privacy.md §Continual release, docs/services.md §Epochs)
---------------------------------------------------------------------------
-Each document's role depends only on its own attributes: its event time ``ts``
-and its Kafka record timestamp ``rt`` (when it entered the log):
+Routing rule (docs/privacy.md §Continual release, docs/services.md §Epochs, docs/operations.md §Time)
+----------------------------------------------------------------------------------------------
+:meth:`Routing.route` is the ONE function that decides where a document goes. Each
+document's role depends only on its own attributes — its event time ``ts`` and its
+Kafka record timestamp ``rt`` — and on the service's own clock ``now``:
 
+* ``ts`` or ``rt`` later than ``now + max_future_seconds``, or ``ts`` later than
+  ``rt + max_future_seconds``                            → FUTURE: dead-lettered, never routed;
 * ``ts < stream_start`` and ``rt < stream_start``          → warm-up;
 * ``ts ≥ stream_start`` with epoch e = clock.epoch(ts) and
   ``rt < clock.epoch_end(e) + lateness``                   → stream epoch e;
@@ -20,10 +23,22 @@ documents topic in production; ``streamdp produce`` writes in timestamp order).
 Then once a partition's progress (largest ``rt`` consumed) passes an epoch's close
 time, no on-time document of that epoch can follow on it, and the release service
 can close the epoch knowing every on-time document is in the sketches.
+
+Time that one document cannot move (issue 15): a partition's progress is *capped by
+the service's own wall clock* (:meth:`Routing.advance_progress`, and again by the
+release service's clock in :func:`effective_progress`), so a record stamped in the
+future can never make an epoch closable before ``epoch_end + lateness`` has passed on
+the service clock; such a record is dead-lettered anyway.
+
+Fencing (zombie sketchers): every checkpoint carries the writer's fencing token
+(:func:`fencing_token`: the consumer-group generation in which the writer was
+assigned the partition) and its ``next_offset``; :func:`select_state` is the one rule
+that accepts or rejects a state record against the newest accepted one.
 """
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +46,7 @@ import scipy.sparse as sp
 
 from streamdp import serialization as ser
 from streamdp.documents import MIN_DOC_LENGTH
+from streamdp.messages import InvalidMessage
 from streamdp.moments.clipping import ClipBounds
 from streamdp.moments.sketch import WhitenedSketch
 from streamdp.privacy.epochs import WARMUP_EPOCH, EpochClock
@@ -40,18 +56,38 @@ from streamdp.whitening.warmup import WarmupSketch
 KIND = "partition_state"
 VERSION = 1
 LATE = -1          # route code for late documents
+FUTURE = -2        # route code for documents dead-lettered for a time in the future
+
+#: Dead-letter error classes of the routing rule (record-level, not document decoding).
+FUTURE_TIMESTAMP = "future_timestamp"
+PRODUCER_TIMESTAMP = "producer_timestamp"
+
+
+class RecordTimeRejected(InvalidMessage):
+    """A record refused for its time: ``future_timestamp`` or ``producer_timestamp``."""
+
+    def __init__(self, error_class: str, message: str):
+        if error_class not in (FUTURE_TIMESTAMP, PRODUCER_TIMESTAMP):
+            raise ValueError(f"unknown record-time error class {error_class!r}")
+        ser.SchemaError.__init__(self, error_class, message)
+        self.error_class = error_class
+        self.message = message
 
 
 @dataclass(frozen=True)
 class Routing:
-    """The public routing configuration (stream start, epoch length, lateness)."""
+    """The public routing configuration (stream start, epoch length, lateness, future bound)."""
 
     clock: EpochClock
     lateness: float = 0.0
+    max_future_seconds: float = 300.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.lateness) and self.lateness >= 0):
             raise ValueError(f"lateness must be a finite number of seconds >= 0, got {self.lateness!r}")
+        if not (math.isfinite(self.max_future_seconds) and self.max_future_seconds > 0):
+            raise ValueError(f"max_future_seconds must be a finite number of seconds > 0, "
+                             f"got {self.max_future_seconds!r}")
 
     def close_time(self, epoch: int) -> float:
         """Record time after which no on-time document of ``epoch`` (0 = warm-up) can arrive."""
@@ -59,14 +95,53 @@ class Routing:
             return self.clock.stream_start
         return self.clock.epoch_end(epoch) + self.lateness
 
-    def route(self, ts: np.ndarray, rt: np.ndarray) -> np.ndarray:
-        """0 = warm-up, e ≥ 1 = stream epoch e, LATE = dropped (per document, own attributes)."""
+    def route(self, ts: np.ndarray, rt: np.ndarray, now: float | None = None) -> np.ndarray:
+        """THE routing rule: 0 = warm-up, e ≥ 1 = stream epoch e, LATE = dropped,
+        FUTURE = dead-letter (a time beyond the service clock ``now`` + max_future_seconds).
+
+        Per document, from its own ``ts`` and ``rt`` and the service clock only: no other
+        document, however it is stamped, changes this document's route.
+        """
+        now = time.time() if now is None else float(now)
         ts = np.asarray(ts, dtype=np.float64)
         rt = np.asarray(rt, dtype=np.float64)
-        epochs = self.clock.epochs(ts)
+        future = ((ts > now + self.max_future_seconds) | (rt > now + self.max_future_seconds)
+                  | (ts > rt + self.max_future_seconds))
+        epochs = self.clock.epochs(np.where(future, self.clock.stream_start, ts))
         close = np.where(epochs == WARMUP_EPOCH, self.clock.stream_start,
                          self.clock.stream_start + epochs * self.clock.epoch_seconds + self.lateness)
-        return np.where(rt < close, epochs, LATE)
+        return np.where(future, FUTURE, np.where(rt < close, epochs, LATE))
+
+    @staticmethod
+    def advance_progress(progress: float, record_times, now: float | None = None) -> float:
+        """A partition's new progress after consuming records with ``record_times``:
+        the largest record time, but never beyond the service clock ``now`` — one
+        record stamped in the future cannot make any epoch closable early."""
+        now = time.time() if now is None else float(now)
+        rts = np.asarray(record_times, dtype=np.float64)
+        rts = rts[np.isfinite(rts)]
+        if not rts.size:
+            return progress
+        return max(progress, min(float(rts.max()), now))
+
+    def future_reason(self, ts: float, rt: float, now: float) -> str:
+        """Why :meth:`route` said FUTURE (for the dead-letter message)."""
+        if rt > now + self.max_future_seconds:
+            return (f"record timestamp {rt:.3f} is more than {self.max_future_seconds:g} s after the "
+                    f"service clock {now:.3f}")
+        if ts > now + self.max_future_seconds:
+            return (f"document ts {ts:.3f} is more than {self.max_future_seconds:g} s after the "
+                    f"service clock {now:.3f}")
+        return (f"document ts {ts:.3f} is more than {self.max_future_seconds:g} s after its record "
+                f"timestamp {rt:.3f}")
+
+
+def effective_progress(progress: float | None, now: float | None = None) -> float | None:
+    """A partition's progress as the release service may use it: capped by its own clock."""
+    if progress is None:
+        return None
+    now = time.time() if now is None else float(now)
+    return min(float(progress), now)
 
 
 @dataclass
@@ -82,6 +157,7 @@ class PartitionState:
     epochs : dict[int, WhitenedSketch] open stream epochs not yet released
     closed_through : int  epochs the release service has closed (their sketches dropped)
     counters : dict       documents, tokens, unknown_tokens, late, empty, dlq
+    fence : int           fencing token of the writer (:func:`fencing_token`)
     """
 
     topic: str
@@ -94,6 +170,7 @@ class PartitionState:
     counters: dict[str, int] = field(default_factory=lambda: {
         "documents": 0, "warmup_documents": 0, "tokens": 0, "unknown_tokens": 0, "late": 0,
         "empty": 0, "dlq": 0})
+    fence: int = 0
 
     @property
     def key(self) -> str:
@@ -109,6 +186,8 @@ class PartitionState:
         the release service already closed are late.
         """
         routes = np.where((routes > 0) & (routes <= self.closed_through), LATE, routes)
+        if np.any(routes == FUTURE):
+            raise ValueError("FUTURE-routed documents must be dead-lettered, not added")
         out = {"warmup": 0, "stream": 0, "late": int(np.sum(routes == LATE)), "short": 0}
         short = (np.asarray(X.sum(axis=1)).ravel() < MIN_DOC_LENGTH) if X.shape[0] else np.zeros(0, bool)
         for r in np.unique(routes):
@@ -155,6 +234,7 @@ class PartitionState:
             "warmup": None if self.warmup is None else self.warmup.to_bytes(),
             "epochs": [[e, sk.to_bytes()] for e, sk in sorted(self.epochs.items())],
             "closed_through": self.closed_through, "counters": self.counters,
+            "fence": self.fence,
         })
 
     @classmethod
@@ -168,14 +248,49 @@ class PartitionState:
                    progress=-math.inf if obj["progress"] is None else float(obj["progress"]),
                    warmup=None if obj["warmup"] is None else WarmupSketch.from_bytes(obj["warmup"]),
                    epochs={int(e): WhitenedSketch.from_bytes(b, subspace) for e, b in obj["epochs"]},
-                   closed_through=int(obj["closed_through"]), counters=dict(obj["counters"]))
+                   closed_through=int(obj["closed_through"]), counters=dict(obj["counters"]),
+                   fence=int(obj.get("fence", 0)))
 
     def meta(self) -> dict:
         """Small manifest metadata: lets the release service check progress cheaply."""
         return {"topic": self.topic, "partition": self.partition, "next_offset": self.next_offset,
                 "progress": None if self.progress == -math.inf else self.progress,
                 "epochs": sorted(self.epochs), "warmup": self.warmup is not None,
-                "closed_through": self.closed_through}
+                "closed_through": self.closed_through, "fence": self.fence}
+
+
+def fencing_token(group_generation: int | None, restored_fence: int = 0) -> int:
+    """The fencing token of a writer assigned a partition in consumer-group generation
+    ``group_generation``, having restored a record with token ``restored_fence``.
+
+    Within one consumer group the generation grows at every rebalance, so a member
+    that lost the partition (a zombie) holds a smaller token than the new owner. The
+    max with the restored token keeps tokens monotonic if the group is ever re-created
+    (generations restart at 0); a zombie from *before* such a re-creation may then tie
+    with the new owner (documented limit, docs/operations.md §Time and fencing).
+    """
+    return max(int(group_generation or 0), int(restored_fence or 0))
+
+
+def select_state(accepted, candidate):
+    """THE fencing rule for sketch-state records of one partition (DESIGN §5, issue 15).
+
+    ``accepted`` is the newest record accepted so far (None if none) and ``candidate``
+    a newer one read from the state topic; both have ``.meta`` with ``fence`` and
+    ``next_offset``. The candidate is rejected when its fencing token *or* its
+    ``next_offset`` goes backwards: it was written by a zombie (a sketcher that lost
+    the partition and still checkpointed) or is older than what was already used.
+    Returns ``(chosen, rejected)``. Used by the sketcher's restore and by the release
+    service's partition view.
+    """
+    if candidate is None:
+        return accepted, False
+    if accepted is None or accepted is candidate:
+        return candidate, False
+    a, c = accepted.meta, candidate.meta
+    if int(c.get("fence", 0)) < int(a.get("fence", 0)) or int(c["next_offset"]) < int(a["next_offset"]):
+        return accepted, True
+    return candidate, False
 
 
 def state_key(topic: str, partition: int) -> str:

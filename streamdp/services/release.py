@@ -248,7 +248,19 @@ class ReleaseService:
     def _newest_epoch(states: dict) -> int:
         return max([max(r.meta["epochs"] or [0]) for r in states.values()] or [0])
 
+    def _control_key(self) -> bytes:
+        """The deployment's control key (control.load_key), loaded at the first step: a
+        production deployment without ``control_key_file`` stops here with ConfigError."""
+        key = getattr(self, "_control_key_bytes", None)
+        if key is None:
+            try:
+                key = self._control_key_bytes = control.load_key(self.cfg)
+            except control.ControlKeyError as exc:
+                raise ConfigError(str(exc)) from None
+        return key
+
     def _read_control(self) -> None:
+        key = self._control_key()
         for m in self.control_consumer.consume(num_messages=100, timeout=0):
             if m.error() is not None:
                 continue
@@ -258,6 +270,16 @@ class ReleaseService:
             except ser.SchemaError as exc:
                 log.warning("ignored bad control message: %s", exc)
                 continue
+            if msg["type"] in control.RELEASE_TYPES:
+                continue                      # this service's own messages to the sketchers
+            if not control.authentic(msg, key):
+                self.control_rejected = getattr(self, "control_rejected", 0) + 1
+                if not self.cfg.non_production:
+                    log.warning("ignored unauthenticated %s control message at offset %d (no valid "
+                                "MAC under this deployment's control key)", msg["type"], m.offset())
+                    continue
+                log.warning("accepting unauthenticated %s control message at offset %d "
+                            "(non_production only)", msg["type"], m.offset())
             if msg["type"] == "flush":
                 self.flush_requested = True
             elif msg["type"] == "close":
@@ -265,8 +287,24 @@ class ReleaseService:
 
     def _partition_view(self):
         """Latest sketcher state per documents partition, and the partition list."""
+        from streamdp.services.partition_state import effective_progress, select_state
         found = self.store.read_all_latest(prefix=f"sketch/{self.topics.documents}/")
-        states = {int(r.meta["partition"]): r for r in found.values()}
+        accepted = getattr(self, "_accepted_states", None)
+        if accepted is None:
+            accepted = self._accepted_states = {}
+        now = time.time()
+        states = {}
+        for r in found.values():
+            p = int(r.meta["partition"])
+            chosen, rejected = select_state(accepted.get(p), r)
+            if rejected:       # a zombie sketcher's checkpoint: keep the newest accepted record
+                log.warning("partition %d: ignored a state record that goes backwards (fence %s, "
+                            "next_offset %s < accepted %s, %s)", p, r.meta.get("fence"),
+                            r.meta["next_offset"], chosen.meta.get("fence"), chosen.meta["next_offset"])
+            accepted[p] = chosen
+            # progress as this service may use it: never beyond its own clock
+            states[p] = chosen._replace(meta={**chosen.meta,
+                                              "progress": effective_progress(chosen.meta.get("progress"), now)})
         md = self.probe.list_topics(self.topics.documents, timeout=10)
         return states, sorted(md.topics[self.topics.documents].partitions)
 
@@ -432,5 +470,6 @@ class ReleaseService:
                 "privacy": s.privacy}
 
     def _send_control(self, type_: str, **fields) -> None:
-        self.producer.produce(self.topics.control, value=control.encode(type_, **fields))
+        self.producer.produce(self.topics.control,
+                              value=control.encode(type_, key=self._control_key(), **fields))
         self.producer.flush(10)

@@ -19,19 +19,38 @@ Commit and checkpoint semantics (the one place they are stated)
 * Stream documents that arrive before the subspace exists pause their
   partition (seeked back to that document) until the release service
   announces ``subspace_ready``.
+
+Time, fencing and control (issue 15; docs/operations.md §Time, §Kafka ACLs)
+--------------------------------------------------------------------------
+* Routing is :meth:`Routing.route` (one rule): a record or document time beyond
+  the service clock + ``max_future_seconds`` is dead-lettered (``future_timestamp``);
+  a partition's progress never passes this process's wall clock. Where broker
+  time is required (``require_broker_time``, default: unless ``non_production``)
+  the documents topic must be LogAppendTime (checked at start-up) and a
+  CreateTime record is dead-lettered (``producer_timestamp``).
+* Every checkpoint carries a fencing token (the consumer-group generation of the
+  assignment) and its next_offset; on restore :func:`select_state` rejects a
+  record that goes backwards against one this process accepted. Before writing,
+  the offset commit (which the group coordinator refuses from a member that lost
+  its partitions) acts as a fence: a zombie drops its state instead of writing.
+* Control messages from the release service count only with a valid HMAC
+  (``control_key_file``), and even then raw sketches are dropped only through
+  the epoch the release state on the state topic confirms as released.
 """
 from __future__ import annotations
 
 import logging
 import math
 import signal
+import sys
 import threading
 import time
 import uuid
 from collections import defaultdict
 
 import numpy as np
-from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import (OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, TIMESTAMP_NOT_AVAILABLE, Consumer,
+                             KafkaError, KafkaException, Producer, TopicPartition)
 
 from streamdp import messages
 from streamdp.documents import MIN_DOC_LENGTH
@@ -41,7 +60,10 @@ from streamdp.observability import HealthState, ObservabilityServer, ServiceMetr
 from streamdp.services import control
 from streamdp.kafka.connectivity import OutageGuard, check_bootstrap
 from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode
-from streamdp.services.partition_state import LATE, PartitionState, state_key
+from streamdp.kafka.topics import TopicConfigError, check_broker_time
+from streamdp.services.partition_state import (FUTURE, FUTURE_TIMESTAMP, LATE, PRODUCER_TIMESTAMP,
+                                               PartitionState, RecordTimeRejected, fencing_token,
+                                               select_state, state_key)
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch
 
@@ -106,6 +128,19 @@ class Sketcher:
         self._stop = threading.Event()
         self._last_checkpoint = time.monotonic()
         self._bad_log = RateLimitedLog()
+        try:
+            self.control_key = control.load_key(cfg)
+        except control.ControlKeyError as exc:
+            raise ConfigError(str(exc)) from None
+        self.control_rejected = 0           # unauthenticated / unconfirmed control messages
+        self.fenced_writes = 0              # checkpoints refused because the partition was lost
+        self._accepted: dict[int, object] = {}     # newest state record accepted per partition
+        self.broker_time = cfg.broker_time_required
+        if self.broker_time:
+            try:
+                check_broker_time(cfg.client("admin"), cfg.topics.documents)
+            except TopicConfigError as exc:
+                raise ConfigError(str(exc)) from None
         self.store = cfg.state_store()
         check_privacy_mode(cfg, self.store, role="sketcher")   # never private -> non-private
         self.producer = Producer(cfg.client("producer", **{
@@ -167,14 +202,24 @@ class Sketcher:
         self.health.beat()
         found = self.store.read_all_latest(prefix=f"sketch/{self.topics.documents}/")
         self.health.beat()
+        generation = group_generation(consumer)
         for tp in partitions:
-            rec = found.get(state_key(tp.topic, tp.partition))
+            rec, rejected = select_state(self._accepted.get(tp.partition),
+                                         found.get(state_key(tp.topic, tp.partition)))
+            if rejected:
+                log.warning("%s: partition %d: the newest state record goes backwards (fence/next_offset "
+                            "%s/%s < accepted %s/%s): a zombie wrote it; restoring the accepted one",
+                            self.instance, tp.partition, found[state_key(tp.topic, tp.partition)]
+                            .meta.get("fence"), found[state_key(tp.topic, tp.partition)].meta["next_offset"],
+                            rec.meta.get("fence"), rec.meta["next_offset"])
             if rec is not None:
                 st = PartitionState.from_bytes(rec.payload, self.subspace)
+                self._accepted[tp.partition] = rec
                 tp.offset = st.next_offset
             else:
                 st = PartitionState(tp.topic, tp.partition)
                 tp.offset = OFFSET_BEGINNING
+            st.fence = fencing_token(generation, st.fence)
             st.forget_closed(self.closed_through, self.warmup_closed)
             self.states[tp.partition] = st
         consumer.assign(partitions)
@@ -225,19 +270,25 @@ class Sketcher:
         docs, msg_of_doc, rts = [], [], []
         batch_rt = []        # every message's record time (nan if none), read once
         bad: list[tuple[object, messages.InvalidMessage]] = []
+        now = time.time()                  # the service clock, read once per batch
         for m in batch:
-            rt = _record_time(m)
+            kind, rt = _record_time(m)
             batch_rt.append(math.nan if rt is None else rt)
             try:
+                if self.broker_time and kind != TIMESTAMP_LOG_APPEND_TIME:
+                    raise RecordTimeRejected(
+                        PRODUCER_TIMESTAMP, "record time set by the producer (CreateTime), but this "
+                        "deployment routes by broker time only: the documents topic must have "
+                        "message.timestamp.type=LogAppendTime (docs/operations.md §Time)")
                 value = m.value()
                 if value is None:
                     raise messages.InvalidMessage(messages.MALFORMED_MSGPACK, "null record value")
                 doc = messages.decode_document(value, max_bytes=self.cfg.max_document_bytes,
                                                max_tokens=self.cfg.max_document_tokens)
-                if rt is not None and doc.ts > rt + self.cfg.max_future_seconds:
-                    raise messages.InvalidMessage(
-                        messages.INVALID_VALUE, f"document ts {doc.ts} is more than "
-                        f"{self.cfg.max_future_seconds:g} s after its record timestamp {rt}")
+                t_rec = doc.ts if rt is None else rt
+                if self.routing.route([doc.ts], [t_rec], now)[0] == FUTURE:
+                    raise RecordTimeRejected(FUTURE_TIMESTAMP,
+                                             self.routing.future_reason(doc.ts, t_rec, now))
             except messages.InvalidMessage as exc:
                 bad.append((m, exc))
                 continue
@@ -249,7 +300,7 @@ class Sketcher:
         for i, exc in cb.errors:
             bad.append((msg_of_doc[i], exc))
         rt_good = np.asarray(rts, dtype=np.float64)[cb.index] if cb.n_docs else np.zeros(0)
-        routes = self.routing.route(cb.timestamps, rt_good) if cb.n_docs else np.zeros(0, np.int64)
+        routes = self.routing.route(cb.timestamps, rt_good, now) if cb.n_docs else np.zeros(0, np.int64)
 
         # Without a subspace, stream documents cannot be sketched: stop at the first one.
         cut_offset = None
@@ -287,12 +338,10 @@ class Sketcher:
         st.counters["empty"] += n_short
         if processed:
             st.next_offset = last_offset + 1
-            seen = np.asarray(batch_rt[:len(processed)])      # processed = a prefix of the batch
-            seen = seen[~np.isnan(seen)]
-            if seen.size:
-                st.progress = max(st.progress, float(seen.max()))
+            # processed = a prefix of the batch; progress never passes the service clock
+            st.progress = self.routing.advance_progress(st.progress, batch_rt[:len(processed)], now)
         if cut_offset is not None:
-            st.progress = max(st.progress, float(blocker_rt))
+            st.progress = self.routing.advance_progress(st.progress, [blocker_rt], now)
             tp = TopicPartition(self.topics.documents, p, cut_offset)
             self.consumer.pause([TopicPartition(self.topics.documents, p)])
             self.consumer.seek(tp)
@@ -337,22 +386,59 @@ class Sketcher:
             log.info("%s: subspace %s (k'=%d) loaded", self.instance, self.subspace.id, self.subspace.dim)
 
     def _poll_control(self) -> None:
+        through = None
         for m in self.control_consumer.consume(num_messages=100, timeout=0):
             if m.error() is not None:
                 continue
             try:
                 msg = control.decode(m.value())
             except Exception as exc:            # noqa: BLE001 — bad control input is logged, never fatal
-                self._bad_log.warning("ignored bad control message: %s", exc)
+                self._reject_control("ignored bad control message at offset %d: %s", m.offset(), exc)
+                continue
+            if msg["type"] not in control.RELEASE_TYPES:
+                continue                        # operator → release messages
+            if not control.authentic(msg, self.control_key):
+                self._reject_control("ignored unauthenticated %s control message at offset %d "
+                                     "(no valid MAC under this deployment's control key)",
+                                     msg["type"], m.offset())
                 continue
             if msg["type"] == "subspace_ready" and self.subspace is None:
                 self._refresh_subspace()
-            elif msg["type"] == "epochs_closed":
-                self.closed_through = max(self.closed_through, msg["through"])
-                self.warmup_closed = True
-                for p, st in self.states.items():
-                    st.forget_closed(self.closed_through, True)
-                    self.dirty.add(p)
+            elif msg["type"] == "epochs_closed" and (msg["through"] > self.closed_through
+                                                     or not self.warmup_closed):
+                through = max(msg["through"], -1 if through is None else through)
+        if through is not None:
+            self._apply_epochs_closed(through)
+
+    def _reject_control(self, fmt: str, *args) -> None:
+        self.control_rejected += 1
+        self._bad_log.warning(fmt, *args)
+
+    def _apply_epochs_closed(self, through: int) -> None:
+        """Drop raw sketches through ``through`` — but only as far as the release state on
+        the state topic confirms (the control message is a hint, the release state the truth)."""
+        released = self.confirmed_release()
+        if released is None:
+            self._reject_control("epochs_closed through %d not confirmed: no subspace/release state "
+                                 "on the state topic; keeping every raw sketch", through)
+            return
+        if through > released:
+            self._reject_control("epochs_closed through %d, but the release state confirms only %d: "
+                                 "dropping raw sketches through %d only", through, released, released)
+        through = min(through, released)
+        self.closed_through = max(self.closed_through, through)
+        self.warmup_closed = True
+        for p, st in self.states.items():
+            st.forget_closed(self.closed_through, True)
+            self.dirty.add(p)
+
+    def confirmed_release(self) -> int | None:
+        """The last epoch the release state on the state topic records as released
+        (0 = only the warm-up), or None if not even the warm-up is released."""
+        if self.store.read_latest(control.SUBSPACE_KEY) is None:
+            return None
+        rec = self.store.read_latest(control.RELEASE_STATE_KEY)
+        return 0 if rec is None else int(rec.meta.get("epoch") or 0)
 
     # ------------------------------------------------------------ checkpoints
     def checkpoint(self, p: int) -> None:
@@ -362,15 +448,32 @@ class Sketcher:
         # DLQ records for the offsets this checkpoint covers must be durable first.
         if self.producer.flush(30) != 0:
             raise RuntimeError("dead-letter records not acknowledged in 30 s; not checkpointing")
-        payload = st.to_bytes()
-        self.store.write(st.key, payload, meta=st.meta())
-        self.dirty.discard(p)
-        self.metrics.checkpointed(len(payload))
+        # Fence: the group coordinator refuses a commit from a member that lost its
+        # partitions (UNKNOWN_MEMBER_ID / ILLEGAL_GENERATION; measured on Tansu too). A
+        # zombie then drops the partition instead of overwriting the new owner's state;
+        # readers reject what slips through this check (select_state).
         try:
             self.consumer.commit(offsets=[TopicPartition(st.topic, p, st.next_offset)],
                                  asynchronous=False)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() in _FENCED_COMMIT:
+                self.fenced_writes += 1
+                log.warning("%s: partition %d is no longer ours (%s): dropping its state without "
+                            "a checkpoint", self.instance, p, err)
+                self.states.pop(p, None)
+                self.dirty.discard(p)
+                self.paused.discard(p)
+                return
+            log.debug("offset commit failed (state is the truth): %s", exc)
         except Exception as exc:                # noqa: BLE001 — offsets are informational
             log.debug("offset commit failed (state is the truth): %s", exc)
+        payload = st.to_bytes()
+        meta = st.meta()
+        self.store.write(st.key, payload, meta=meta)
+        self._accepted[p] = _Accepted(meta, payload)
+        self.dirty.discard(p)
+        self.metrics.checkpointed(len(payload))
 
     def checkpoint_all(self) -> None:
         for p in list(self.states):
@@ -378,6 +481,29 @@ class Sketcher:
         self._last_checkpoint = time.monotonic()
 
 
-def _record_time(m) -> float | None:
+_FENCED_COMMIT = {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION,
+                  KafkaError.FENCED_INSTANCE_ID}
+
+
+class _Accepted:
+    """A state record this process wrote itself (as the store would return it)."""
+
+    def __init__(self, meta: dict, payload: bytes) -> None:
+        self.meta, self.payload = dict(meta), payload
+
+
+def _record_time(m) -> tuple[int, float | None]:
     kind, ms = m.timestamp()
-    return None if kind == TIMESTAMP_NOT_AVAILABLE else ms / 1000.0
+    return kind, (None if kind == TIMESTAMP_NOT_AVAILABLE else ms / 1000.0)
+
+
+def group_generation(consumer) -> int | None:
+    """The consumer-group generation id of ``consumer`` (librdkafka's serialised group
+    metadata: ``b"CGMDv2:" + int32 generation + ...``, native byte order), or None."""
+    try:
+        raw = consumer.consumer_group_metadata()
+    except Exception:                           # noqa: BLE001
+        return None
+    if isinstance(raw, (bytes, bytearray)) and raw[:7] == b"CGMDv2:" and len(raw) >= 11:
+        return int.from_bytes(raw[7:11], sys.byteorder, signed=True)
+    return None
