@@ -47,7 +47,7 @@ from prometheus_client.exposition import choose_encoder
 __all__ = [
     "ROLES", "SKETCHER", "RELEASE", "MetricSpec", "METRIC_SPECS", "METRIC_NAMES",
     "metric_specs", "names_for_role", "RELEASE_OUTCOMES", "REBALANCE_KINDS", "KNOWN_SKIP_REASONS",
-    "ServiceMetrics", "HealthState", "ObservabilityServer",
+    "ServiceMetrics", "HealthState", "ObservabilityServer", "EXACT_COUNT_METRICS",
 ]
 
 log = logging.getLogger(__name__)
@@ -225,6 +225,30 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
 #: Every metric name, in declaration order.
 METRIC_NAMES: tuple[str, ...] = tuple(s.name for s in METRIC_SPECS)
 
+#: Data-dependent exact counts (the trust boundary, docs/privacy.md): how many documents,
+#: tokens or messages arrived, exactly. Operator-only; a service constructed with
+#: ``exact_counts=False`` (configuration ``metrics_exact_counts: false``) does not export them,
+#: for deployments whose Prometheus is shared more widely than the operators.
+EXACT_COUNT_METRICS: tuple[str, ...] = (
+    DOCUMENTS_TOTAL, DOCUMENTS_SKIPPED_TOTAL, TOKENS_TOTAL, UNKNOWN_TOKENS_TOTAL,
+    BATCH_SIZE_DOCUMENTS, CONSUMER_LAG_MESSAGES, DLQ_MESSAGES_TOTAL, DLQ_DROPPED_TOTAL,
+)
+
+
+class _Dropped:
+    """Stands in for a metric that is not exported (``exact_counts=False``): updates vanish."""
+
+    def labels(self, *args: Any, **kwargs: Any) -> "_Dropped":
+        return self
+
+    def inc(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    observe = set = dec = inc
+
+    def remove(self, *args: Any) -> None:
+        pass
+
 
 def metric_specs(role: str | None = None) -> dict[str, MetricSpec]:
     """``name -> MetricSpec`` for all metrics, or those exported by ``role``."""
@@ -274,6 +298,9 @@ class ServiceMetrics:
         Default: a fresh registry. Never the global ``REGISTRY``.
     health : HealthState, optional
         Source of ``streamdp_last_progress_timestamp_seconds`` (see :meth:`bind_health`).
+    exact_counts : bool
+        False drops the data-dependent exact counts (:data:`EXACT_COUNT_METRICS`) from the
+        exposition: their update methods become no-ops (the trust boundary, docs/privacy.md).
 
     All methods are thread-safe (the stats callback runs in the poll thread,
     scrapes in server threads).
@@ -282,9 +309,10 @@ class ServiceMetrics:
     def __init__(self, role: str, *, version: str | None = None,
                  clock: Callable[[], float] = time.time,
                  registry: CollectorRegistry | None = None,
-                 health: "HealthState | None" = None) -> None:
+                 health: "HealthState | None" = None, exact_counts: bool = True) -> None:
         _check_role(role)
         self.role = role
+        self.exact_counts = bool(exact_counts)
         self.version = version or _package_version()
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self._clock = clock
@@ -298,7 +326,10 @@ class ServiceMetrics:
         self._label_values: dict[str, set[str]] = {}
         self._metrics: dict[str, Any] = {}
         for spec in metric_specs(role).values():
-            self._metrics[spec.name] = self._make(spec)
+            if not self.exact_counts and spec.name in EXACT_COUNT_METRICS:
+                self._metrics[spec.name] = _Dropped()
+            else:
+                self._metrics[spec.name] = self._make(spec)
 
         self._metrics[BUILD_INFO].labels(version=self.version, role=role).set(1)
         self._metrics[LAST_PROGRESS_TIMESTAMP_SECONDS].set_function(self._progress_timestamp)

@@ -201,7 +201,8 @@ def test_private_deployment_cannot_be_switched_to_non_private(kafka_broker, kafk
 
     base = dict(bootstrap=kafka_broker.bootstrap, topic_prefix=kafka_topics.documents.rsplit(".", 1)[0],
                 vocabulary=_vocab(tmp_path), n_topics=3, sampler="fast",
-                ledger=str(tmp_path / "ledger.jsonl"), snapshot_dir=str(tmp_path / "snaps"))
+                ledger=str(tmp_path / "ledger.jsonl"), snapshot_dir=str(tmp_path / "snaps"),
+                non_production=True)
     private = ServiceConfig(**base, epsilon=1.0)
     svc = ReleaseService(private)        # a private deployment: ledger budget + state marker
     svc.close()
@@ -228,7 +229,8 @@ def test_non_private_service_warns_at_start_up(kafka_broker, tmp_path, caplog):
     ensure_topics(kafka_broker.bootstrap, names, partitions=1)
     cfg = ServiceConfig(bootstrap=kafka_broker.bootstrap, topic_prefix=names.documents.rsplit(".", 1)[0],
                         vocabulary=_vocab(tmp_path), n_topics=3, epsilon=None, non_private=True,
-                        ledger=str(tmp_path / "ledger.jsonl"), snapshot_dir=str(tmp_path / "s"))
+                        ledger=str(tmp_path / "ledger.jsonl"), snapshot_dir=str(tmp_path / "s"),
+                        non_production=True)
     with caplog.at_level(logging.WARNING, logger="streamdp"):
         svc = ReleaseService(cfg)
         svc.close()
@@ -242,7 +244,8 @@ def test_every_non_private_snapshot_says_so(kafka_broker, tmp_path):
     from streamdp.services.produce import produce
     corpus = make_corpus(1500, 3000, 2, seed=3)
     names = fresh_topics(kafka_broker.bootstrap)
-    cfg = make_config(tmp_path, kafka_broker.bootstrap, names, corpus, epsilon=None, noise_seed=None)
+    cfg = make_config(tmp_path, kafka_broker.bootstrap, names, corpus, epsilon=None, noise_seed=None,
+                      non_production=True)
     assert cfg.non_private
     pipe = Pipeline(cfg, sketchers=1)
     try:

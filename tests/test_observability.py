@@ -543,3 +543,50 @@ def test_every_declared_metric_is_exported_by_its_role(role):
             exported[f.name + ("_total" if f.type == "counter" else "")] = f.type
     expected = {n: s.type for n, s in metric_specs(role).items()}
     assert exported == expected  # nothing missing, nothing undeclared, types match
+
+
+# ------------------------------------------------------------------ trust boundary
+def test_exact_counts_switch_drops_data_dependent_counts_from_metrics():
+    """metrics_exact_counts: false (a widely shared Prometheus): no exact document counts."""
+    stats = json.dumps({"type": "consumer", "name": "c1", "topics": {"docs": {"partitions": {
+        "0": {"partition": 0, "consumer_lag_stored": 17}}}}})
+    bodies = {}
+    for exact in (True, False):
+        m = ServiceMetrics("sketcher", version="t", exact_counts=exact)
+        m.observe_batch(10, 200, 15, 0.02, partition=0)
+        m.skipped("too_short", 4)
+        m.dlq("MsgpackDecodeError", dropped=True)
+        m.set_lag_from_stats(stats)
+        m.checkpointed(1000)
+        with ObservabilityServer(m, HealthState()) as server:
+            status, _, body = get(server.url + "/metrics")
+            assert status == 200
+            bodies[exact] = body.decode()
+    for name in obs.EXACT_COUNT_METRICS:
+        assert name in bodies[True], name
+        assert name not in bodies[False], name
+    public = {f.name for f in text_string_to_metric_families(bodies[False])}
+    # what stays: health, progress, throughput timing, checkpoints
+    assert {"streamdp_batch_duration_seconds", "streamdp_checkpoints", "streamdp_build_info",
+            "streamdp_last_progress_timestamp_seconds"} <= public
+    assert not re.search(r"\b10(\.0)?\b", "\n".join(
+        l for l in bodies[False].splitlines() if l.startswith("streamdp_") and "bucket" not in l
+        and "duration" not in l and "build_info" not in l))
+
+
+def test_exact_counts_switch_reaches_the_sketcher(kafka_broker, kafka_topics, tmp_path):
+    from streamdp.services.config import from_mapping
+    from streamdp.services.sketcher import Sketcher
+    from streamdp.text.vocabulary import Vocabulary
+    Vocabulary([f"w{i}" for i in range(30)]).save(tmp_path / "v.txt")
+    cfg = from_mapping({"bootstrap": kafka_broker.bootstrap, "vocabulary": str(tmp_path / "v.txt"),
+                        "topic_prefix": kafka_topics.documents.rsplit(".", 1)[0], "n_topics": 2,
+                        "non_production": True},
+                       env={"STREAMDP_METRICS_EXACT_COUNTS": "false"})
+    sk = Sketcher(cfg)
+    try:
+        assert sk.metrics.exact_counts is False
+        body, _ = sk.metrics.exposition()
+        assert b"streamdp_documents_total" not in body and b"streamdp_checkpoints_total" in body
+    finally:
+        sk.close()
