@@ -263,7 +263,8 @@ def run_one(bootstrap: str, kind: str, msgs: list, stream_start: float, vocab: V
     cfg = ServiceConfig(bootstrap=bootstrap, topic_prefix=prefix, group_id=f"{prefix}-sketchers",
                         vocabulary=vocab_path, n_topics=a.k, stream_start=stream_start,
                         epoch_seconds=epoch_seconds, batch_size=a.batch,
-                        checkpoint_seconds=a.checkpoint_seconds, poll_seconds=0.5, seed=a.seed)
+                        checkpoint_seconds=a.checkpoint_seconds, poll_seconds=0.5, seed=a.seed,
+                        non_production=True)       # embedded broker
     timers = Timers()
     undo = install_phase_timers(timers)
     sk = BenchSketcher(cfg, timers, instance=f"bench-{kind}")

@@ -174,8 +174,17 @@ def test_poison_timestamp_30_days_ahead_closes_nothing_early(kafka_broker, tmp_p
     corpus = _live_corpus(1200, now)
     pipe, cfg, names, n = _start_with_subspace(kafka_broker, tmp_path, corpus)
     try:
-        poison = {"id": "poison", "ts": now + THIRTY_DAYS, "text": corpus.texts[-1]}
-        n += produce(kafka_broker.bootstrap, names.documents, [poison])
+        # one poison record per documents partition (an attacker who can produce can do this)
+        from confluent_kafka import Producer
+        from streamdp.kafka.topics import client_config
+        prod = Producer(client_config(kafka_broker.bootstrap, "producer"))
+        for part in (0, 1):
+            prod.produce(names.documents, partition=part, key=f"poison-{part}".encode(),
+                         value=messages.encode_document(f"poison-{part}", now + THIRTY_DAYS,
+                                                        text=corpus.texts[-1]),
+                         timestamp=int((now + THIRTY_DAYS) * 1000))
+        assert prod.flush(10) == 0
+        n += 2
         on_time = _on_time_records(corpus, 500, time.time())
         n += produce(kafka_broker.bootstrap, names.documents, on_time)
         wait_for(lambda: _sketched(pipe) == n, 60, f"all {n} records consumed", check=pipe.check)
@@ -184,7 +193,7 @@ def test_poison_timestamp_30_days_ahead_closes_nothing_early(kafka_broker, tmp_p
         # current epoch and must stay open, whatever the poison record says
         assert pipe.release.continual.epoch == 3, pipe.release.continual.epoch
         dlq = read_topic(kafka_broker.bootstrap, names.dlq)
-        assert [r.headers[messages.HEADER_ERROR_CLASS] for r in dlq] == [b"future_timestamp"]
+        assert [r.headers[messages.HEADER_ERROR_CLASS] for r in dlq] == [b"future_timestamp"] * 2
         assert b"service clock" in dlq[0].headers[messages.HEADER_ERROR_MESSAGE]
         late = sum(st.counters["late"] for s in pipe.sketchers for st in s.states.values())
         assert late == 0
