@@ -553,3 +553,116 @@ def kill_during_checkpoint(p: SketcherProcess, bootstrap: str, state_topic: str,
         return f"SIGKILL after {timeout:.0f} s without a checkpoint (nothing left to do?)"
     finally:
         c.close()
+
+
+# ------------------------------------------------------------------ release service kill points
+#: Named points of one release (spend protocol, streamdp/privacy/spend.py) at which
+#: :class:`ReleaseProcess` SIGKILLs itself, for the release of ``what`` ("tree:epoch=<t>" or
+#: "warmup"):
+#:   after_reserve  - the reservation is durable on the ledger, no noise drawn yet
+#:   after_noise    - noise drawn and the snapshot decomposed, nothing persisted (tree only)
+#:   after_persist  - the release state / subspace is on Kafka, the ledger not yet committed
+#:   after_commit   - committed on the ledger, nothing published yet
+#:   after_publish  - the snapshot is published, ``epochs_closed`` not yet sent (tree only)
+KILL_POINTS = ("after_reserve", "after_noise", "after_persist", "after_commit", "after_publish")
+
+RELEASE_KILLER = r'''
+import json, os, signal, sys
+from pathlib import Path
+
+cfg_values, point, what, marker = (json.loads(Path(sys.argv[1]).read_text()), sys.argv[2],
+                                   sys.argv[3], Path(sys.argv[4]))
+epoch = int(what.split("=")[1]) if what.startswith("tree:epoch=") else 0
+
+def die(where):
+    marker.write_text(where)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+from streamdp.continual import ContinualRelease
+from streamdp.kafka.state_store import StateStore
+from streamdp.privacy.accountant import Accountant
+from streamdp.privacy.spend import SpendSession
+from streamdp.services import control
+from streamdp.services import release as rel
+
+def wrap(cls, name, after):
+    original = getattr(cls, name)
+    def method(self, *a, **kw):
+        out = original(self, *a, **kw)
+        after(self, out, *a, **kw)
+        return out
+    setattr(cls, name, method)
+
+if point == "after_reserve":
+    wrap(Accountant, "reserve", lambda self, tok, *a, **kw: tok.id == what and die(point))
+elif point == "after_noise":
+    wrap(ContinualRelease, "close_epoch", lambda self, snap, *a, **kw: self.epoch == epoch and die(point))
+elif point in ("after_persist", "after_commit"):
+    key = control.SUBSPACE_KEY if what == "warmup" else control.RELEASE_STATE_KEY
+    hit = []
+    def persisted(self, out, k, payload, meta=None):
+        if k == key and (meta or {}).get("epoch", 0) == epoch:
+            if point == "after_persist":
+                die(point)
+            hit.append(k)
+    wrap(StateStore, "write", persisted)
+    wrap(SpendSession, "persisted", lambda self, out: hit and die(point))
+elif point == "after_publish":
+    wrap(rel.ReleaseService, "_publish",
+         lambda self, out, snap, republish=False: (not republish and snap.epoch == epoch) and die(point))
+else:
+    raise SystemExit(f"unknown kill point {point}")
+
+from streamdp.services.config import ServiceConfig
+_svc = rel.ReleaseService(ServiceConfig(**cfg_values))
+Path(str(marker) + ".ready").write_text("ready")
+_svc.run(max_seconds=150, install_signals=True)
+sys.exit(3)                                            # not killed: the test fails
+'''
+
+
+class ReleaseProcess:
+    """A release service subprocess that SIGKILLs itself at ``point`` of the release of
+    ``what`` (see :data:`KILL_POINTS`); ``killed_at()`` reads which point it reached."""
+
+    def __init__(self, cfg: ServiceConfig, workdir: Path, point: str, what: str, name: str = "release"):
+        workdir = Path(workdir)
+        self.cfg_path = workdir / f"{name}.json"
+        self.cfg_path.write_text(json.dumps(cfg_to_json(cfg)))
+        self.script = workdir / f"{name}_killer.py"
+        self.script.write_text(RELEASE_KILLER)
+        self.marker = workdir / f"{name}.killed"
+        self.log_path = workdir / f"{name}.log"
+        self._log = open(self.log_path, "w")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMDP_")}
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                             env.get("PYTHONPATH", "")])
+        self.proc = subprocess.Popen([sys.executable, str(self.script), str(self.cfg_path), point,
+                                      what, str(self.marker)],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def ready(self) -> bool:
+        return Path(str(self.marker) + ".ready").exists() or self.proc.poll() is not None
+
+    def killed_at(self) -> str | None:
+        return self.marker.read_text() if self.marker.exists() else None
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is not None and not self._log.closed:
+                self._log.close()
+
+    def ensure_dead(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        if not self._log.closed:
+            self._log.close()

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -374,121 +373,82 @@ def test_single_release_writer(kafka_broker, tmp_path):
     second.close()
 
 
-# =================================================================== crash between reserve and publish (test 6)
-CRASHING_RELEASE = textwrap.dedent("""
-    import json, os, signal, sys
-    from pathlib import Path
-
-    from streamdp.privacy.accountant import Accountant
-
-    cfg_values, target, ready = json.loads(Path(sys.argv[1]).read_text()), sys.argv[2], Path(sys.argv[3])
-    original = Accountant.reserve
-
-    def reserve(self, events, *, label=""):
-        token = original(self, events, label=label)       # durable (fsync'd) when it returns
-        if label == target:
-            os.kill(os.getpid(), signal.SIGKILL)           # before any noise is drawn
-        return token
-
-    Accountant.reserve = reserve
-    from streamdp.services.config import ServiceConfig
-    from streamdp.services.release import ReleaseService
-
-    svc = ReleaseService(ServiceConfig(**cfg_values))
-    ready.write_text("ready")
-    svc.run(max_seconds=120, install_signals=True)
-    sys.exit(3)                                            # not killed: the test fails
-""")
+# =================================================================== kill -9 at each step of a release (test 6)
+KILL_CASES = [(None, "none")] + [(p, "tree:epoch=1") for p in
+                                 ("after_reserve", "after_noise", "after_persist", "after_commit",
+                                  "after_publish")] + [
+    ("after_reserve", "warmup"), ("after_persist", "warmup")]
 
 
-def test_release_killed_between_reserve_and_publish(kafka_broker, tmp_path):
-    """Kill -9 right after epoch 1's tree nodes are durably reserved, then restart.
+@pytest.mark.parametrize("point,what", KILL_CASES, ids=[f"{p}-{w}" for p, w in KILL_CASES])
+def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, point, what):
+    """SIGKILL the release service at one step of a release, restart it on the same ledger.
 
-    Horizon T = 2 (depth 2, ρ_node = ρ/2). The lost reservation keeps epoch 1's
-    documents at ρ/2. The restart re-closes epoch 1 with a new reservation
-    (ρ/2 + ρ/2 = ρ ≤ budget: accepted, published once), and epoch 2 then needs
-    nodes [2,2] and [1,2]: epoch 1's documents would reach 3ρ/2 > ρ, so the
-    accountant refuses it (refused_budget) and nothing more is published.
+    Horizon T = 2 (depth 2, ρ_node = ρ/2). Before the spend protocol, a kill between
+    reserve and the state write wasted the node's ρ and epoch 2 was refused forever
+    (1 of 2 epochs released). Now: every epoch is released exactly once, every
+    reservation is committed, and the accountant reports what a clean run reports —
+    ρ_budget on the warm-up and on every stream epoch, no more.
     """
+    from crash_helpers import ReleaseProcess
     from streamdp.privacy.accountant import Accountant
-    from streamdp.services.release import ReleaseService
 
     bootstrap = kafka_broker.bootstrap
     corpus = make_corpus(2000, 2000, 2, seed=4)
     names = fresh_topics(bootstrap)
     cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=1.0, horizon=2,
-                      sampler="fast", noise_seed=5)
-    cfg_file, ready = tmp_path / "cfg.json", tmp_path / "ready"
-    cfg_file.write_text(json.dumps({k: getattr(cfg, k) for k in cfg.__dataclass_fields__}))
-    script = tmp_path / "crashing_release.py"
-    script.write_text(CRASHING_RELEASE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                                        os.environ.get("PYTHONPATH", "")])}
-    log = (tmp_path / "release.log").open("w")
-    proc = subprocess.Popen([sys.executable, str(script), str(cfg_file), "tree:epoch=1", str(ready)],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+                      sampler="fast", noise_seed=None, non_production=True)
     sketchers = Pipeline(cfg, sketchers=2, release=False)
-    restarted = None
+    proc, restarted = None, None
     try:
+        if point is not None:
+            proc = ReleaseProcess(cfg, tmp_path, point, what)
+            wait_for(proc.ready, 60, "the release subprocess")
+            assert proc.proc.poll() is None, proc.log()[-3000:]
         sketchers.start()
-        wait_for(lambda: ready.exists() or proc.poll() is not None, 60, "the release subprocess")
-        assert proc.poll() is None, (tmp_path / "release.log").read_text()
         produce(bootstrap, names.documents, corpus.records())
         send_control(bootstrap, names, "flush")
-        try:
-            rc = proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            raise AssertionError("the release subprocess was not killed at epoch 1's reservation:\n"
-                                 + (tmp_path / "release.log").read_text()[-3000:])
-        assert rc == -signal.SIGKILL, (rc, (tmp_path / "release.log").read_text()[-3000:])
-
-        # --- after the crash: the reservation is on the ledger, uncommitted; nothing published
-        acc = Accountant(cfg.epsilon, cfg.delta, cfg.ledger)
-        rep = acc.report()
-        tree = [r for r in FileLedger(cfg.ledger).read() if r.payload.get("label", "").startswith("tree:")]
-        assert [(r.kind, r.payload["label"]) for r in tree] == [("reserve", "tree:epoch=1")]
-        assert rep["uncommitted"] == 1
-        assert rep["rho_worst_case"] <= rep["rho_budget"] * (1 + 1e-9)
-        assert snapshots_by_epoch(bootstrap, names.snapshots) == {}
-
-        # --- restart on the same ledger and state topic (the lease died with the process)
+        if proc is not None:
+            try:
+                rc = proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"not killed at {point} of {what}:\n" + proc.log()[-3000:])
+            assert rc == -signal.SIGKILL and proc.killed_at() == point, (rc, proc.log()[-3000:])
+            rep = Accountant(cfg.epsilon, cfg.delta, cfg.ledger).report()
+            assert rep["rho_worst_case"] <= rep["rho_budget"] * (1 + 1e-9)
+        # --- restart on the same ledger and state topic
         restarted = Pipeline(cfg, sketchers=0)
         restarted.start()
         release = restarted.release
-        wait_for(lambda: release.exhausted or (release.continual is not None
-                                               and release.continual.epoch >= 2),
-                 90, "the restarted service to close or refuse epoch 2", check=restarted.check)
+        last = restarted.wait_released(2, timeout=120)
         wait_for(lambda: release.server is not None, 10, "the release metrics server")
-        rel = scrape_until(release.server.url, lambda m: metric(
-            m, "streamdp_releases_total", outcome="refused_budget") >= 1, 10, "the refusal metric")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        log.close()
+        if proc is not None:
+            proc.ensure_dead()
         sketchers.stop()
         if restarted is not None:
             restarted.stop()
 
-    # epoch 1 re-closed (budget allowed it) and published once; epoch 2 refused
-    assert release.continual.epoch == 1
-    assert release.exhausted and "budget" in release.exhausted
-    assert release.latest is not None and release.latest.epoch == 1
-    assert metric(rel, "streamdp_releases_total", outcome="published") == 1
-    assert metric(rel, "streamdp_releases_total", outcome="refused_budget") == 1
+    assert release.exhausted is None and release.continual.epoch == 2
     by_epoch = snapshots_by_epoch(bootstrap, names.snapshots)
-    assert sorted(by_epoch) == [1]
-    assert_one_snapshot_per_epoch(by_epoch)
-    assert by_epoch[1][0].release_id == release.latest.release_id
+    assert sorted(by_epoch) == [1, 2]                   # every epoch released ...
+    assert_one_snapshot_per_epoch(by_epoch)             # ... once
+    assert by_epoch[2][0].release_id == last.release_id
 
-    rep = Accountant(cfg.epsilon, cfg.delta, cfg.ledger).report()
-    tree = [(r.kind, r.payload["label"]) for r in FileLedger(cfg.ledger).read()
-            if r.payload.get("label", "").startswith("tree:")]
-    assert tree == [("reserve", "tree:epoch=1"), ("reserve", "tree:epoch=1"),
-                    ("commit", "tree:epoch=1"), ("refuse", "tree:epoch=2")]
-    assert rep["uncommitted"] == 1 and rep["refusals"] == 1
-    # the crashed reservation is counted: epoch 1's documents paid for two leaf nodes
-    assert rep["rho_by_atom"]["stream_worst_epoch_rho"] == pytest.approx(rep["rho_budget"], rel=1e-6)
-    assert rep["rho_worst_case"] <= rep["rho_budget"] * (1 + 1e-9)
+    acc = Accountant(cfg.epsilon, cfg.delta, cfg.ledger)
+    rep = acc.report()
+    B = rep["rho_budget"]
+    # the clean run's report: warm-up and each stream epoch at exactly ρ_budget
+    assert rep["uncommitted"] == 0 and rep["refusals"] == 0
+    assert rep["reservations"] == 4
+    assert rep["rho_worst_case"] == pytest.approx(B, rel=1e-9)
+    assert rep["rho_by_atom"]["warmup"] == pytest.approx(B, rel=1e-9)
+    assert rep["rho_by_atom"]["stream_worst_epoch_rho"] == pytest.approx(B, rel=1e-9)
     assert rep["epsilon_worst_case"] <= cfg.epsilon * (1 + 1e-9)
-    assert by_epoch[1][0].privacy["accountant"]["uncommitted"] == 1
+    parts = rep["rho_spent_by_partition"]
+    assert sorted(parts) == ["stream:epochs=1-1", "stream:epochs=1-2", "stream:epochs=2-2", "warmup"]
+    for p in ("stream:epochs=1-1", "stream:epochs=1-2", "stream:epochs=2-2"):
+        assert parts[p] == pytest.approx(B / 2, rel=1e-9)
+    keys = [r.key for r in FileLedger(cfg.ledger).read() if r.kind == "reserve"]
+    assert sorted(keys) == ["tree:epoch=1", "tree:epoch=2", "warmup", "warmup-clip-histogram"]
+    assert by_epoch[2][0].privacy["accountant"]["uncommitted"] == 0

@@ -69,13 +69,23 @@ and readers would keep restoring the old state. The maximum of the two is
 strictly increasing in log order (every writer scans before its first write, and
 the scan sees debris too) and unique across restarts.
 
-Limits: two writers for the same key at the same time (a zombie after a
-rebalance) are not fenced here — the newest generation wins and each may
-tombstone the other's debris; fencing belongs to the caller (one sketcher per
-input partition, one release writer, DESIGN §5). The producer must not be
-transactional (the records are deliberately not transactional: the embedded
-broker shows aborted transactional messages to read_committed readers). The
-class is not thread-safe.
+*Fenced writers (``transactional=True``).* The release service writes its
+records with a transactional producer whose ``transactional.id`` is fixed per
+deployment; ``init_transactions()`` by a newer instance fences the older one.
+Each :meth:`StateStore.write` is then one transaction (chunks, manifest, commit;
+tombstones in a second one), and a fenced zombie's produce fails with
+``_FENCED`` before any of its records reaches the log (measured on the embedded
+Tansu broker, tests/test_services.py) — :class:`WriterFenced` is raised. The
+design never relies on an *abort* hiding records (Tansu shows aborted
+transactional messages to read_committed readers): a record either was written
+by the current writer, or carries an older writer epoch (the caller's fencing
+token in ``meta``).
+
+Limits: two non-transactional writers for the same key at the same time (a
+zombie after a rebalance) are not fenced here — the newest generation wins and
+each may tombstone the other's debris; fencing belongs to the caller (one
+sketcher per input partition; the release writer uses ``transactional=True``).
+The class is not thread-safe.
 """
 from __future__ import annotations
 
@@ -88,7 +98,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NamedTuple
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import (OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer,
+                             TopicPartition)
 
 from streamdp.kafka.topics import client_config
 from streamdp.serialization import SchemaError, dumps, loads
@@ -119,6 +130,22 @@ class StateStoreError(RuntimeError):
 class StateWriteError(StateStoreError):
     """A state record could not be written completely (no manifest was written
     unless the message says otherwise; the previous state is still the latest)."""
+
+
+class WriterFenced(StateWriteError):
+    """A newer writer with the same ``transactional.id`` fenced this one: stop writing."""
+
+
+_FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+                 KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+
+
+def _kafka_error(exc: BaseException) -> KafkaError | None:
+    """The KafkaError behind ``exc`` (confluent-kafka may wrap it in a SystemError)."""
+    for e in (exc, exc.__cause__, exc.__context__):
+        if isinstance(e, KafkaException) and e.args and isinstance(e.args[0], KafkaError):
+            return e.args[0]
+    return None
 
 
 class StateReadError(StateStoreError):
@@ -304,9 +331,12 @@ class _Deliveries:
         self.expected = 0
         self.ok = 0
         self.errors: list[str] = []
+        self.fenced = False
 
     def callback(self, err, msg) -> None:
         if err is not None:
+            if err.code() in _FENCED_CODES or err.fatal():
+                self.fenced = True
             key = msg.key() if msg is not None else None
             self.errors.append(f"{key!r}: {err}")
         else:
@@ -338,7 +368,8 @@ class StateStore:
     def __init__(self, producer: Producer | None, source: str | Callable[[], Consumer], topic: str, *,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, flush_timeout: float = 30.0,
                  read_timeout: float = 60.0, consumer_overrides: dict[str, Any] | None = None,
-                 clock: Callable[[], int] = time.time_ns, owns_producer: bool | None = None):
+                 clock: Callable[[], int] = time.time_ns, owns_producer: bool | None = None,
+                 transactional: bool = False):
         if not (1 <= int(chunk_bytes) <= MAX_RECORD_BYTES // 2):
             raise ValueError(f"chunk_bytes must be in 1..{MAX_RECORD_BYTES // 2}, got {chunk_bytes}")
         self.topic = topic
@@ -363,6 +394,10 @@ class StateStore:
             producer = Producer(client_config(self._bootstrap, "producer", **{
                 "enable.idempotence": True, "acks": "all", "linger.ms": 5}))
         self.producer = producer
+        # transactional: the producer has a transactional.id and init_transactions() was
+        # called; every write is a transaction and a fenced writer gets WriterFenced
+        self.transactional = bool(transactional)
+        self.fenced: str | None = None
         self._known: dict[str, _Known] = {}
         self._n_partitions: int | None = None
 
@@ -405,9 +440,15 @@ class StateStore:
                 self.producer.poll(0.1)
 
     def _confirm(self, deliveries: _Deliveries, what: str) -> None:
-        remaining = self.producer.flush(self.flush_timeout)
+        try:
+            remaining = self.producer.flush(self.flush_timeout)
+        except Exception as exc:     # a fatal (e.g. fenced) producer error surfaces here
+            err = _kafka_error(exc)
+            if err is not None and (err.code() in _FENCED_CODES or err.fatal()):
+                raise WriterFenced(f"{what}: {err}") from exc
+            raise
         if deliveries.errors or deliveries.pending:
-            raise StateWriteError(
+            raise (WriterFenced if deliveries.fenced else StateWriteError)(
                 f"{what}: {deliveries.ok}/{deliveries.expected} delivered, "
                 f"{len(deliveries.errors)} failed, {deliveries.pending} unconfirmed "
                 f"({remaining} messages still queued after {self.flush_timeout:.0f} s)"
@@ -419,7 +460,45 @@ class StateStore:
 
         Raises :class:`StateWriteError` if any chunk or the manifest is not
         acknowledged; the previous complete state then remains the latest.
+        With ``transactional=True`` the write is one committed transaction, and
+        a fenced writer gets :class:`WriterFenced` (then and for every later write).
         """
+        if not self.transactional:
+            return self._write(key, payload, meta)
+        if self.fenced:
+            raise WriterFenced(self.fenced)
+        try:
+            self.producer.begin_transaction()
+            generation = self._write(key, payload, meta, gc=False)
+            self.producer.commit_transaction(self.flush_timeout)
+        except Exception as exc:
+            err = _kafka_error(exc)
+            if isinstance(exc, WriterFenced) or (err is not None and (
+                    err.code() in _FENCED_CODES or err.fatal())):
+                self.fenced = (f"state {key!r}: this writer was fenced by a newer one with the same "
+                               f"transactional.id ({err if err is not None else exc}); nothing of "
+                               "this write is committed")
+                raise WriterFenced(self.fenced) from exc
+            try:
+                self.producer.abort_transaction(self.flush_timeout)
+            except Exception:       # noqa: BLE001 - the write failed either way
+                pass
+            if isinstance(exc, StateStoreError):
+                raise
+            raise StateWriteError(f"state {key!r}: transaction failed: {exc}") from exc
+        try:
+            self.producer.begin_transaction()
+            self._collect_garbage(key, generation, partition_for(key, self._partitions()))
+            self.producer.commit_transaction(self.flush_timeout)
+        except Exception as exc:     # noqa: BLE001 - the state is committed; retry next write
+            log.warning("state %r: garbage collection transaction failed: %s", key, exc)
+            try:
+                self.producer.abort_transaction(self.flush_timeout)
+            except Exception:       # noqa: BLE001
+                pass
+        return generation
+
+    def _write(self, key: str, payload: bytes, meta: dict | None = None, gc: bool = True) -> int:
         check_key(key)
         payload = bytes(payload) if not isinstance(payload, bytes) else payload
         meta = {} if meta is None else meta
@@ -458,7 +537,8 @@ class StateStore:
         self._confirm(man, f"state {key!r} generation {generation}: manifest "
                            "(may or may not have been written)")
 
-        self._collect_garbage(key, generation, partition)
+        if gc:
+            self._collect_garbage(key, generation, partition)
         return generation
 
     def _collect_garbage(self, key: str, generation: int, partition: int) -> None:

@@ -7,21 +7,39 @@ Order of operations for one epoch close (crash-safety argument in docs/services.
    (record time), or is caught up and the epoch is past (live) or forced (flush
    / close control message);
 2. merge the epoch's sketch sums over partitions;
-3. ``ContinualRelease.close_epoch``: reserve the tree nodes with the accountant
-   (durable ledger line, write-ahead) → noise → commit;
-4. write the release state (tree + last snapshot) to the state store;
-5. publish the snapshot (snapshots topic, file directory, HTTP) and
+3. the spend protocol (:mod:`streamdp.privacy.spend`), one place for every
+   private release: ``ContinualRelease.close_epoch`` *reserves* the tree nodes
+   under the idempotency key ``tree:epoch=<t>`` (durable ledger line), *draws*
+   the noise;
+4. *persists* the release state (noised tree nodes + last snapshot + the
+   ledger head + this writer's epoch) to the state topic, in a transaction;
+5. *commits* the reservation on the ledger;
+6. publishes the snapshot (snapshots topic, file directory, HTTP) and
    ``epochs_closed`` so sketchers drop their raw sketches.
 
 A crash before 3 changes nothing. A crash between 3 and 4 leaves the reservation
-counted and the noise lost: the restarted service re-closes the epoch with a new
-reservation, which the accountant refuses if the budget does not cover it — the
-budget is never spent twice without being counted twice. A crash after 4
-republishes the last snapshot on restart (consumers deduplicate by release_id).
+uncommitted and its draw lost — no output derived from it left the process — so
+the restarted service *fulfils* it: re-closing the epoch reserves the same key,
+gets the same reservation back uncharged, and draws afresh. A crash between 4
+and 5 is repaired at start-up (the state holds epoch t: ``tree:epoch=t`` is
+committed). A crash after 4 republishes the last snapshot on restart (consumers
+deduplicate by release_id). The warm-up follows the same protocol (keys
+``warmup-clip-histogram``, ``warmup``; persisted = the subspace record).
 
-Single writer: the service holds an exclusive ``flock`` lease next to the ledger
-for its whole life; a second release service on the same ledger fails at
-start-up. (The FileLedger's own lock additionally serialises every reservation.)
+Single writer per deployment, fenced at Kafka (docs/services.md §Fencing):
+
+* a transactional producer with ``transactional.id = <topic_prefix>-release-writer``
+  writes every release record; ``init_transactions()`` at start-up fences any
+  older instance, whose next write then fails (:class:`WriterFenced`);
+* a writer epoch (fencing token), one more than any seen, is registered under
+  ``release/writer`` and carried by every release-state and subspace record; a
+  service that sees a newer writer epoch stops spending;
+* the ledger is bound to the deployment: every release record mirrors the
+  ledger head (record count + hash chain); a service whose ledger does not
+  extend the head on Kafka refuses to start (ConfigError naming both).
+
+The ``flock`` lease next to the ledger stays as a local convenience (a clear
+error for two services on one ledger file); it is not the protection.
 """
 from __future__ import annotations
 
@@ -41,9 +59,11 @@ from streamdp import serialization as ser
 from streamdp.continual import ContinualRelease
 from streamdp.moments.clipping import ClipBounds
 from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
-from streamdp.privacy.accountant import Accountant, BudgetExhausted
-from streamdp.privacy.conversions import zcdp_rho
-from streamdp.privacy.ledger import FileLedger
+from streamdp.kafka.state_store import StateStore, StateStoreError, WriterFenced
+from streamdp.moments.sketch import SketchSums
+from streamdp.privacy.accountant import Accountant, BudgetExhausted, LedgerMismatch
+from streamdp.privacy.ledger import FileLedger, ledger_head
+from streamdp.privacy.spend import SpendSession
 from streamdp.privacy.noise import make_sampler
 from streamdp.privacy.tree import HorizonExceeded
 from streamdp.release import BudgetSplit, DenoiseConfig
@@ -59,6 +79,48 @@ from streamdp.whitening.warmup import WarmupSketch
 log = logging.getLogger("streamdp.release")
 
 IDLE_GRACE_SECONDS = 5.0
+WRITER_KEY = "release/writer"          # the registered writer epoch (fencing token)
+
+
+def writer_transactional_id(topic_prefix: str) -> str:
+    """The deployment's one release-writer ``transactional.id``."""
+    return f"{topic_prefix}-release-writer"
+
+
+class Fenced(ConfigError):
+    """A newer release service took over this deployment: this one must not spend."""
+
+
+class SketchMismatch(ValueError):
+    """Partition sketches to be merged disagree on subspace or clip bounds."""
+
+
+def merge_epoch_sums(parts: list[PartitionState], epoch: int, subspace: Subspace,
+                     clip: ClipBounds) -> tuple[SketchSums | None, int]:
+    """Σ over partitions of epoch ``epoch``'s sketch sums, and how many partitions had one.
+
+    Every sketch must be built on ``subspace`` with exactly ``clip`` (the bounds the
+    noise is calibrated to): a sketch clipped with larger bounds has a larger
+    sensitivity than the noise covers. Raises :class:`SketchMismatch` naming the partition.
+    """
+    total, n = None, 0
+    for st in parts:
+        sk = st.epochs.get(epoch)
+        if sk is None:
+            continue
+        if sk.subspace.id != subspace.id:
+            raise SketchMismatch(
+                f"partition {st.partition} epoch {epoch}: sketch built on subspace {sk.subspace.id}, "
+                f"the deployment's is {subspace.id}; refusing to merge")
+        if sk.clip != clip:
+            raise SketchMismatch(
+                f"partition {st.partition} epoch {epoch}: sketch clipped with {sk.clip.to_dict()}, "
+                f"the release is calibrated to {clip.to_dict()}; refusing to merge (its "
+                "sensitivity is not the one the noise covers)")
+        s = sk.sums()
+        total = s if total is None else total + s
+        n += 1
+    return total, n
 
 
 class LeaseHeld(ConfigError):
@@ -99,14 +161,27 @@ class ReleaseService:
         self.routing = cfg.routing
         check_bootstrap(cfg.client("admin"))     # fail fast, naming 'bootstrap', before any ledger write
         self.lease = ReleaseLease(cfg.ledger)
+        self.store = None
         try:
-            self.accountant = Accountant(cfg.epsilon, cfg.delta, FileLedger(cfg.ledger)) if cfg.private else None
-            self.sampler = make_sampler(cfg.sampler, cfg.noise_seed) if cfg.private else None
-            self.rho = zcdp_rho(cfg.epsilon, cfg.delta) if cfg.private else None
             self.metrics = ServiceMetrics("release")
             self.health = HealthState(liveness_timeout=cfg.liveness_seconds)
             self.metrics.bind_health(self.health)
-            self.store = cfg.state_store()
+            # Release records go through the deployment's one transactional producer:
+            # init_transactions() fences every older release service of this deployment.
+            self.transactional_id = writer_transactional_id(cfg.topic_prefix)
+            writer = Producer(cfg.client("producer", **{
+                "transactional.id": self.transactional_id, "enable.idempotence": True,
+                "acks": "all", "linger.ms": 5}))
+            writer.init_transactions(30)
+            self.store = StateStore(writer, cfg.bootstrap, self.topics.state,
+                                    consumer_overrides=dict(cfg.kafka), owns_producer=True,
+                                    transactional=True)
+            self.writer_epoch = self._register_writer()
+            self.accountant = self._bind_ledger() if cfg.private else None
+            self.spend = SpendSession(self.accountant) if cfg.private else None
+            self.sampler = make_sampler(cfg.sampler, cfg.noise_seed) if cfg.private else None
+            self.rho = self.accountant.rho_budget if cfg.private else None   # derived once, there
+            self.fenced: str | None = None
             check_privacy_mode(cfg, self.store, role="release")   # never private -> non-private
             self.producer = Producer(cfg.client("producer", **{
                 "enable.idempotence": True, "acks": "all"}))
@@ -140,7 +215,98 @@ class ReleaseService:
             self._restore()
         except BaseException:
             self.lease.close()      # a failed start must not keep the single-writer lease
+            if self.store is not None:
+                try:
+                    self.store.close()
+                except Exception:   # noqa: BLE001
+                    pass
             raise
+
+    # ------------------------------------------------------------ fencing, ledger binding
+    def _release_records(self) -> dict:
+        return self.store.read_all_latest(prefix="release/")
+
+    def _register_writer(self) -> int:
+        """Take the next writer epoch (after init_transactions, so any older writer is fenced)."""
+        recs = self._release_records()
+        seen = [int(r.meta.get("writer_epoch", 0)) for r in recs.values()]
+        epoch = max(seen + [0]) + 1
+        try:
+            self.store.write(WRITER_KEY, b"", meta={
+                "writer_epoch": epoch, "transactional_id": self.transactional_id,
+                "ledger": os.path.abspath(self.cfg.ledger), "host": os.uname().nodename,
+                "pid": os.getpid(), "started_at": time.time()})
+        except WriterFenced as exc:
+            raise Fenced(f"another release service of deployment {self.cfg.topic_prefix!r} started "
+                         f"at the same time and fenced this one ({exc}); only one release writer "
+                         "may spend the budget") from exc
+        log.info("release writer epoch %d (transactional.id %s)", epoch, self.transactional_id)
+        return epoch
+
+    def _check_writer(self) -> bool:
+        """Whether this service is still the deployment's writer (else: fenced, stop)."""
+        if self.fenced:
+            return False
+        rec = self.store.read_latest(WRITER_KEY)
+        newest = 0 if rec is None else int(rec.meta.get("writer_epoch", 0))
+        if newest > self.writer_epoch:
+            self._set_fenced(f"a newer release service (writer epoch {newest}, ledger "
+                             f"{rec.meta.get('ledger')!r} on {rec.meta.get('host')!r}) took over "
+                             f"this deployment; this one (writer epoch {self.writer_epoch}) stops "
+                             "spending")
+            return False
+        return True
+
+    def _set_fenced(self, why: str) -> None:
+        self.fenced = why
+        self.exhausted = f"fenced: {why}"
+        if self.spend is not None:
+            self.spend.discard()
+        log.error("%s", why)
+        self.health.set_ready(False, "fenced")
+        self._stop.set()
+
+    def _bind_ledger(self) -> Accountant:
+        """The accountant on the local ledger, refused unless it is this deployment's ledger.
+
+        Kafka's release records carry the ledger head (records + hash chain) of the
+        ledger that paid for them. The local ledger must extend that head. A deployment
+        that has spent (a subspace or release state exists) never gets a fresh ledger.
+        """
+        recs = self._release_records()
+        spent = {k: recs[k] for k in (control.SUBSPACE_KEY, control.RELEASE_STATE_KEY) if k in recs}
+        heads = [r.meta["ledger"] for r in spent.values() if isinstance(r.meta.get("ledger"), dict)]
+        kafka_head = max(heads, key=lambda h: h["records"]) if heads else None
+        path = os.path.abspath(self.cfg.ledger)
+        says = (f"the state topic {self.topics.state!r} says deployment {self.cfg.topic_prefix!r} "
+                f"has spent ({', '.join(sorted(spent))}"
+                + (f"; ledger head {kafka_head['records']} records, chain "
+                   f"{kafka_head['head'][:16]}…" if kafka_head else "") + ")")
+        fix = ("Fix: start the release service with the deployment's own ledger file (restore it "
+               "from backup to this path or point --ledger at it); never start a spent deployment "
+               "on a new ledger — to start over, create a new deployment (new topic_prefix) with "
+               "its own budget")
+        if spent and (not os.path.exists(path) or os.path.getsize(path) == 0):
+            raise ConfigError(f"ledger {path} is missing or empty, but {says}. {fix}.")
+        try:
+            acc = Accountant(self.cfg.epsilon, self.cfg.delta, FileLedger(path))
+        except LedgerMismatch as exc:
+            raise ConfigError(f"{exc}. The budget of a deployment cannot change: configure the "
+                              "(epsilon, delta) the ledger records") from exc
+        if spent:
+            records = acc.ledger.read()
+            if kafka_head is not None:
+                n = int(kafka_head["records"])
+                ok = len(records) >= n and ledger_head(records[:n])["head"] == kafka_head["head"]
+                local = f"{len(records)} records, chain {ledger_head(records)['head'][:16]}…"
+            else:       # records written before heads were mirrored: demand some spending
+                ok = any(r.kind == "reserve" for r in records)
+                local = f"{len(records)} records, {'some' if ok else 'no'} reservations"
+            if not ok:
+                raise ConfigError(f"ledger {path} ({local}) is not the ledger of this deployment: "
+                                  f"{says}. The ledger is behind, truncated, replaced or another "
+                                  f"deployment's. {fix}.")
+        return acc
 
     # ------------------------------------------------------------ restore
     def _restore(self) -> None:
@@ -167,14 +333,37 @@ class ReleaseService:
                 self.metrics.set_tree(self.continual.epoch, self.cfg.horizon)
         start = OFFSET_BEGINNING if self.control_offset is None else self.control_offset
         self.control_consumer.assign([TopicPartition(self.topics.control, 0, start)])
+        if self.spend is not None:
+            # Crash recovery of the spend protocol: a reservation whose noised output is in
+            # the persisted state is committed now; any other is fulfilled by the next draw.
+            left = self.spend.recover(self._is_persisted)
+            if left:
+                log.warning("reservations to fulfil (output lost in a crash, not re-charged): %s",
+                            ", ".join(left))
+        if self.subspace is not None:
+            # a crash may have cut these short; sketchers handle repeats
+            self._send_control("subspace_ready", subspace_id=self.subspace.id)
+            self._send_control("epochs_closed", through=self.continual.epoch if self.continual else 0)
         if self.accountant is not None:
             self.metrics.set_budget_from_report(self.accountant.report())
+
+    def _is_persisted(self, key: str) -> bool:
+        """Whether the output reserved under ``key`` is in the restored, persisted state."""
+        if key.startswith("warmup"):
+            return self.subspace is not None
+        if key.startswith("tree:epoch="):
+            try:
+                t = int(key.split("=", 1)[1])
+            except ValueError:
+                return False
+            return self.continual is not None and t <= self.continual.epoch
+        return False
 
     def _new_continual(self) -> None:
         self.continual = ContinualRelease(
             self.subspace, self.clip, n_topics=self.cfg.n_topics, alpha0=self.cfg.alpha0,
             rho=self.rho, horizon=self.cfg.horizon, split=BudgetSplit(), sampler=self.sampler,
-            spender=self.accountant, power=PowerMethodConfig(seed=self.cfg.seed),
+            spender=self.spend, power=PowerMethodConfig(seed=self.cfg.seed),
             denoise=DenoiseConfig())
 
     # ------------------------------------------------------------ lifecycle
@@ -212,7 +401,10 @@ class ReleaseService:
             self.control_consumer.close()
             self.probe.close()
             self.producer.flush(10)
-            self.store.close()
+            try:
+                self.store.close()
+            except Exception as exc:     # noqa: BLE001 - e.g. a fenced transactional producer
+                log.warning("closing the release writer: %s", exc)
         finally:
             self.lease.close()
             if self.server is not None:
@@ -226,7 +418,7 @@ class ReleaseService:
             return
         states, partitions = self._partition_view()
         if self.subspace is None:
-            if self._closable(0, states, partitions):
+            if self._closable(0, states, partitions) and self._check_writer():
                 self._release_warmup(self._load_states(states))
             return
         loaded = None      # partition states decoded once per step, however many epochs close
@@ -235,6 +427,8 @@ class ReleaseService:
             # stop between epochs, never inside one: a kill mid-release wastes budget
             self.health.beat()
             loaded = loaded if loaded is not None else self._load_states(states)
+            if not self._check_writer():        # a newer writer took over: spend nothing
+                return
             if not self._close_epoch(self.continual.epoch + 1, loaded):
                 return
         if self.flush_requested and self.continual.epoch >= self._newest_epoch(states) and all(
@@ -360,18 +554,21 @@ class ReleaseService:
             merged = merged.merge(s)
         t0 = time.perf_counter()
         try:
-            if self.cfg.private:
+            if self.cfg.private:        # spend protocol: reserve (keyed) → draw, here ...
                 hist_rho = self.rho * self.cfg.clip_budget_share
-                clip, _ = merged.clip_bounds(self.cfg.clip_quantile, hist_rho, self.sampler, self.accountant)
-                sub = merged.subspace(self.rho - hist_rho, self.sampler, self.accountant)
+                clip, _ = merged.clip_bounds(self.cfg.clip_quantile, hist_rho, self.sampler, self.spend)
+                sub = merged.subspace(self.rho - hist_rho, self.sampler, self.spend)
             else:
                 clip, sub = ClipBounds.unclipped(), merged.subspace(None)
         except BudgetExhausted as exc:
             self._refused(exc)
             return
-        self.store.write(control.SUBSPACE_KEY, sub.to_bytes(), meta={
-            "clip": clip.to_dict(), "subspace_id": sub.id, "vocabulary_id": self.vocabulary.id,
-            "warmup_documents": int(merged.n_docs)})
+        meta = {"clip": clip.to_dict(), "subspace_id": sub.id, "vocabulary_id": self.vocabulary.id,
+                "warmup_documents": int(merged.n_docs), "writer_epoch": self.writer_epoch}
+        if self.accountant is not None:
+            meta["ledger"] = self.accountant.head()
+        if not self._persist(control.SUBSPACE_KEY, sub.to_bytes(), meta):   # ... → persist → commit
+            return
         self.subspace, self.clip = sub, clip
         self._new_continual()
         self._send_control("subspace_ready", subspace_id=sub.id)
@@ -384,16 +581,9 @@ class ReleaseService:
     # ------------------------------------------------------------ epochs
     def _close_epoch(self, epoch: int, parts: list[PartitionState]) -> bool:
         t0 = time.perf_counter()
-        total = None
-        n_parts = 0
-        for st in parts:
-            sk = st.epochs.get(epoch)
-            if sk is not None:
-                s = sk.sums()
-                total = s if total is None else total + s
-                n_parts += 1
+        total, n_parts = merge_epoch_sums(parts, epoch, self.subspace, self.clip)
         try:
-            snap = self.continual.close_epoch(total)
+            snap = self.continual.close_epoch(total)     # spend protocol: reserve → draw
         except BudgetExhausted as exc:
             self._refused(exc)
             return False
@@ -407,14 +597,18 @@ class ReleaseService:
                         "warmup": self.subspace.provenance.get("events", []),
                         "vocabulary_id": self.vocabulary.id, **self.cfg.privacy_fields()})
         if self.accountant is not None:
-            privacy["accountant"] = self.accountant.report()
+            report = self.accountant.report()
+            # this release's own reservation is committed right after the state is persisted
+            report["uncommitted"] = max(0, report["uncommitted"] - len(self.spend.pending))
+            privacy["accountant"] = report
         snap = TopicSnapshot(topic_word=snap.topic_word, alpha=snap.alpha, eigenvalues=snap.eigenvalues,
                              n_docs=snap.n_docs, privacy=privacy, mechanism=snap.mechanism,
                              subspace_id=snap.subspace_id, epoch=snap.epoch,
                              vocabulary_id=self.vocabulary.id)
         self.latest = snap
-        self._write_state()
-        self._publish(snap)
+        if not self._write_state():                      # → persist → commit
+            return False
+        self._publish(snap)                              # only after persist
         self._send_control("epochs_closed", through=epoch)
         seconds = time.perf_counter() - t0
         self.metrics.release_outcome("published", seconds)
@@ -427,16 +621,36 @@ class ReleaseService:
                  n_parts, snap.release_id, seconds)
         return True
 
-    def _write_state(self) -> None:
-        """Durably record the tree, the last snapshot and the control position."""
+    def _write_state(self) -> bool:
+        """Durably record the tree, the last snapshot and the control position; then
+        commit the reservations drawn for it (spend protocol steps 3-4)."""
         snap = self.latest
-        self.store.write(control.RELEASE_STATE_KEY, ser.dumps({
+        meta = {"epoch": self.continual.epoch, "writer_epoch": self.writer_epoch,
+                "release_id": None if snap is None else snap.release_id}
+        if self.accountant is not None:
+            meta["ledger"] = self.accountant.head()
+        return self._persist(control.RELEASE_STATE_KEY, ser.dumps({
             "continual": self.continual.state_dict(),
             "last_snapshot": None if snap is None else snap.to_bytes(),
             "control_offset": self.control_offset, "forced_through": self.forced_through,
-            "flush_requested": self.flush_requested}),
-            meta={"epoch": self.continual.epoch,
-                  "release_id": None if snap is None else snap.release_id})
+            "flush_requested": self.flush_requested, "writer_epoch": self.writer_epoch}), meta)
+
+    def _persist(self, key: str, payload: bytes, meta: dict) -> bool:
+        """Spend protocol steps 3-4: write ``key`` in this writer's transaction, then commit
+        the drawn reservations. False (nothing committed, nothing to publish) if fenced."""
+        try:
+            self.store.write(key, payload, meta=meta)
+        except WriterFenced as exc:
+            self._set_fenced(f"release writer epoch {self.writer_epoch} was fenced at Kafka while "
+                             f"persisting {key!r} ({exc}); nothing of it was published")
+            return False
+        except BaseException:
+            if self.spend is not None:
+                self.spend.discard()     # uncommitted: fulfilled by the next start
+            raise
+        if self.spend is not None:
+            self.spend.persisted()
+        return True
 
     def _refused(self, exc: BudgetExhausted) -> None:
         self.exhausted = str(exc)
