@@ -23,48 +23,18 @@ import math
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from scipy.stats import beta
 
 from streamdp.moments.clipping import ClipBounds
 from streamdp.moments.sketch import WhitenedSketch
 from streamdp.privacy.conversions import zcdp_epsilon
 from streamdp.privacy.events import sigma_for_rho
+from streamdp.privacy.audit import epsilon_lower_bound
 from streamdp.privacy.noise import CSPRNGGaussianSampler, OpenDPGaussianSampler
 from streamdp.whitening.subspace import Subspace
 
 RHO, DELTA = 0.125, 1e-5
 ALPHA = 0.05
 N_CAL, N_TEST = 10_000, 20_000
-FPR_LEVELS = (0.1, 0.03, 0.01, 0.003, 0.001)
-
-
-def clopper_pearson(k, n, alpha):
-    lo = beta.ppf(alpha / 2, k, n - k + 1) if k > 0 else 0.0
-    hi = beta.ppf(1 - alpha / 2, k + 1, n - k) if k < n else 1.0
-    return lo, hi
-
-
-def epsilon_lower_bound(cal0, cal1, test0, test1, delta, alpha=ALPHA):
-    """Largest ε_lb over thresholds chosen on (cal0, cal1), estimated on (test0, test1).
-
-    Scores: larger means "more like D'". Tests both "score > τ" (D' more likely)
-    and "score ≤ τ" (D more likely), Bonferroni-corrected.
-    """
-    tests = [(">", np.quantile(cal0, 1 - q)) for q in FPR_LEVELS]
-    tests += [("<=", np.quantile(cal1, q)) for q in FPR_LEVELS]
-    a = alpha / len(tests)                       # each CP interval is two-sided at level a
-    best = 0.0
-    n0, n1 = len(test0), len(test1)
-    for side, tau in tests:
-        if side == ">":
-            k_base, k_alt = int(np.sum(test0 > tau)), int(np.sum(test1 > tau))
-        else:
-            k_base, k_alt = int(np.sum(test1 <= tau)), int(np.sum(test0 <= tau))
-        base_hi = clopper_pearson(k_base, n0 if side == ">" else n1, a)[1]
-        alt_lo = clopper_pearson(k_alt, n1 if side == ">" else n0, a)[0]
-        if alt_lo > delta and base_hi > 0:
-            best = max(best, math.log((alt_lo - delta) / base_hi))
-    return best
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +74,7 @@ def audit(z0, z1, sigma, sample, n_cal=N_CAL, n_test=N_TEST):
 
     cal0, cal1 = scores(z0, n_cal), scores(z1, n_cal)
     test0, test1 = scores(z0, n_test), scores(z1, n_test)
-    return epsilon_lower_bound(cal0, cal1, test0, test1, DELTA)
+    return epsilon_lower_bound(cal0, cal1, test0, test1, DELTA, ALPHA)
 
 
 def test_gaussian_release_passes_the_audit(neighbouring_blocks):
