@@ -452,3 +452,243 @@ def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, poin
     keys = [r.key for r in FileLedger(cfg.ledger).read() if r.kind == "reserve"]
     assert sorted(keys) == ["tree:epoch=1", "tree:epoch=2", "warmup", "warmup-clip-histogram"]
     assert by_epoch[2][0].privacy["accountant"]["uncommitted"] == 0
+
+
+# =================================================================== one release writer (issue 15, items 1-2)
+def ledgers_epsilon(paths, delta: float) -> float:
+    """ε reached by the worst-off document over every reservation in ``paths`` together
+    (two release services with two ledgers both spend the same documents' privacy)."""
+    from streamdp.privacy.accountant import _event_from_dict, events_loads
+    from streamdp.privacy.conversions import zcdp_epsilon
+    events = []
+    for p in paths:
+        if Path(p).exists():
+            seen = set()
+            for r in FileLedger(p).read():
+                if r.kind in ("reserve", "commit") and r.key not in seen:
+                    seen.add(r.key)
+                    events += [_event_from_dict(d) for d in r.payload["events"]]
+    return zcdp_epsilon(events_loads(events).worst, delta) if events else 0.0
+
+
+def release_manifests(bootstrap: str, state_topic: str, key: str) -> list[dict]:
+    """Every manifest ever written for ``key`` (the raw log, before any compaction)."""
+    from streamdp.kafka.state_store import manifest_key
+    from streamdp.serialization import loads
+    return [loads(r.value) for r in read_topic(bootstrap, state_topic)
+            if r.key == manifest_key(key).encode() and r.value is not None]
+
+
+def test_zombie_writer_is_fenced_at_kafka(kafka_broker, kafka_topics):
+    """Measured on the embedded broker: init_transactions() by a newer producer with the same
+    transactional.id fences the older one; its next write fails and reaches no reader."""
+    from confluent_kafka import Producer
+    from streamdp.kafka.state_store import StateStore, WriterFenced
+    from streamdp.kafka.topics import client_config
+
+    bootstrap, topic = kafka_broker.bootstrap, kafka_topics.state
+    tid = f"{kafka_topics.documents}-release-writer"
+
+    def writer():
+        p = Producer(client_config(bootstrap, "producer", **{
+            "transactional.id": tid, "enable.idempotence": True, "acks": "all"}))
+        p.init_transactions(30)
+        return StateStore(p, bootstrap, topic, owns_producer=True, transactional=True)
+
+    old = writer()
+    old.write("release/test", b"old-1", meta={"writer_epoch": 1})
+    new = writer()                                    # fences `old`
+    with pytest.raises(WriterFenced):
+        old.write("release/test", b"zombie", meta={"writer_epoch": 1})
+    with pytest.raises(WriterFenced):                 # and stays fenced
+        old.write("release/other", b"zombie", meta={"writer_epoch": 1})
+    new.write("release/test", b"new-1", meta={"writer_epoch": 2})
+    assert new.read_latest("release/test").payload == b"new-1"
+    assert new.read_latest("release/other") is None
+    raw = [r.value for r in read_topic(bootstrap, topic)]
+    assert not any(v is not None and b"zombie" in v for v in raw), "a fenced write reached the log"
+    for s in (old, new):
+        try:
+            s.close()
+        except Exception:       # noqa: BLE001 - the fenced producer may refuse to flush
+            pass
+
+
+def test_second_release_service_and_lost_ledger_are_refused(kafka_broker, tmp_path):
+    """(a) a second `streamdp release` with another --ledger, started after the first has
+    spent, refuses to start without fencing the first; (c) a lost ledger is refused at start,
+    with the same ε and with ε raised to 8, naming the ledger and what Kafka says.
+    Before the fix (issue 15): (a) both published epochs, ε 1.24 against a budget of 1;
+    (c) ε = 1 under-counted, ε = 8 brought released documents to ε 4.4-6.4."""
+    from streamdp.services.config import ConfigError
+    from streamdp.services.release import ReleaseService
+
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(2000, 2000, 2, seed=6)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path / "first", bootstrap, names, corpus, epsilon=1.0, horizon=2,
+                      noise_seed=None, non_production=True)
+    other = tmp_path / "second"
+    cfg2 = cfg.replace(ledger=str(other / "ledger.jsonl"), snapshot_dir=str(other / "snapshots"))
+    pipe = Pipeline(cfg, sketchers=2)
+    try:
+        pipe.start()
+        produce(bootstrap, names.documents, corpus.records())
+        send_control(bootstrap, names, "flush")
+        pipe.wait_released(1, timeout=90)
+        # ---- (a) a second release service, another ledger, while the first runs
+        with pytest.raises(ConfigError) as info:
+            ReleaseService(cfg2)
+        msg = str(info.value)
+        assert str(other / "ledger.jsonl") in msg and names.state in msg and "has spent" in msg
+        assert "Fix:" in msg
+        assert not (other / "ledger.jsonl").exists()       # no ledger silently created
+        pipe.wait_released(2, timeout=90)                   # the first was not fenced ...
+        assert pipe.release.fenced is None
+    finally:
+        pipe.stop()
+    eps_a = ledgers_epsilon([cfg.ledger, cfg2.ledger], cfg.delta)
+    by_epoch = snapshots_by_epoch(bootstrap, names.snapshots)
+    assert sorted(by_epoch) == [1, 2]
+    assert_one_snapshot_per_epoch(by_epoch)                 # ... and the only publisher
+    assert eps_a <= cfg.epsilon * (1 + 1e-9), eps_a
+
+    # ---- (c) the ledger is moved away: refused, with the same ε and with ε = 8
+    ledger = Path(cfg.ledger)
+    moved = ledger.with_name("moved-away.jsonl")
+    ledger.rename(moved)
+    for eps in (1.0, 8.0):
+        with pytest.raises(ConfigError) as info:
+            ReleaseService(cfg.replace(epsilon=eps))
+        msg = str(info.value)
+        assert str(ledger) in msg and "missing or empty" in msg, msg
+        assert names.state in msg and "release/tree" in msg and "Fix:" in msg
+        assert not ledger.exists(), "a ledger was re-created for a deployment that has spent"
+    # an empty file in its place, or another deployment's ledger: refused too
+    ledger.write_bytes(b"")
+    with pytest.raises(ConfigError, match="missing or empty"):
+        ReleaseService(cfg)
+    ledger.unlink()
+    from streamdp.privacy.accountant import Accountant
+    Accountant(cfg.epsilon, cfg.delta, ledger)             # a fresh ledger with the same budget
+    with pytest.raises(ConfigError, match="not the ledger of this deployment") as info:
+        ReleaseService(cfg)
+    assert "ledger head" in str(info.value)
+    # the real ledger back, ε raised: refused (the budget of a deployment cannot change)
+    moved.replace(ledger)
+    with pytest.raises(ConfigError, match="cannot change"):
+        ReleaseService(cfg.replace(epsilon=8.0))
+    ReleaseService(cfg).close()                            # the deployment's own ledger: starts
+    eps_c = ledgers_epsilon([cfg.ledger], cfg.delta)
+    assert eps_c <= cfg.epsilon * (1 + 1e-9)
+    print(f"\nε reached: (a) second service {eps_a:.4f}, (c) lost ledger {eps_c:.4f} (budget 1)")
+
+
+def test_two_release_services_started_together(kafka_broker, tmp_path):
+    """(b) two release services (two ledgers) started at the same time, before the warm-up
+    closes: the later init_transactions fences the earlier; exactly one closes the warm-up,
+    `release/subspace` is written once, and the sketches use that subspace.
+    Before the fix (issue 15): both closed the warm-up (ε 1.45) and the second overwrote
+    `release/subspace` with a subspace no sketch uses."""
+    import threading
+
+    from streamdp.services.config import ConfigError
+    from streamdp.services.release import ReleaseService
+    from streamdp.services import control
+
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(2000, 2000, 2, seed=7)
+    names = fresh_topics(bootstrap)
+    cfgs = [make_config(tmp_path / n, bootstrap, names, corpus, epsilon=1.0, horizon=2,
+                        noise_seed=None, non_production=True) for n in ("a", "b")]
+    services, refused = [None, None], []
+    barrier = threading.Barrier(2)
+
+    def start(i):
+        barrier.wait()
+        try:
+            services[i] = ReleaseService(cfgs[i])
+        except ConfigError as exc:
+            refused.append(exc)
+
+    ts = [threading.Thread(target=start, args=(i,)) for i in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    live = [s for s in services if s is not None]
+    assert live, refused
+    sketchers = Pipeline(cfgs[0], sketchers=2, release=False)
+    errors = []
+
+    def run(svc):
+        try:
+            svc.run(install_signals=False, max_seconds=120, until_epoch=2)
+        except BaseException as exc:     # noqa: BLE001
+            errors.append(exc)
+    runners = [threading.Thread(target=run, args=(s,), daemon=True) for s in live]
+    try:
+        for t in runners:
+            t.start()
+        sketchers.start()
+        produce(bootstrap, names.documents, corpus.records())
+        send_control(bootstrap, names, "flush")
+        for t in runners:
+            t.join(150)
+    finally:
+        for s in live:
+            s.stop()
+        sketchers.stop()
+    assert not errors, errors
+    writers = [s for s in live if s.fenced is None]
+    assert len(writers) == 1, [(s.writer_epoch, s.fenced) for s in live]
+    w = writers[0]
+    assert w.writer_epoch == max(s.writer_epoch for s in live)
+    assert w.continual is not None and w.continual.epoch == 2
+    manifests = release_manifests(bootstrap, names.state, control.SUBSPACE_KEY)
+    assert len({m["meta"]["subspace_id"] for m in manifests}) == 1, manifests
+    assert manifests[0]["meta"]["writer_epoch"] == w.writer_epoch
+    by_epoch = snapshots_by_epoch(bootstrap, names.snapshots)
+    assert sorted(by_epoch) == [1, 2]
+    assert_one_snapshot_per_epoch(by_epoch)
+    assert {s.subspace_id for v in by_epoch.values() for s in v} == {manifests[0]["meta"]["subspace_id"]}
+    eps_b = ledgers_epsilon([c.ledger for c in cfgs], cfgs[0].delta)
+    assert eps_b <= 1.0 * (1 + 1e-9), eps_b
+    print(f"\nε reached: (b) two services started together {eps_b:.4f} (budget 1); "
+          f"refused at start: {len(refused)}, fenced while running: {len(live) - 1}")
+
+
+def test_merge_refuses_sketches_with_other_clip_bounds_or_subspace(rng):
+    from crash_helpers import random_subspace
+    from streamdp.moments.clipping import ClipBounds
+    from streamdp.moments.sketch import WhitenedSketch
+    from streamdp.services.partition_state import PartitionState
+    from streamdp.services.release import SketchMismatch, merge_epoch_sums
+
+    sub = random_subspace(30, 4, seed=1)
+    clip = ClipBounds.for_length(20)
+    X = rng.integers(0, 3, size=(20, 30)).astype(float)
+    X[:, 0] += 3
+
+    def part(p, sk):
+        st = PartitionState(topic="t", partition=p)
+        st.epochs[1] = sk
+        return st
+
+    sk_a = WhitenedSketch(sub, clip)
+    sk_a.update(X[:10])
+    sk_b = WhitenedSketch(sub, clip)
+    sk_b.update(X[10:])
+    total, n = merge_epoch_sums([part(0, sk_a), part(1, sk_b)], 1, sub, clip)
+    assert n == 2 and total.count == pytest.approx(sk_a.sums().count + sk_b.sums().count)
+    wide = ClipBounds.for_length(5)
+    assert wide != clip
+    sk_c = WhitenedSketch(sub, wide)
+    sk_c.update(X[10:])
+    with pytest.raises(SketchMismatch, match="partition 1 epoch 1: sketch clipped with"):
+        merge_epoch_sums([part(0, sk_a), part(1, sk_c)], 1, sub, clip)
+    other = random_subspace(30, 4, seed=2)
+    sk_d = WhitenedSketch(other, clip)
+    sk_d.update(X[10:])
+    with pytest.raises(SketchMismatch, match="subspace"):
+        merge_epoch_sums([part(0, sk_a), part(1, sk_d)], 1, sub, clip)

@@ -473,16 +473,23 @@ class StateStore:
             self.producer.commit_transaction(self.flush_timeout)
         except Exception as exc:
             err = _kafka_error(exc)
-            if isinstance(exc, WriterFenced) or (err is not None and (
-                    err.code() in _FENCED_CODES or err.fatal())):
+            fenced = isinstance(exc, WriterFenced) or (err is not None and (
+                err.code() in _FENCED_CODES or err.fatal()))
+            if not fenced:
+                # confluent-kafka may report a fatal error raised inside a delivery callback
+                # as a bare SystemError: the abort tells (a fenced producer cannot abort)
+                try:
+                    self.producer.abort_transaction(self.flush_timeout)
+                except Exception as abort_exc:       # noqa: BLE001
+                    aerr = _kafka_error(abort_exc)
+                    fenced = (aerr is not None and (aerr.code() in _FENCED_CODES or aerr.fatal())) \
+                        or "fenced" in str(abort_exc).lower()
+                    err = aerr if fenced else err
+            if fenced:
                 self.fenced = (f"state {key!r}: this writer was fenced by a newer one with the same "
                                f"transactional.id ({err if err is not None else exc}); nothing of "
                                "this write is committed")
                 raise WriterFenced(self.fenced) from exc
-            try:
-                self.producer.abort_transaction(self.flush_timeout)
-            except Exception:       # noqa: BLE001 - the write failed either way
-                pass
             if isinstance(exc, StateStoreError):
                 raise
             raise StateWriteError(f"state {key!r}: transaction failed: {exc}") from exc

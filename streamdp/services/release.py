@@ -166,6 +166,15 @@ class ReleaseService:
             self.metrics = ServiceMetrics("release")
             self.health = HealthState(liveness_timeout=cfg.liveness_seconds)
             self.metrics.bind_health(self.health)
+            # Checks that may refuse the start come first, on a plain reader, so that a
+            # misconfigured second service refuses WITHOUT fencing the running writer.
+            reader = cfg.state_store()
+            try:
+                check_privacy_mode(cfg, reader, role="release")   # never private -> non-private
+                self.accountant = (self._bind_ledger(reader.read_all_latest(prefix="release/"))
+                                   if cfg.private else None)
+            finally:
+                reader.close()
             # Release records go through the deployment's one transactional producer:
             # init_transactions() fences every older release service of this deployment.
             self.transactional_id = writer_transactional_id(cfg.topic_prefix)
@@ -177,12 +186,12 @@ class ReleaseService:
                                     consumer_overrides=dict(cfg.kafka), owns_producer=True,
                                     transactional=True)
             self.writer_epoch = self._register_writer()
-            self.accountant = self._bind_ledger() if cfg.private else None
+            if self.accountant is not None:      # Kafka may have moved since the first check
+                self._check_ledger(self.accountant, self._release_records())
             self.spend = SpendSession(self.accountant) if cfg.private else None
             self.sampler = make_sampler(cfg.sampler, cfg.noise_seed) if cfg.private else None
             self.rho = self.accountant.rho_budget if cfg.private else None   # derived once, there
             self.fenced: str | None = None
-            check_privacy_mode(cfg, self.store, role="release")   # never private -> non-private
             self.producer = Producer(cfg.client("producer", **{
                 "enable.idempotence": True, "acks": "all"}))
             # Control messages are read by assignment (no group join delay) from the offset
@@ -266,33 +275,51 @@ class ReleaseService:
         self.health.set_ready(False, "fenced")
         self._stop.set()
 
-    def _bind_ledger(self) -> Accountant:
+    def _bind_ledger(self, recs: dict) -> Accountant:
         """The accountant on the local ledger, refused unless it is this deployment's ledger.
 
         Kafka's release records carry the ledger head (records + hash chain) of the
         ledger that paid for them. The local ledger must extend that head. A deployment
         that has spent (a subspace or release state exists) never gets a fresh ledger.
         """
-        recs = self._release_records()
-        spent = {k: recs[k] for k in (control.SUBSPACE_KEY, control.RELEASE_STATE_KEY) if k in recs}
-        heads = [r.meta["ledger"] for r in spent.values() if isinstance(r.meta.get("ledger"), dict)]
-        kafka_head = max(heads, key=lambda h: h["records"]) if heads else None
         path = os.path.abspath(self.cfg.ledger)
-        says = (f"the state topic {self.topics.state!r} says deployment {self.cfg.topic_prefix!r} "
-                f"has spent ({', '.join(sorted(spent))}"
-                + (f"; ledger head {kafka_head['records']} records, chain "
-                   f"{kafka_head['head'][:16]}…" if kafka_head else "") + ")")
-        fix = ("Fix: start the release service with the deployment's own ledger file (restore it "
-               "from backup to this path or point --ledger at it); never start a spent deployment "
-               "on a new ledger — to start over, create a new deployment (new topic_prefix) with "
-               "its own budget")
+        spent = {k for k in (control.SUBSPACE_KEY, control.RELEASE_STATE_KEY) if k in recs}
         if spent and (not os.path.exists(path) or os.path.getsize(path) == 0):
-            raise ConfigError(f"ledger {path} is missing or empty, but {says}. {fix}.")
+            raise ConfigError(f"ledger {path} is missing or empty, but {self._kafka_says(recs)}. "
+                              f"{self._LEDGER_FIX}.")
         try:
             acc = Accountant(self.cfg.epsilon, self.cfg.delta, FileLedger(path))
         except LedgerMismatch as exc:
             raise ConfigError(f"{exc}. The budget of a deployment cannot change: configure the "
                               "(epsilon, delta) the ledger records") from exc
+        self._check_ledger(acc, recs)
+        return acc
+
+    _LEDGER_FIX = ("Fix: start the release service with the deployment's own ledger file (restore "
+                   "it from backup to this path or point --ledger at it); never start a spent "
+                   "deployment on a new ledger - to start over, create a new deployment (new "
+                   "topic_prefix) with its own budget")
+
+    @staticmethod
+    def _kafka_head(recs: dict) -> dict | None:
+        heads = [recs[k].meta["ledger"] for k in (control.SUBSPACE_KEY, control.RELEASE_STATE_KEY)
+                 if k in recs and isinstance(recs[k].meta.get("ledger"), dict)]
+        return max(heads, key=lambda h: h["records"]) if heads else None
+
+    def _kafka_says(self, recs: dict) -> str:
+        spent = [k for k in (control.SUBSPACE_KEY, control.RELEASE_STATE_KEY) if k in recs]
+        head = self._kafka_head(recs)
+        return (f"the state topic {self.topics.state!r} says deployment {self.cfg.topic_prefix!r} "
+                f"has spent ({', '.join(spent)}"
+                + (f"; ledger head {head['records']} records, chain {head['head'][:16]}..."
+                   if head else "") + ")")
+
+    def _check_ledger(self, acc: Accountant, recs: dict) -> None:
+        """Refuse unless ``acc``'s ledger extends the ledger head Kafka's release records carry."""
+        spent = {k: recs[k] for k in (control.SUBSPACE_KEY, control.RELEASE_STATE_KEY) if k in recs}
+        kafka_head = self._kafka_head(recs)
+        path = os.path.abspath(self.cfg.ledger)
+        says, fix = self._kafka_says(recs), self._LEDGER_FIX
         if spent:
             records = acc.ledger.read()
             if kafka_head is not None:
@@ -306,7 +333,6 @@ class ReleaseService:
                 raise ConfigError(f"ledger {path} ({local}) is not the ledger of this deployment: "
                                   f"{says}. The ledger is behind, truncated, replaced or another "
                                   f"deployment's. {fix}.")
-        return acc
 
     # ------------------------------------------------------------ restore
     def _restore(self) -> None:
