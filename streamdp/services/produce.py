@@ -5,6 +5,12 @@ line) or msgpack (a stream of such maps). Each record's Kafka timestamp is the
 document's ``ts`` (replay mode), so record times are non-decreasing per
 partition when the file is in timestamp order — the release service's
 completeness rule relies on it (docs/services.md). Records are keyed by id.
+
+On a documents topic with ``message.timestamp.type=LogAppendTime`` (what
+``--create-topics`` and ``streamdp topics`` create) a real Kafka broker replaces
+that timestamp with its own append time, and production sketchers accept only
+such records: replay mode then applies to ``non_production`` runs on the
+embedded broker, which ignores LogAppendTime (docs/operations.md §Time).
 """
 from __future__ import annotations
 
