@@ -188,3 +188,49 @@ def test_generic_values_and_one_reservation_per_epoch():
         assert isinstance(out, Blocks) and out.z.shape == (3, 2)
     assert len(log.events) == 2 * 7                 # 7 nodes for T = 4, two blocks each
     assert events_loads(log.events).worst == pytest.approx(3 * (0.5 * 0.01 + 0.5 * 0.01))
+
+
+def test_spend_protocol_fulfils_a_lost_draw_and_never_recharges(tmp_path):
+    """Tree + SpendSession (streamdp/privacy/spend.py): a crash after reserve/draw and before
+    persist is fulfilled by a fresh draw under the same key; a persisted one is committed; a
+    committed key is never drawn again."""
+    from streamdp.privacy.accountant import AlreadySpent
+    from streamdp.privacy.spend import SpendSession
+
+    path = tmp_path / "ledger.jsonl"
+    acc = Accountant(1.0, 1e-6, path)
+    node_rho = acc.rho_budget / 3                         # horizon 4: depth 3
+    sens = 1.0
+    mech = GaussianNodeMechanism(sens, sigma_for_rho(sens, node_rho), CSPRNGGaussianSampler())
+    tree = TreeAggregator(4, mech, SpendSession(acc))
+    before = tree.state_dict(lambda v: v.tolist())
+    tree.add_epoch(np.ones(3))                           # reserve + draw; never persisted: "crash"
+    rho_after_crash = acc.report()["rho_worst_case"]
+    assert rho_after_crash == pytest.approx(node_rho)
+
+    # restart: a new accountant and session on the same ledger, the tree from the persisted state
+    acc2 = Accountant(1.0, 1e-6, path)
+    session = SpendSession(acc2)
+    assert session.recover(lambda key: False) == ["tree:epoch=1"]
+    tree2 = TreeAggregator.from_state(before, np.asarray, mech, session)
+    out = tree2.add_epoch(np.ones(3))                    # fulfils tree:epoch=1, no new charge
+    assert out.shape == (3,)
+    assert session.pending and session.pending[0].fulfilling
+    session.persisted()                                  # the state write succeeded: commit
+    rep = acc2.report()
+    assert rep["rho_worst_case"] == pytest.approx(node_rho) and rep["uncommitted"] == 0
+    assert rep["reservations"] == 1
+
+    # a third incarnation from the *old* state would redraw a committed key: refused
+    tree3 = TreeAggregator.from_state(before, np.asarray, mech, SpendSession(acc2))
+    with pytest.raises(AlreadySpent):
+        tree3.add_epoch(np.ones(3))
+    # a crash after persist: recover() commits instead of leaving the key to fulfil
+    state1 = tree2.state_dict(lambda v: v.tolist())
+    s4 = SpendSession(acc2)
+    tree4 = TreeAggregator.from_state(state1, np.asarray, mech, s4)
+    tree4.add_epoch(np.ones(3))                          # epoch 2 reserved + drawn, "persisted", crash
+    assert SpendSession(acc2).recover(lambda key: key == "tree:epoch=2") == []
+    rep = acc2.report()
+    assert rep["uncommitted"] == 0 and rep["reservations"] == 2
+    assert rep["rho_worst_case"] == pytest.approx(2 * node_rho)   # epoch 2: nodes [2,2] and [1,2]

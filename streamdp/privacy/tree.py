@@ -27,7 +27,13 @@ Order of operations at each epoch (atomic per epoch)
    ``BudgetExhausted``) the aggregator is unchanged and the epoch is not closed;
 3. ``mechanism.privatize(raw node sum, its events)`` for each node;
 4. state update (raw sums of completed nodes dropped), ``spender.commit``.
-A crash or exception after 2 leaves the reservation counted (safe).
+A crash or exception after 2 leaves the reservation counted (safe). The
+reservation's label ``f"{label}:epoch={t}"`` names exactly the nodes completing
+at t, so it serves as the idempotency key of the spend protocol
+(:mod:`streamdp.privacy.spend`): with a :class:`SpendSession` as spender, the
+commit is deferred until the caller has persisted the noised nodes, and a tree
+restored from an older state re-closing epoch t fulfils the uncommitted
+reservation instead of charging it again.
 
 Raw state
 ---------
