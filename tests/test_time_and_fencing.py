@@ -63,6 +63,8 @@ def test_future_bounds_against_the_service_clock():
     assert r.route([on_time], [on_time], now)[0] == 4
     assert r.route([now + 200], [now + 200], now)[0] == 4               # within the bound
     assert "service clock" in r.future_reason(on_time, now + 301, now)
+    assert r.future_error(on_time, now + 301, now).error_class == "future_timestamp"
+    assert r.future_error(now - 600, now - 1000, now).error_class == "invalid_value"   # ts ahead of rt
     with pytest.raises(ValueError):
         Routing(EpochClock(0.0, HOUR), 0.0, max_future_seconds=0.0)
 

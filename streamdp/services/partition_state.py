@@ -135,6 +135,14 @@ class Routing:
         return (f"document ts {ts:.3f} is more than {self.max_future_seconds:g} s after its record "
                 f"timestamp {rt:.3f}")
 
+    def future_error(self, ts: float, rt: float, now: float) -> InvalidMessage:
+        """The dead-letter error for a FUTURE route: ``future_timestamp`` against the service
+        clock; ``invalid_value`` (as before) for a ``ts`` ahead of its own record time."""
+        why = self.future_reason(ts, rt, now)
+        if rt > now + self.max_future_seconds or ts > now + self.max_future_seconds:
+            return RecordTimeRejected(FUTURE_TIMESTAMP, why)
+        return InvalidMessage("invalid_value", why)
+
 
 def effective_progress(progress: float | None, now: float | None = None) -> float | None:
     """A partition's progress as the release service may use it: capped by its own clock."""

@@ -61,7 +61,7 @@ from streamdp.services import control
 from streamdp.kafka.connectivity import OutageGuard, check_bootstrap
 from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode
 from streamdp.kafka.topics import TopicConfigError, check_broker_time
-from streamdp.services.partition_state import (FUTURE, FUTURE_TIMESTAMP, LATE, PRODUCER_TIMESTAMP,
+from streamdp.services.partition_state import (FUTURE, LATE, PRODUCER_TIMESTAMP,
                                                PartitionState, RecordTimeRejected, fencing_token,
                                                select_state, state_key)
 from streamdp.whitening.subspace import Subspace
@@ -115,7 +115,7 @@ class Sketcher:
         check_bootstrap(cfg.client("admin"))     # fail fast, naming 'bootstrap'
         self.routing = cfg.routing
         self.topics = cfg.topics
-        self.metrics = ServiceMetrics("sketcher", exact_counts=cfg.metrics_exact_counts)
+        self.metrics = ServiceMetrics("sketcher")
         self.health = HealthState(liveness_timeout=cfg.liveness_seconds)
         self.metrics.bind_health(self.health)
         self.states: dict[int, PartitionState] = {}
@@ -287,8 +287,7 @@ class Sketcher:
                                                max_tokens=self.cfg.max_document_tokens)
                 t_rec = doc.ts if rt is None else rt
                 if self.routing.route([doc.ts], [t_rec], now)[0] == FUTURE:
-                    raise RecordTimeRejected(FUTURE_TIMESTAMP,
-                                             self.routing.future_reason(doc.ts, t_rec, now))
+                    raise self.routing.future_error(doc.ts, t_rec, now)
             except messages.InvalidMessage as exc:
                 bad.append((m, exc))
                 continue
