@@ -115,7 +115,7 @@ class Sketcher:
         check_bootstrap(cfg.client("admin"))     # fail fast, naming 'bootstrap'
         self.routing = cfg.routing
         self.topics = cfg.topics
-        self.metrics = ServiceMetrics("sketcher")
+        self.metrics = ServiceMetrics("sketcher", exact_counts=cfg.metrics_exact_counts)
         self.health = HealthState(liveness_timeout=cfg.liveness_seconds)
         self.metrics.bind_health(self.health)
         self.states: dict[int, PartitionState] = {}
