@@ -145,9 +145,10 @@ def librdkafka_logger() -> logging.Logger:
 
 
 class BrokerStatus:
-    """"All brokers down" reports from librdkafka's ``error_cb``, by bootstrap string."""
+    """Broker-down reports (all brokers down, transport failures) from librdkafka's ``error_cb``;
+    the guard confirms each with a metadata probe before calling it an outage."""
 
-    DOWN_CODES = (KafkaError._ALL_BROKERS_DOWN,)
+    DOWN_CODES = (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
