@@ -8,6 +8,7 @@ from streamdp.estimator import StreamingSpectralLDA, fit
 from streamdp.moments.clipping import ClipBounds
 from streamdp.moments.sketch import SketchSums, WhitenedSketch
 from streamdp.privacy.epochs import EpochClock
+from streamdp.refinement import RefinementConfig
 from streamdp.release import BudgetSplit
 from streamdp.snapshot import TopicSnapshot
 from streamdp.whitening.subspace import Subspace
@@ -15,5 +16,5 @@ from streamdp.whitening.warmup import WarmupSketch
 
 __all__ = ["StreamingSpectralLDA", "fit", "ClipBounds", "SketchSums", "WhitenedSketch",
            "BudgetSplit", "TopicSnapshot", "Subspace", "WarmupSketch", "ContinualRelease",
-           "EpochClock"]
+           "EpochClock", "RefinementConfig"]
 __version__ = "0.1.0"

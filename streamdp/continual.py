@@ -16,10 +16,11 @@ must be protected like raw data.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from streamdp import serialization as ser
 from streamdp.documents import as_count_batch
 from streamdp.moments.clipping import ClipBounds
 from streamdp.moments.sketch import SketchSums, WhitenedSketch
@@ -27,11 +28,42 @@ from streamdp.privacy.epochs import WARMUP_EPOCH, EpochClock
 from streamdp.privacy.events import STREAM, BudgetSpender, GaussianEvent
 from streamdp.privacy.noise import GaussianSampler
 from streamdp.privacy.tree import TreeAggregator, covering_levels, tree_depth
+from streamdp.refinement import BLOCK as REFINE_BLOCK
+from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch,
+                                 plan_refinement, refined_topics)
 from streamdp.release import (BudgetSplit, DenoiseConfig, decompose_sums, noise_scales,
                               noise_sums, plan_release)
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.subspace import Subspace
+
+
+@dataclass(frozen=True, eq=False)
+class EpochSums:
+    """What one epoch (or tree node) releases: the spectral sketch sums and, with refinement,
+    the k × d refinement sums of its documents under the model public when they arrived."""
+
+    sketch: SketchSums
+    refine: np.ndarray | None = None
+
+    def __add__(self, other: "EpochSums") -> "EpochSums":
+        if not isinstance(other, EpochSums):
+            return NotImplemented
+        if (self.refine is None) != (other.refine is None):
+            raise ValueError("cannot add epoch sums with and without refinement sums")
+        return EpochSums(self.sketch + other.sketch,
+                         None if self.refine is None else self.refine + other.refine)
+
+    def to_dict(self) -> dict:
+        return {"kind": "epoch_sums", "v": 1, "sketch": self.sketch.to_dict(),
+                "refine": None if self.refine is None else ser.pack_array(self.refine)}
+
+    @classmethod
+    def from_dict(cls, obj: dict) -> "EpochSums":
+        if obj.get("kind") != "epoch_sums":      # a tree written before refinement existed
+            return cls(SketchSums.from_dict(obj))
+        return cls(SketchSums.from_dict(obj["sketch"]),
+                   None if obj["refine"] is None else ser.unpack_array(obj["refine"], name="refine"))
 
 
 def zero_sums(subspace: Subspace) -> SketchSums:
@@ -42,22 +74,38 @@ def zero_sums(subspace: Subspace) -> SketchSums:
 
 
 class SketchNodeMechanism:
-    """Noises one tree node (a :class:`SketchSums`) with the per-block Gaussian plan.
+    """Noises one tree node (an :class:`EpochSums`) with the per-block Gaussian plan.
 
-    Every block gets ρ_node·share at sensitivity = its clip bound; s1/s2 are
-    derived from the noised m1/z (post-processing), as in a one-shot release.
+    Spectral blocks get ρ_node·(1 − r)·share at sensitivity = their clip bound (s1/s2
+    derived from the noised m1/z when those are bought, as in a one-shot release); with
+    refinement (share r) the k × d refinement sums get ρ_node·r at sensitivity 1.
     """
 
     def __init__(self, subspace: Subspace, clip: ClipBounds, split: BudgetSplit, rho_node: float,
-                 sampler: GaussianSampler) -> None:
+                 sampler: GaussianSampler, refine_share: float | None = None) -> None:
         self.subspace, self.clip, self.split = subspace, clip, split
         self.rho_node, self.sampler = float(rho_node), sampler
+        self.refine_share = refine_share
 
     def plan(self, partition: str) -> list[GaussianEvent]:
-        return plan_release(self.rho_node, self.clip, self.split, "tensor", partition=partition)
+        r = self.refine_share or 0.0
+        events = plan_release(self.rho_node * (1 - r), self.clip, self.split, "tensor",
+                              partition=partition)
+        if self.refine_share:
+            events.append(plan_refinement(self.rho_node * r, partition=partition))
+        return events
 
-    def privatize(self, value: SketchSums, events) -> SketchSums:
-        return noise_sums(value, list(events), self.sampler, self.subspace.Q)
+    def privatize(self, value: EpochSums | SketchSums, events) -> EpochSums:
+        if isinstance(value, SketchSums):
+            value = EpochSums(value)
+        events = list(events)
+        spectral = [e for e in events if e.block != REFINE_BLOCK]
+        noised = noise_sums(value.sketch, spectral, self.sampler, self.subspace.Q)
+        refine = None
+        if self.refine_share:
+            e = next(e for e in events if e.block == REFINE_BLOCK)
+            refine = self.sampler.add_noise(value.refine, e.sigma)
+        return EpochSums(noised, refine)
 
 
 class ContinualRelease:
@@ -85,39 +133,62 @@ class ContinualRelease:
                  rho: float | None, horizon: int, split: BudgetSplit = BudgetSplit(),
                  sampler: GaussianSampler | None = None, spender: BudgetSpender | None = None,
                  power: PowerMethodConfig = PowerMethodConfig(),
-                 denoise: DenoiseConfig = DenoiseConfig(), label: str = "tree") -> None:
+                 denoise: DenoiseConfig = DenoiseConfig(), label: str = "tree",
+                 refinement: RefinementConfig | None = None) -> None:
         self.subspace, self.clip = subspace, clip
         self.n_topics, self.alpha0 = int(n_topics), float(alpha0)
         self.horizon, self.depth = int(horizon), tree_depth(horizon)
         self.split, self.power, self.denoise = split, power, denoise
+        self.refinement = refinement
         self.rho = rho
         self.sampler = sampler
+        # epochs whose documents were refined under an earlier snapshot (public: it only
+        # depends on whether a snapshot existed when the epoch was open)
+        self.refined_epochs = 0
         if rho is not None:
             if not (rho > 0 and math.isfinite(rho)):
                 raise ValueError(f"rho must be a finite number > 0 or None, got {rho!r}")
             if sampler is None:
                 raise ValueError("a private continual release needs a noise sampler")
             self.rho_node = rho / self.depth
-            self.mechanism = SketchNodeMechanism(subspace, clip, split, self.rho_node, sampler)
+            self.mechanism = SketchNodeMechanism(subspace, clip, split, self.rho_node, sampler,
+                                                 None if refinement is None else refinement.share)
             self.tree: TreeAggregator | None = TreeAggregator(horizon, self.mechanism, spender,
                                                               label=label)
         else:
             self.rho_node, self.mechanism, self.tree = None, None, None
-            self._exact: SketchSums | None = None
+            self._exact: EpochSums | None = None
             self._exact_epoch = 0
 
     @property
     def epoch(self) -> int:
         return self.tree.epoch if self.tree is not None else self._exact_epoch
 
-    def close_epoch(self, sums: SketchSums | None) -> TopicSnapshot:
+    def _as_epoch_sums(self, sums) -> EpochSums:
+        if sums is None:
+            sums = zero_sums(self.subspace)
+        if isinstance(sums, SketchSums):
+            sums = EpochSums(sums)
+        if self.refinement is None:
+            return EpochSums(sums.sketch)
+        if sums.refine is None:
+            return EpochSums(sums.sketch, np.zeros((self.n_topics, self.subspace.d)))
+        if sums.refine.shape != (self.n_topics, self.subspace.d):
+            raise ValueError(f"refinement sums have shape {sums.refine.shape}, expected "
+                             f"{(self.n_topics, self.subspace.d)}")
+        return sums
+
+    def close_epoch(self, sums: EpochSums | SketchSums | None, *, refined: bool = False) -> TopicSnapshot:
         """Close the next epoch with its raw sums (None = no documents) and release.
+
+        ``refined``: the epoch's documents were folded into an earlier snapshot (its
+        refinement sums are meaningful). From the first such epoch on, snapshots are refined:
+        topics from the released refinement prefix, topic i continuing topic i.
 
         Raises HorizonExceeded past the horizon and BudgetExhausted if the
         accountant refuses the epoch's nodes; in both cases nothing changes.
         """
-        if sums is None:
-            sums = zero_sums(self.subspace)
+        sums = self._as_epoch_sums(sums)
         if self.tree is None:
             if self._exact_epoch >= self.horizon:
                 from streamdp.privacy.tree import HorizonExceeded
@@ -125,21 +196,35 @@ class ContinualRelease:
                                       f"T={self.horizon}")
             self._exact = sums if self._exact is None else self._exact + sums
             self._exact_epoch += 1
-            released = noise_sums(self._exact, [], None, self.subspace.Q)
+            released = EpochSums(noise_sums(self._exact.sketch, [], None, self.subspace.Q),
+                                 self._exact.refine)
             sd = None
         else:
             released = self.tree.add_epoch(sums)
             nodes = len(covering_levels(self.tree.epoch))
             sd = noise_scales(self.mechanism.plan(STREAM), math.sqrt(nodes))
+            if self.refinement is not None:
+                e = next(e for e in self.mechanism.plan(STREAM) if e.block == REFINE_BLOCK)
+                sd[REFINE_BLOCK] = e.sigma * math.sqrt(nodes)
+        if refined and self.refinement is not None:
+            self.refined_epochs += 1
         return self._snapshot(released, sd)
 
-    def _snapshot(self, released: SketchSums, sd: dict | None) -> TopicSnapshot:
+    def _snapshot(self, released: EpochSums, sd: dict | None) -> TopicSnapshot:
         t = self.epoch
-        topic_word, alpha, lambdas = decompose_sums(
-            released, self.subspace, n_topics=self.n_topics, alpha0=self.alpha0, noise_sd=sd,
-            power=self.power, denoise=self.denoise)
+        spectral_sd = None if sd is None else {k: v for k, v in sd.items() if k != REFINE_BLOCK}
+        topic_word, alpha, lambdas, U = decompose_sums(
+            released.sketch, self.subspace, n_topics=self.n_topics, alpha0=self.alpha0,
+            noise_sd=spectral_sd, power=self.power, denoise=self.denoise,
+            return_subspace_topics=True)
         private = self.tree is not None
         node_events = self.tree.node_events(1, 1) if private else []
+        stage, nts, fold_in = "spectral", None, None
+        if self.refined_epochs > 0:
+            stage = "refined"
+            topic_word, alpha, nts, fold_in = refined_topics(
+                released.refine, sd[REFINE_BLOCK] if sd else 0.0, self.alpha0)
+            U = None
         privacy = {
             "unit": "one document",
             "neighbouring": "add/remove one document",
@@ -154,34 +239,40 @@ class ContinualRelease:
             "noise_sd": sd or {},
             "clip_bounds": self.clip.to_dict(),
             "budget_split": self.split.as_dict() if private else None,
+            "refinement": None if self.refinement is None else {
+                **self.refinement.to_dict(), "refined_epochs": self.refined_epochs},
             "sampler": getattr(self.sampler, "name", None) if private else None,
             "power_method": asdict(self.power),
             "denoise_threshold": self.denoise.threshold if private else 0.0,
         }
         return TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=lambdas,
-                             n_docs=float(released.count), privacy=privacy,
+                             n_docs=float(released.sketch.count), privacy=privacy,
                              mechanism="tree" if private else "none",
-                             subspace_id=self.subspace.id, epoch=t)
+                             subspace_id=self.subspace.id, epoch=t, subspace_topics=U,
+                             noise_to_signal=nts, fold_in_topics=fold_in, stage=stage)
 
     # ------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
         """msgpack-friendly state. Contains raw partial sums: protect like raw data."""
         if self.tree is None:
             return {"kind": "continual_exact", "v": 1, "epoch": self._exact_epoch,
+                    "refined_epochs": self.refined_epochs,
                     "sums": None if self._exact is None else self._exact.to_dict()}
-        return self.tree.state_dict(lambda s: s.to_dict())
+        state = self.tree.state_dict(lambda s: s.to_dict())
+        return {**state, "refined_epochs": self.refined_epochs}
 
     def load_state(self, state: dict) -> "ContinualRelease":
+        self.refined_epochs = int(state.get("refined_epochs", 0))
         if self.tree is None:
             if state.get("kind") != "continual_exact":
                 raise ValueError("state is not from a non-private continual release")
             self._exact_epoch = int(state["epoch"])
-            self._exact = None if state["sums"] is None else SketchSums.from_dict(state["sums"])
+            self._exact = None if state["sums"] is None else EpochSums.from_dict(state["sums"])
             return self
         if int(state.get("horizon", -1)) != self.horizon:
             raise ValueError(f"tree state has horizon {state.get('horizon')}, configured "
                              f"{self.horizon}: the accounting of a tree cannot change mid-way")
-        self.tree = TreeAggregator.from_state(state, SketchSums.from_dict, self.mechanism,
+        self.tree = TreeAggregator.from_state(state, EpochSums.from_dict, self.mechanism,
                                               self.tree.spender)
         return self
 
@@ -194,13 +285,19 @@ class EpochSketches:
     Warm-up-timestamped documents arriving here are late too.
     """
 
-    def __init__(self, subspace: Subspace, clip: ClipBounds, clock: EpochClock) -> None:
+    def __init__(self, subspace: Subspace, clip: ClipBounds, clock: EpochClock,
+                 n_topics: int | None = None) -> None:
         self.subspace, self.clip, self.clock = subspace, clip, clock
+        self.n_topics = n_topics          # None: no refinement sums
         self.open: dict[int, WhitenedSketch] = {}
+        self.refine: dict[int, RefinementSketch] = {}
         self.closed_through = 0
         self.late_documents = 0
 
-    def add(self, X, timestamps) -> "EpochSketches":
+    def add(self, X, timestamps, model: RefinementModel | None = None) -> "EpochSketches":
+        """Route documents to their epochs; with ``model`` (the last snapshot's, public) also
+        add their refinement contributions. An epoch is refined only if all its documents
+        were folded into a model (the first refinement starts with a fresh epoch)."""
         X = as_count_batch(X, self.subspace.d)
         ts = np.asarray(timestamps, dtype=np.float64).ravel()
         if ts.shape[0] != X.shape[0]:
@@ -215,13 +312,21 @@ class EpochSketches:
             if sk is None:
                 sk = self.open[int(e)] = WhitenedSketch(self.subspace, self.clip)
             sk.update(X[rows])
+            if model is not None and self.n_topics is not None:
+                rs = self.refine.get(int(e))
+                if rs is None:
+                    rs = self.refine[int(e)] = RefinementSketch(self.n_topics, self.subspace.d)
+                rs.update(X[rows], model)
         return self
 
-    def pop_through(self, epoch: int) -> list[tuple[int, SketchSums | None]]:
+    def pop_through(self, epoch: int) -> list[tuple[int, EpochSums | None]]:
         """Close epochs closed_through+1 … epoch in order; empty ones give None."""
         out = []
         for e in range(self.closed_through + 1, int(epoch) + 1):
-            sk = self.open.pop(e, None)
-            out.append((e, None if sk is None else sk.sums()))
+            sk, rs = self.open.pop(e, None), self.refine.pop(e, None)
+            if sk is None:
+                out.append((e, None))
+                continue
+            out.append((e, EpochSums(sk.sums(), None if rs is None else rs.sums)))
         self.closed_through = max(self.closed_through, int(epoch))
         return out

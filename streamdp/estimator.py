@@ -12,9 +12,11 @@ from streamdp.documents import as_count_batch
 from streamdp.moments.clipping import WARMUP_NORMALISING_CLIP, ClipBounds
 from streamdp.moments.sketch import WhitenedSketch
 from streamdp.privacy.conversions import zcdp_rho
-from streamdp.privacy.events import STREAM, WARMUP, BudgetSpender
+from streamdp.privacy.events import STREAM, WARMUP, BudgetSpender, EventLog, GaussianEvent
 from streamdp.privacy.epochs import EpochClock
 from streamdp.privacy.noise import GaussianSampler, make_sampler
+from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch,
+                                 plan_refinement, refined_topics)
 from streamdp.release import (MECHANISMS, BudgetSplit, DenoiseConfig, release_topics)
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import PowerMethodConfig
@@ -22,6 +24,10 @@ from streamdp.whitening.warmup import WarmupSketch
 
 DEFAULT_CLIP_QUANTILE = 0.97
 DEFAULT_CLIP_BUDGET_SHARE = 0.05
+# fit(warmup_docs=…): a row-count boundary charges the warm-up on the stream partition
+# (sequential composition, replace sensitivity); this share of ρ goes to the warm-up.
+COUNT_BOUNDARY_WARMUP_SHARE = 0.25
+WARMUP_BOUNDARIES = ("document", "count")
 
 
 def _check_positive_int(name: str, v, minimum: int = 1) -> int:
@@ -82,6 +88,20 @@ class StreamingSpectralLDA:
                                    and :meth:`close_epochs` releases with the binary
                                    tree mechanism (requires ``horizon``)
     horizon : int, optional        T, the most epochs the stream budget must cover
+    refinement : RefinementConfig, True or None
+                                   private refinement after the spectral start (DESIGN §8,
+                                   docs/estimator.md): used by :func:`fit`, :meth:`refine`
+                                   and, in continual mode, at every epoch close.
+                                   None/False: spectral releases only
+    warmup_boundary : {"document", "count"}
+                                   "document" (default): the caller routes each document
+                                   to the warm-up or the stream by a rule of that document
+                                   alone (its timestamp), so the two are disjoint partitions
+                                   (parallel composition). "count": the split may move
+                                   documents (a row count); the warm-up is then charged on
+                                   the stream partition at replace sensitivity, with
+                                   ``warmup_share`` of ρ (sequential composition)
+    warmup_share : float           ρ share of the warm-up under ``warmup_boundary="count"``
 
     Attributes
     ----------
@@ -101,7 +121,10 @@ class StreamingSpectralLDA:
                  clip_budget_share: float = DEFAULT_CLIP_BUDGET_SHARE, n_restarts: int = 15, n_iter: int = 30,
                  threshold: float = 2.0, seed: int | None = None, noise_seed: int | None = None,
                  sampler: GaussianSampler | str = "opendp", accountant: BudgetSpender | None = None,
-                 epochs: EpochClock | None = None, horizon: int | None = None):
+                 epochs: EpochClock | None = None, horizon: int | None = None,
+                 refinement: RefinementConfig | bool | None = True,
+                 warmup_boundary: str = "document",
+                 warmup_share: float = COUNT_BOUNDARY_WARMUP_SHARE):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
             raise ValueError(f"seed must be an integer or None, got {seed!r}")
         self.n_topics = _check_positive_int("n_topics", n_topics)
@@ -115,6 +138,7 @@ class StreamingSpectralLDA:
         if mechanism not in MECHANISMS:
             raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
         self.mechanism = mechanism
+        self._user_split = budget_split
         self.budget_split = budget_split if budget_split is not None else BudgetSplit()
         if clip is not None and not isinstance(clip, ClipBounds):
             raise ValueError("clip must be a streamdp.ClipBounds (or None to use clip_length)")
@@ -149,6 +173,22 @@ class StreamingSpectralLDA:
             raise ValueError("continual release noises tree nodes once: use mechanism='tensor'")
         self.epochs = epochs
         self.horizon = None if horizon is None else _check_positive_int("horizon", horizon)
+        if refinement is True:
+            refinement = RefinementConfig()
+        elif refinement is False:
+            refinement = None
+        if refinement is not None and not isinstance(refinement, RefinementConfig):
+            raise ValueError("refinement must be a streamdp.RefinementConfig, True or None, "
+                             f"got {type(refinement).__name__}")
+        self.refinement = refinement
+        if warmup_boundary not in WARMUP_BOUNDARIES:
+            raise ValueError(f"warmup_boundary must be one of {WARMUP_BOUNDARIES}, got {warmup_boundary!r}")
+        if not 0 < warmup_share < 1:
+            raise ValueError(f"warmup_share must be in (0, 1), got {warmup_share!r}")
+        self.warmup_boundary, self.warmup_share = warmup_boundary, float(warmup_share)
+        self._stream_events: list = []      # every event charged to stream documents so far
+        self._model: RefinementModel | None = None
+        self._model_epoch: int | None = None   # epoch of the first continual snapshot
         self.continual_ = None
         self._epoch_sketches = None
         self.rho_ = zcdp_rho(self.epsilon, self.delta) if self.epsilon is not None else None
@@ -195,20 +235,27 @@ class StreamingSpectralLDA:
             raise ValueError("call warmup(X) with documents of length >= 3 before partial_fit(X): "
                              "the stream is sketched in the subspace the warm-up finds")
         rho = self.rho_
+        where = {}
+        if rho is not None and self.warmup_boundary == "count":
+            # sequential composition: the warm-up is paid by (possibly) the same documents
+            rho = rho * self.warmup_share
+            where = {"partition": STREAM, "sensitivity_factor": 2.0}
         if self._auto_clip:
-            hist_rho = rho * self.clip_budget_share
-            rho = rho - hist_rho
+            hist_rho = None if rho is None else rho * self.clip_budget_share
+            rho = None if rho is None else rho - hist_rho
             self.clip, _ = self._warmup.clip_bounds(self.clip_quantile, hist_rho,
-                                                    self.sampler, self.accountant)
-        self.subspace_ = self._warmup.subspace(rho, self.sampler, self.accountant)
+                                                    self.sampler, self.accountant, **where)
+        self.subspace_ = self._warmup.subspace(rho, self.sampler, self.accountant, **where)
         self.sketch_ = WhitenedSketch(self.subspace_, self.clip)
         if self.epochs is not None:
             self.continual_ = ContinualRelease(
                 self.subspace_, self.clip, n_topics=self.n_topics, alpha0=self.alpha0,
-                rho=self.rho_, horizon=self.horizon, split=self.budget_split,
+                rho=self.stream_rho_, horizon=self.horizon, split=self._spectral_split(),
                 sampler=self.sampler, spender=self.accountant, power=self.power,
-                denoise=self.denoise)
-            self._epoch_sketches = EpochSketches(self.subspace_, self.clip, self.epochs)
+                denoise=self.denoise, refinement=self.refinement)
+            self._epoch_sketches = EpochSketches(
+                self.subspace_, self.clip, self.epochs,
+                n_topics=self.n_topics if self.refinement is not None else None)
         self._warmup = None   # the warm-up's raw sums are no longer needed
 
     # ----------------------------------------------------------------- stream
@@ -226,10 +273,32 @@ class StreamingSpectralLDA:
         if self.subspace_ is None:
             self._fix_subspace()
         if self.epochs is not None:
-            self._epoch_sketches.add(X, timestamps)
+            self._epoch_sketches.add(X, timestamps, model=self._refinement_model())
         else:
             self.sketch_.update(X)
         return self
+
+    def _refinement_model(self) -> RefinementModel | None:
+        """Continual mode: the public model new documents are folded into (the last snapshot)."""
+        if self.refinement is None or self.snapshot_ is None:
+            return None
+        if self._model is None or self._model.model_id != self.snapshot_.release_id:
+            self._model = RefinementModel.from_snapshot(self.snapshot_,
+                                                        fold_in_iter=self.refinement.fold_in_iter)
+        return self._model
+
+    @property
+    def stream_rho_(self) -> float | None:
+        """ρ available to stream documents (all of it unless a count boundary shares it)."""
+        if self.rho_ is None or self.warmup_boundary == "document":
+            return self.rho_
+        return self.rho_ * (1.0 - self.warmup_share)
+
+    def _spectral_split(self) -> BudgetSplit:
+        """The user's split, or with refinement the spectral-start split (nothing on z, m1)."""
+        if self._user_split is not None or self.refinement is None:
+            return self.budget_split
+        return BudgetSplit.spectral_start()
 
     @property
     def late_documents_(self) -> int:
@@ -248,7 +317,11 @@ class StreamingSpectralLDA:
         snaps = []
         target = min(self.epochs.closable_through(watermark), self.horizon)
         for epoch, sums in self._epoch_sketches.pop_through(target):
-            snap = self.continual_.close_epoch(sums)
+            # refined iff a snapshot was public before this epoch opened for refinement
+            refined = self._model_epoch is not None and epoch > self._model_epoch
+            snap = self.continual_.close_epoch(sums, refined=refined)
+            if self._model_epoch is None:
+                self._model_epoch = epoch
             self._finish_snapshot(snap)
             snaps.append(snap)
         if self.epochs.closable_through(watermark) > self.horizon:
@@ -271,17 +344,83 @@ class StreamingSpectralLDA:
             raise ValueError(f"budget_fraction must be in (0, 1], got {budget_fraction!r}")
         if self.sketch_.n_docs == 0:
             raise ValueError("the stream sketch is empty: partial_fit(X) with documents first")
-        rho = None if self.rho_ is None else self.rho_ * budget_fraction
+        return self._spectral_release(budget_fraction, self.budget_split)
+
+    def _spectral_release(self, budget_fraction: float, split: BudgetSplit) -> TopicSnapshot:
+        rho = None if self.rho_ is None else self.stream_rho_ * budget_fraction
         snap = release_topics(self.sketch_.sums(), self.subspace_, n_topics=self.n_topics,
                               alpha0=self.alpha0, rho=rho, clip=self.clip,
-                              mechanism=self.mechanism, split=self.budget_split,
+                              mechanism=self.mechanism, split=split,
                               sampler=self.sampler, spender=self.accountant,
                               power=self.power, denoise=self.denoise, partition=STREAM)
         return self._finish_snapshot(snap)
 
-    def _finish_snapshot(self, snap: TopicSnapshot) -> TopicSnapshot:
+    def refine(self, X, budget_fraction: float | None = None) -> TopicSnapshot:
+        """One private refinement pass over stream documents under the last released model.
+
+        Each document of ``X`` (a count matrix, or an iterable of count batches: the stream
+        read again) is folded into the model of :attr:`snapshot_` — public, it was released —
+        and its expected topic-word counts, normalised to Frobenius norm ≤ 1, are summed;
+        the sum is released once with Gaussian noise (``budget_fraction`` of the stream ρ,
+        default ``share / passes`` of :attr:`refinement`) and denoised. Topic i of the result
+        is the refinement of topic i of the model. Pass the same stream documents as to
+        :meth:`partial_fit`: they pay the spectral release and each pass (sequential
+        composition, docs/privacy.md). Raises BudgetExhausted when the budget is spent.
+
+        Returns the refined :class:`TopicSnapshot` (``stage="refined"``).
+        """
+        if self.epochs is not None:
+            raise ValueError("in continual mode refinement happens at epoch closes: "
+                             "call close_epochs(watermark)")
+        if self.snapshot_ is None:
+            raise ValueError("refine() folds documents into a released model: call release() first")
+        cfg = self.refinement if self.refinement is not None else RefinementConfig()
+        if budget_fraction is None:
+            budget_fraction = cfg.share / cfg.passes
+        if not 0 < budget_fraction <= 1:
+            raise ValueError(f"budget_fraction must be in (0, 1], got {budget_fraction!r}")
+        model = RefinementModel.from_snapshot(self.snapshot_,
+                                              fold_in_iter=cfg.fold_in_iter)
+        sketch = RefinementSketch(*model.shape)
+        for batch in ([X] if sp.issparse(X) or isinstance(X, np.ndarray) else X):
+            sketch.update(batch, model)
+        if sketch.n_docs == 0:
+            raise ValueError("refine() got no non-empty documents")
+        events = []
+        if self.rho_ is None:
+            T, sd = sketch.sums, 0.0
+        else:
+            event = plan_refinement(self.stream_rho_ * budget_fraction, partition=STREAM)
+            events = [event]
+            spender = self.accountant if self.accountant is not None else EventLog()
+            token = spender.reserve(events, label="refine")      # write-ahead, before noise
+            T = self.sampler.add_noise(sketch.sums, event.sigma)
+            spender.commit(token)
+            sd = event.sigma
+        topic_word, alpha, nts, fold_in_topics = refined_topics(T, sd, self.alpha0)
+        prev = self.snapshot_
+        privacy = dict(prev.privacy)
+        privacy.update({"mechanism": (prev.privacy.get("mechanism", "none") + "+refine")
+                        if events else privacy.get("mechanism", "none"),
+                        "refinement": {**cfg.to_dict(), "passes_done": prev.privacy.get(
+                            "refinement", {}).get("passes_done", 0) + 1,
+                            "model": prev.release_id, "noise_sd": sd}})
+        snap = TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=prev.eigenvalues,
+                             n_docs=prev.n_docs, privacy=privacy, mechanism=prev.mechanism,
+                             subspace_id=prev.subspace_id, epoch=prev.epoch, stage="refined",
+                             noise_to_signal=nts, fold_in_topics=fold_in_topics)
+        return self._finish_snapshot(snap, events)
+
+    def _finish_snapshot(self, snap: TopicSnapshot, new_events=None) -> TopicSnapshot:
+        if new_events is None:      # a spectral release: its events are in its report
+            new_events = [GaussianEvent(**{k: v for k, v in e.items() if k != "rho"})
+                          for e in snap.privacy.get("events", [])]
+        self._stream_events = self._stream_events + list(new_events)
         snap.privacy.update({"epsilon": self.epsilon, "delta": self.delta,
                              "rho_budget": self.rho_,
+                             "stream_events": [e.to_dict() for e in self._stream_events],
+                             "rho_stream_spent": float(sum(e.rho for e in self._stream_events)),
+                             "warmup_boundary": self.warmup_boundary,
                              "warmup": self.subspace_.provenance.get("events", []),
                              "partitions": {WARMUP: "warm-up documents (subspace only)",
                                             STREAM: "stream documents (sketches only)"}})
@@ -294,22 +433,67 @@ class StreamingSpectralLDA:
 
 
 def fit(counts, n_topics: int, *, alpha0: float = 1.0, epsilon: float | None = None,
-        delta: float = 1e-6, warmup_docs: int, seed: int | None = None,
-        batch_size: int = 4096, **kwargs) -> TopicSnapshot:
-    """Fit on a count matrix: rows [:warmup_docs] warm up, the rest is the stream.
+        delta: float = 1e-6, warmup_docs: int | None = None, seed: int | None = None,
+        batch_size: int = 4096, timestamps=None, stream_start: float | None = None,
+        refinement: RefinementConfig | bool | None = True, **kwargs) -> TopicSnapshot:
+    """Fit on a count matrix: warm up, sketch the stream, release, refine.
+
+    Which rows warm up (used only for the whitening subspace) decides the accounting:
+
+    * ``timestamps`` (n_docs,) and ``stream_start``: rows with ``ts < stream_start`` warm
+      up. The role of a row depends on that row alone, so warm-up and stream are disjoint
+      partitions and each document pays once (parallel composition) — the full ε for both;
+    * ``warmup_docs``: rows ``[:warmup_docs]`` warm up. Adding a row shifts another across
+      that boundary, so the warm-up is charged to the stream documents too, at replace
+      sensitivity (sequential composition; ``warmup_share`` of ρ, default 0.25) — a
+      smaller stream budget, but the stated (ε, δ) holds (docs/privacy.md).
+
+    With ``refinement`` (default on) the stream budget is split: the spectral start gets
+    ``1 − share`` and each of ``passes`` refinement passes over the stream rows gets
+    ``share / passes`` (:class:`RefinementConfig`, docs/estimator.md).
 
     Returns the released :class:`TopicSnapshot` (``.topic_word`` (k, d), ``.alpha`` (k,)).
     Extra keyword arguments go to :class:`StreamingSpectralLDA`.
     """
     X = as_count_batch(counts)
     n = X.shape[0]
-    warmup_docs = _check_positive_int("warmup_docs", warmup_docs)
-    if warmup_docs >= n:
-        raise ValueError(f"warmup_docs={warmup_docs} leaves no stream documents out of {n} rows")
     batch_size = _check_positive_int("batch_size", batch_size)
-    model = StreamingSpectralLDA(n_topics, alpha0, epsilon=epsilon, delta=delta, seed=seed, **kwargs)
-    for s in range(0, warmup_docs, batch_size):
-        model.warmup(X[s:min(s + batch_size, warmup_docs)])
-    for s in range(warmup_docs, n, batch_size):
-        model.partial_fit(X[s:s + batch_size])
-    return model.release()
+    if timestamps is not None or stream_start is not None:
+        if timestamps is None or stream_start is None:
+            raise ValueError("a timestamp boundary needs both timestamps= and stream_start=")
+        if warmup_docs is not None:
+            raise ValueError("give either warmup_docs (a row count) or timestamps= and "
+                             "stream_start= (a per-document boundary), not both")
+        ts = np.asarray(timestamps, dtype=np.float64).ravel()
+        if ts.shape[0] != n or not np.all(np.isfinite(ts)):
+            raise ValueError(f"timestamps must be {n} finite numbers, one per row")
+        warm_rows = np.flatnonzero(ts < float(stream_start))
+        stream_rows = np.flatnonzero(ts >= float(stream_start))
+        boundary = "document"
+    else:
+        if warmup_docs is None:
+            raise ValueError("give warmup_docs (rows [:warmup_docs] warm up) or timestamps= "
+                             "and stream_start= (rows with ts < stream_start warm up)")
+        warmup_docs = _check_positive_int("warmup_docs", warmup_docs)
+        warm_rows, stream_rows = np.arange(min(warmup_docs, n)), np.arange(warmup_docs, n)
+        boundary = "count"
+    if warm_rows.size == 0 or stream_rows.size == 0:
+        raise ValueError(f"the boundary leaves {warm_rows.size} warm-up and {stream_rows.size} "
+                         f"stream rows out of {n}: both must be non-empty (no stream documents "
+                         "or no warm-up documents)")
+    kwargs.setdefault("warmup_boundary", boundary)
+    model = StreamingSpectralLDA(n_topics, alpha0, epsilon=epsilon, delta=delta, seed=seed,
+                                 refinement=refinement, **kwargs)
+    for s in range(0, warm_rows.size, batch_size):
+        model.warmup(X[warm_rows[s:s + batch_size]])
+    stream = [X[stream_rows[s:s + batch_size]] for s in range(0, stream_rows.size, batch_size)]
+    for batch in stream:
+        model.partial_fit(batch)
+    cfg = model.refinement
+    if cfg is None:
+        return model.release()
+    model._spectral_release(1.0 - cfg.share, model._spectral_split())
+    snap = None
+    for _ in range(cfg.passes):
+        snap = model.refine(stream, budget_fraction=cfg.share / cfg.passes)
+    return snap

@@ -33,6 +33,8 @@ from streamdp.tensor.private import NoisyQueryOracle
 from streamdp.whitening.subspace import Subspace
 
 MECHANISMS = ("tensor", "iterative")
+# Blocks a private release may leave out (their k'-space images s1/s2 are noised instead).
+WITHHOLDABLE = ("m1", "z")
 
 
 @dataclass(frozen=True)
@@ -56,16 +58,36 @@ class BudgetSplit:
         bad = {k: v for k, v in shares.items() if not (math.isfinite(v) and v >= 0)}
         if bad:
             raise ValueError(f"budget shares must be finite and >= 0, got {bad}")
-        for required in ("z", "s3", "m1", "count"):
+        for required in ("s3", "count"):
             if shares[required] <= 0:
                 raise ValueError(f"budget share for block {required!r} must be > 0 "
                                  "(it is released in every private release)")
+        # z (d × k') and m1 (d) may be withheld only when their k'-space images are released
+        # directly: the release is then a subspace model (topics via Q, for refinement)
+        for full, small in (("z", "s2"), ("m1", "s1")):
+            if shares[full] <= 0 and shares[small] <= 0:
+                raise ValueError(f"budget share for block {full!r} or {small!r} must be > 0")
         total = sum(shares.values())
         if abs(total - 1.0) > 1e-9:
             raise ValueError(f"budget shares must sum to 1, got {total:.6g} ({shares})")
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+    @property
+    def full_space(self) -> bool:
+        """Whether z and m1 are released (topics can be un-whitened through z)."""
+        return self.z > 0 and self.m1 > 0
+
+    @classmethod
+    def spectral_start(cls) -> "BudgetSplit":
+        """The split of a spectral release that only starts a refinement (docs/estimator.md).
+
+        Refinement needs the model in k'-space only (θ by least squares on Qᵀc/l), so
+        nothing is spent on the d-dimensional z and m1; most goes to the tensor s3, whose
+        noise limits the start on real text (measured: docs/benchmarks.md).
+        """
+        return cls(z=0.0, m1=0.0, s1=0.03, s2=0.15, s3=0.80, count=0.02)
 
 
 def block_sensitivities(clip: ClipBounds) -> dict[str, float]:
@@ -122,6 +144,9 @@ def noise_sums(sums: SketchSums, events: list[GaussianEvent], sampler: GaussianS
             value = float(sampler.add_noise(np.array([float(value)]), e.sigma)[0])
         elif e is not None:
             value = sampler.add_noise(value, e.sigma)
+        elif events and name in WITHHOLDABLE:
+            # a private release that does not buy this block must not pass it on raw
+            value = np.zeros_like(value)
         out[name] = value
     if "s1" not in by_block:
         out["s1"] = Q.T @ out["m1"]
@@ -207,10 +232,10 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
             return NoisyQueryOracle(whiten3(noisy.s3, W), whiten3(T3_public, W), N, clip.s3, W,
                                     q.sigma / q.sensitivity, q.count, sampler)
 
-    topic_word, alpha, lambdas = decompose_sums(
+    topic_word, alpha, lambdas, U = decompose_sums(
         noisy, subspace, n_topics=n_topics, alpha0=alpha0,
         noise_sd=noise_scales(events) if private else None, power=power, denoise=denoise,
-        oracle_factory=oracle_factory)
+        oracle_factory=oracle_factory, return_subspace_topics=True)
     if token is not None:
         spender.commit(token)
     privacy = {
@@ -230,7 +255,7 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
     return TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=lambdas,
                          n_docs=float(noisy.count), privacy=privacy,
                          mechanism=mechanism if private else "none",
-                         subspace_id=subspace.id, epoch=epoch)
+                         subspace_id=subspace.id, epoch=epoch, subspace_topics=U)
 
 
 def _check_topics(subspace: Subspace, n_topics: int, alpha0: float) -> None:
@@ -243,7 +268,8 @@ def _check_topics(subspace: Subspace, n_topics: int, alpha0: float) -> None:
 
 def decompose_sums(noisy: SketchSums, subspace: Subspace, *, n_topics: int, alpha0: float,
                    noise_sd: dict[str, float] | None, power: PowerMethodConfig = PowerMethodConfig(),
-                   denoise: DenoiseConfig = DenoiseConfig(), oracle_factory=None):
+                   denoise: DenoiseConfig = DenoiseConfig(), oracle_factory=None,
+                   return_subspace_topics: bool = False):
     """Topics from already-noised (or exact) sums — pure post-processing, spends nothing.
 
     Parameters
@@ -255,11 +281,20 @@ def decompose_sums(noisy: SketchSums, subspace: Subspace, *, n_topics: int, alph
                               replaces the exact oracle on the whitened T3 (the
                               iterative mechanism noises its own queries)
 
+    return_subspace_topics : bool
+                              also return U = Qᵀμ (k' × k), the topics in k'-space
+                              (what a refinement pass folds documents into)
+
+    When z or m1 was withheld (``noise_sd`` without "z" or "m1", a
+    :meth:`BudgetSplit.spectral_start` release), topics are un-whitened through the
+    subspace instead: μ_i ≈ Q U_i, clipped and renormalised (coarse: it is a start).
+
     Returns
     -------
     topic_word : (k, d)   rows on the simplex
     alpha : (k,)
     lambdas : (k,)        power-method eigenvalues
+    U : (k', k)           only with ``return_subspace_topics``
     """
     _check_topics(subspace, n_topics, alpha0)
     Q = subspace.Q
@@ -293,12 +328,19 @@ def decompose_sums(noisy: SketchSums, subspace: Subspace, *, n_topics: int, alph
     M2Q = Z - a * np.outer(M1, M1Q)                          # (d, k')
     WV = W @ Vt                                              # (k', k)
     beta = (alpha0 + 2) / 2 * lambdas
-    mu = (M2Q @ WV) * beta                                   # (d, k) columns = topics
-    if private:
+    U = (Kmat @ WV) * beta                                   # (k', k) = Qᵀμ_i
+    if private and ("z" not in noise_sd or "m1" not in noise_sd):
+        mu = Q @ U                                           # z or m1 withheld
+    else:
+        mu = (M2Q @ WV) * beta                               # (d, k) columns = topics
+    if private and "z" in noise_sd and "m1" in noise_sd:
         sz, sm = noise_sd["z"] / N, noise_sd["m1"] / N
         sd = beta * np.sqrt(sz**2 * np.sum(WV**2, axis=0) + (a * sm * (M1Q @ WV))**2)
         mu = np.where(mu >= denoise.threshold * sd[None, :], mu, 0.0)
-    return project_rows_to_simplex(mu.T), alpha, lambdas
+    topic_word = project_rows_to_simplex(mu.T)
+    if return_subspace_topics:
+        return topic_word, alpha, lambdas, U
+    return topic_word, alpha, lambdas
 
 
 def project_rows_to_simplex(M: np.ndarray) -> np.ndarray:

@@ -29,6 +29,20 @@ class TopicSnapshot:
     created_at : float             UNIX seconds
     epoch : int | None             last epoch covered (continual release)
     vocabulary_id : str | None     content hash of the public vocabulary (services)
+    subspace_topics : (k', k) ndarray or None
+                                   topics in the whitening subspace, U = Qᵀμ (spectral
+                                   releases; what the next refinement folds documents into)
+    noise_to_signal : (k,) ndarray or None
+                                   estimated noise-to-signal ratio of each topic (refined
+                                   releases; post-processing of released values). Above 1
+                                   the topic is mostly noise: the stream is too small for
+                                   the budget (see ``quality_note``)
+    fold_in_topics : (k, d) ndarray or None
+                                   refined releases: the sharper topics (soft threshold at
+                                   the universal noise level) that the next refinement folds
+                                   documents into; ``topic_word`` is the smoother estimate
+                                   for reading and for perplexity
+    stage : str                    "spectral" or "refined" (how the topics were made)
     """
 
     topic_word: np.ndarray
@@ -42,6 +56,22 @@ class TopicSnapshot:
     created_at: float = field(default_factory=time.time)
     epoch: int | None = None
     vocabulary_id: str | None = None
+    subspace_topics: np.ndarray | None = None
+    noise_to_signal: np.ndarray | None = None
+    fold_in_topics: np.ndarray | None = None
+    stage: str = "spectral"
+
+    @property
+    def quality_note(self) -> str | None:
+        """A plain warning when most topics are noise-dominated (None otherwise)."""
+        if self.noise_to_signal is None:
+            return None
+        bad = int(np.sum(~(np.asarray(self.noise_to_signal) < 1.0)))
+        if bad == 0:
+            return None
+        return (f"{bad} of {self.n_topics} topics have estimated noise above their signal: the "
+                "stream is small for this privacy budget (more documents per epoch, a larger "
+                "ε, fewer topics or a smaller vocabulary help)")
 
     @property
     def n_topics(self) -> int:
@@ -62,7 +92,14 @@ class TopicSnapshot:
                 "privacy": self.privacy, "mechanism": self.mechanism,
                 "subspace_id": self.subspace_id, "release_id": self.release_id,
                 "created_at": float(self.created_at), "epoch": self.epoch,
-                "vocabulary_id": self.vocabulary_id}
+                "vocabulary_id": self.vocabulary_id, "stage": self.stage,
+                "subspace_topics": (None if self.subspace_topics is None
+                                    else ser.pack_array(self.subspace_topics)),
+                "noise_to_signal": (None if self.noise_to_signal is None
+                                    else ser.pack_array(self.noise_to_signal)),
+                "fold_in_topics": (None if self.fold_in_topics is None
+                                   else ser.pack_array(self.fold_in_topics.astype(np.float32))),
+                "quality_note": self.quality_note}
 
     def to_bytes(self) -> bytes:
         return ser.dumps(self.to_dict())
@@ -77,4 +114,12 @@ class TopicSnapshot:
                    n_docs=float(obj["n_docs"]), privacy=obj["privacy"],
                    mechanism=obj["mechanism"], subspace_id=obj["subspace_id"],
                    release_id=obj["release_id"], created_at=float(obj["created_at"]),
-                   epoch=obj.get("epoch"), vocabulary_id=obj.get("vocabulary_id"))
+                   epoch=obj.get("epoch"), vocabulary_id=obj.get("vocabulary_id"),
+                   stage=obj.get("stage", "spectral"),
+                   subspace_topics=(None if obj.get("subspace_topics") is None else
+                                    ser.unpack_array(obj["subspace_topics"], name="subspace_topics")),
+                   noise_to_signal=(None if obj.get("noise_to_signal") is None else
+                                    ser.unpack_array(obj["noise_to_signal"], name="noise_to_signal")),
+                   fold_in_topics=(None if obj.get("fold_in_topics") is None else
+                                   ser.unpack_array(obj["fold_in_topics"], name="fold_in_topics")
+                                   .astype(np.float64)))

@@ -57,8 +57,8 @@ def test_epoch_sketches_route_by_timestamp_and_drop_late_documents(rng, corpus):
     for e, sums in closed:
         rows = np.flatnonzero(clock.epochs(ts) == e)
         ref = WhitenedSketch(sub, clip).update(X[rows]).sums()
-        np.testing.assert_allclose(sums.z, ref.z, rtol=1e-12, atol=1e-15)
-        assert sums.count == ref.count
+        np.testing.assert_allclose(sums.sketch.z, ref.z, rtol=1e-12, atol=1e-15)
+        assert sums.sketch.count == ref.count
     # documents of closed epochs (and warm-up timestamps) are late: dropped, counted
     es.add(X[600:610], np.array([5.0] * 4 + [-1.0] * 2 + [25.0] * 4))
     assert es.late_documents == 6
@@ -66,7 +66,7 @@ def test_epoch_sketches_route_by_timestamp_and_drop_late_documents(rng, corpus):
     assert [e for e, _ in closed] == [3, 4, 5] and closed[1][1] is None and closed[2][1] is None
     ref3 = WhitenedSketch(sub, clip).update(X[np.r_[np.flatnonzero(clock.epochs(ts) == 3),
                                                     606, 607, 608, 609]]).sums()
-    np.testing.assert_allclose(closed[0][1].s3, ref3.s3, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(closed[0][1].sketch.s3, ref3.s3, rtol=1e-12, atol=1e-15)
 
 
 # ------------------------------------------------------------------ the tree on sketches
@@ -109,7 +109,7 @@ def test_tree_release_is_the_exact_prefix_plus_node_noise(corpus):
         for x in sums[1:t]:
             exact = exact + x
         nodes = bin(t).count("1")
-        resid = (released.z - exact.z).ravel()
+        resid = (released.sketch.z - exact.z).ravel()
         # noise on z: nodes independent N(0, σ²) draws per entry (d·k' = 400 entries)
         ratio = resid.var() / (nodes * sigma_z**2)
         assert 0.75 < ratio < 1.3, (t, ratio)
@@ -210,6 +210,7 @@ def test_node_mechanism_plans_every_block_on_the_node_partition():
     assert {e.partition for e in events} == {"stream:epochs=5-8"}
     assert math.isclose(sum(e.rho for e in events), 0.1)
     noised = mech.privatize(zero_sums(sub), events)
+    noised = noised.sketch
     np.testing.assert_allclose(noised.s1, sub.Q.T @ noised.m1)   # derived, not re-noised
 
 

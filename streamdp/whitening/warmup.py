@@ -98,7 +98,8 @@ class WarmupSketch:
         return self
 
     def clip_bounds(self, quantile: float, rho: float | None, sampler: GaussianSampler | None = None,
-                    spender: BudgetSpender | None = None) -> tuple[ClipBounds, list[GaussianEvent]]:
+                    spender: BudgetSpender | None = None, *, partition: str = WARMUP,
+                    sensitivity_factor: float = 1.0) -> tuple[ClipBounds, list[GaussianEvent]]:
         """Stream clip bounds at the ``quantile`` of the warm-up documents' block norms.
 
         Each document adds one to one bin of each of the three histograms, so the
@@ -107,15 +108,17 @@ class WarmupSketch:
         partition) and the quantiles are post-processing. Full-space norms bound
         the whitened ones (‖e2 Q‖ ≤ ‖e2‖, ‖e3(Q,Q,Q)‖ ≤ ‖e3‖), so at most about
         1 − quantile of similar stream documents are clipped.
+
+        ``partition`` and ``sensitivity_factor``: see :meth:`plan`.
         """
         if not 0 < quantile <= 1:
             raise ValueError(f"clip quantile must be in (0, 1], got {quantile!r}")
         hist = self.norm_hist
         events = []
         if rho is not None:
-            sens = float(np.sqrt(len(NORM_BLOCKS)))
+            sens = float(np.sqrt(len(NORM_BLOCKS))) * float(sensitivity_factor)
             e = GaussianEvent("clip_histogram", sens, sigma_for_rho(sens, rho),
-                              partition=WARMUP, mechanism="warmup")
+                              partition=partition, mechanism="warmup")
             events.append(e)
             spender = spender if spender is not None else EventLog()
             token = spender.reserve(events, label="warmup-clip-histogram")
@@ -138,20 +141,27 @@ class WarmupSketch:
         """Σ_n scale_n e2_n Ω, shape (d, k')."""
         return self.yacc - self.a2[:, None] * self.omega
 
-    def plan(self, rho: float | None) -> list[GaussianEvent]:
+    def plan(self, rho: float | None, *, partition: str = WARMUP,
+             sensitivity_factor: float = 1.0) -> list[GaussianEvent]:
+        """The range finder's event. By default the warm-up is its own partition (documents
+        routed by a per-document rule: parallel composition with the stream). A boundary
+        that can move documents (a row count) charges the stream partition instead, with
+        ``sensitivity_factor=2``: adding one row replaces a warm-up document (docs/privacy.md)."""
         if rho is None:
             return []
-        return [GaussianEvent("warmup", self.clip, sigma_for_rho(self.clip, rho),
-                              partition=WARMUP, mechanism="warmup")]
+        sens = self.clip * float(sensitivity_factor)
+        return [GaussianEvent("warmup", sens, sigma_for_rho(sens, rho),
+                              partition=partition, mechanism="warmup")]
 
     def subspace(self, rho: float | None, sampler: GaussianSampler | None = None,
-                 spender: BudgetSpender | None = None) -> Subspace:
+                 spender: BudgetSpender | None = None, *, partition: str = WARMUP,
+                 sensitivity_factor: float = 1.0) -> Subspace:
         """Release Q = orth(Σ clip(e2 Ω) + noise). ``rho=None``: no noise (non-private)."""
         if self.n_docs == 0 and rho is None:
             raise ValueError("the warm-up has seen no documents of length >= 3; "
                              "call warmup() with documents before partial_fit()")
         Y = self.range_sum()
-        events = self.plan(rho)
+        events = self.plan(rho, partition=partition, sensitivity_factor=sensitivity_factor)
         if events:
             if sampler is None:
                 raise ValueError("a private warm-up needs a noise sampler")

@@ -1,0 +1,304 @@
+"""Private refinement: one EM step on top of a released (public) topic model (DESIGN §8).
+
+Given a released model (topic-word matrix Φ, k × d, rows on the simplex, and weights α),
+each document c (counts, length l) is folded in: its topic posterior θ and, for every
+word w of the document, the responsibilities
+
+    r_iw = θ_i Φ_iw / Σ_j θ_j Φ_jw            (Σ_i r_iw = 1)
+
+are computed from Φ, α and the document alone. The released statistic is the sum over
+documents of the expected topic-word counts, normalised per document:
+
+    R_d[i, w] = c_w · r_iw / ‖c‖₂              (k × d)
+    T = Σ_d R_d + N(0, σ²)^{k×d}
+
+Sensitivity. ‖R_d‖_F² = Σ_w c_w² Σ_i r_iw² / ‖c‖² ≤ Σ_w c_w² / ‖c‖² = 1, because
+Σ_i r_iw² ≤ (Σ_i r_iw)² = 1. So under add/remove of one document T changes by at most 1
+in Frobenius norm, for every dataset and every public model — no data-dependent clip is
+needed. The code still rescales any R_d whose computed norm exceeds 1 (floating-point
+guard) and the planned event uses :data:`SENSITIVITY`, which includes the rounding
+headroom. Φ and α may be any released values (earlier snapshots): choosing what to
+compute from earlier outputs is adaptive composition, covered by zCDP's composition.
+
+Why ‖c‖₂ and not l: the per-document weight 1/‖c‖₂ puts every document exactly at the
+sensitivity bound when its words are distinct, which maximises released mass per unit of
+noise; a document carries token mass l/‖c‖₂ ∈ [1, √l], so longer documents count more.
+
+Each row T_i is topic i's expected word counts: topic identity is the model's, so topic i
+of a refined release is the refinement of topic i of the model it started from.
+
+Denoising (:func:`denoise_topic_word`) keeps every word possible: negative and sub-threshold
+entries are shrunk, and each row is mixed with a background distribution estimated from
+the column sums of T (the private corpus word frequencies, released for free) and a small
+uniform floor, in proportion to the row's estimated noise-to-signal ratio.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from streamdp import serialization as ser
+from streamdp.documents import as_count_batch
+from streamdp.privacy.events import STREAM, GaussianEvent, sigma_for_rho
+
+BLOCK = "topic_word"
+# ‖R_d‖_F ≤ 1 exactly; the headroom covers float64 rounding in the per-document norm
+# (relative error ≲ nnz·2⁻⁵² ≪ 1e-9), so the declared bound is never exceeded.
+SENSITIVITY = 1.0 + 1e-9
+SCHEMA_VERSION = 1
+# uniform probability mass mixed into every released topic: keeps every word possible
+# (finite perplexity) at a bias of ≈ FLOOR·‖μ − b‖ (measured: 0.01 cost 0.001 of L2 error)
+FLOOR = 1e-3
+
+
+@dataclass(frozen=True)
+class RefinementConfig:
+    """How refinement runs (all public choices; measured defaults in docs/estimator.md).
+
+    share : float        fraction of the stream ρ spent on refinement sums; the spectral
+                         start gets the rest
+    passes : int         one-shot path: EM passes over the stream, each releasing a new T
+                         under the previous pass's model (the share split evenly)
+    fold_in_iter : int   fixed-point iterations of θ per document (fold-in passes)
+    """
+
+    share: float = 0.5
+    passes: int = 2
+    fold_in_iter: int = 10
+
+    def __post_init__(self) -> None:
+        if isinstance(self.share, bool) or not (0 < self.share < 1):
+            raise ValueError(f"refinement share must be in (0, 1), got {self.share!r}")
+        if isinstance(self.passes, bool) or not (isinstance(self.passes, int) and self.passes >= 1):
+            raise ValueError(f"refinement passes must be an integer >= 1, got {self.passes!r}")
+        if isinstance(self.fold_in_iter, bool) or not (
+                isinstance(self.fold_in_iter, int) and self.fold_in_iter >= 1):
+            raise ValueError(f"fold_in_iter must be an integer >= 1, got {self.fold_in_iter!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------ per document
+def _row_ids(X: sp.csr_matrix) -> np.ndarray:
+    return np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
+
+
+def _segment_sum(values: np.ndarray, indptr: np.ndarray) -> np.ndarray:
+    """Per-row sums of (nnz, …) values grouped by CSR ``indptr`` (empty rows → 0)."""
+    n = indptr.size - 1
+    out = np.zeros((n,) + values.shape[1:], dtype=values.dtype)
+    nonempty = np.flatnonzero(np.diff(indptr) > 0)
+    if nonempty.size:
+        out[nonempty] = np.add.reduceat(values, indptr[nonempty], axis=0)
+    return out
+
+
+def fold_in(X, topic_word: np.ndarray, alpha: np.ndarray, *, n_iter: int = 10):
+    """Topic posteriors and word responsibilities of each document under a fixed model.
+
+    The EM fixed point of LDA's θ with Φ held fixed: θ ∝ α + Σ_w c_w r_·w, r_iw ∝ θ_i Φ_iw.
+    Vectorised over the batch (O(n_iter · nnz · k)).
+
+    Returns
+    -------
+    theta : (n, k)       rows on the simplex (the prior mean for empty documents)
+    resp : (nnz, k)      responsibilities of every stored entry of X, rows sum to 1
+    """
+    X = as_count_batch(X, topic_word.shape[1])
+    k = topic_word.shape[0]
+    alpha = np.maximum(np.asarray(alpha, dtype=np.float64).ravel(), 1e-3)
+    if alpha.shape[0] != k:
+        raise ValueError(f"alpha has {alpha.shape[0]} entries, the model has {k} topics")
+    phi = np.ascontiguousarray(topic_word.T[X.indices])                # (nnz, k)
+    rows = _row_ids(X)
+    c = X.data[:, None]
+    denom = alpha.sum() + np.asarray(X.sum(axis=1)).ravel()
+    theta = np.tile(alpha / alpha.sum(), (X.shape[0], 1))
+    resp = np.full_like(phi, 1.0 / k)
+    for _ in range(n_iter):
+        p = phi * theta[rows]
+        s = p.sum(axis=1, keepdims=True)
+        # a word every topic gives probability 0: fall back to the document's θ
+        resp = np.where(s > 0, p / np.where(s > 0, s, 1.0), theta[rows])
+        theta = (alpha + _segment_sum(c * resp, X.indptr)) / denom[:, None]
+    return theta, resp
+
+
+@dataclass(frozen=True, eq=False)
+class RefinementModel:
+    """The public model documents are folded into: a released snapshot's topics and α.
+
+    For a refined snapshot that is its ``fold_in_topics`` (sharper than ``topic_word``);
+    for a spectral one its ``topic_word``. Any released values give the same sensitivity.
+    """
+
+    topic_word: np.ndarray                  # (k, d), rows on the simplex
+    alpha: np.ndarray                       # (k,)
+    model_id: str = ""
+    fold_in_iter: int = 10
+
+    @classmethod
+    def from_snapshot(cls, snap, fold_in_iter: int = 10) -> "RefinementModel":
+        phi = snap.fold_in_topics if snap.fold_in_topics is not None else snap.topic_word
+        return cls(np.asarray(phi, dtype=np.float64), np.asarray(snap.alpha, dtype=np.float64),
+                   snap.release_id, fold_in_iter)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.topic_word.shape
+
+    def contributions(self, X) -> tuple[np.ndarray, int]:
+        """Σ_d R_d (k × d) over a batch, each ‖R_d‖_F ≤ 1, and the number of non-empty documents."""
+        k, d = self.topic_word.shape
+        X = as_count_batch(X, d)
+        if X.nnz == 0:
+            return np.zeros((k, d)), 0
+        rows = _row_ids(X)
+        _, resp = fold_in(X, self.topic_word, self.alpha, n_iter=self.fold_in_iter)
+        norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+        vals = (X.data / np.where(norms > 0, norms, 1.0)[rows])[:, None] * resp     # (nnz, k)
+        # floating-point guard: any document whose computed norm exceeds 1 is scaled to 1
+        fro = np.sqrt(_segment_sum(np.einsum("ij,ij->i", vals, vals), X.indptr))
+        over = fro > 1.0
+        if over.any():
+            vals *= np.where(over, 1.0 / np.where(over, fro, 1.0), 1.0)[rows][:, None]
+        # Σ over documents: (k × nnz) · (nnz × d) as one sparse product
+        P = sp.csr_matrix((np.ones(X.nnz), (np.arange(X.nnz), X.indices)), shape=(X.nnz, d))
+        T = np.asarray((P.T @ vals).T)
+        return T, int((norms > 0).sum())
+
+
+class RefinementSketch:
+    """Additive k × d refinement sums of a set of documents (mergeable by addition).
+
+    Attributes
+    ----------
+    sums : (k, d)   Σ_d R_d
+    n_docs : int    documents added (non-empty)
+    """
+
+    def __init__(self, k: int, d: int) -> None:
+        self.sums = np.zeros((int(k), int(d)))
+        self.n_docs = 0
+
+    def update(self, X, model: RefinementModel) -> "RefinementSketch":
+        if model.shape != self.sums.shape:
+            raise ValueError(f"model has shape {model.shape}, the sketch {self.sums.shape}")
+        T, n = model.contributions(X)
+        self.sums += T
+        self.n_docs += n
+        return self
+
+    def merge(self, other: "RefinementSketch") -> "RefinementSketch":
+        if other.sums.shape != self.sums.shape:
+            raise ValueError("cannot merge refinement sketches of different shapes")
+        self.sums += other.sums
+        self.n_docs += other.n_docs
+        return self
+
+    def to_dict(self) -> dict:
+        return {"kind": "refinement_sketch", "v": SCHEMA_VERSION, "n_docs": int(self.n_docs),
+                "sums": ser.pack_array(self.sums)}
+
+    @classmethod
+    def from_dict(cls, obj: dict) -> "RefinementSketch":
+        ser.check_header(obj, "refinement_sketch", SCHEMA_VERSION)
+        sums = ser.unpack_array(obj["sums"], name="sums")
+        out = cls(*sums.shape)
+        out.sums, out.n_docs = sums, int(obj["n_docs"])
+        return out
+
+
+# ----------------------------------------------------------------------------- release
+def plan_refinement(rho: float, partition: str = STREAM, mechanism: str = "refine") -> GaussianEvent:
+    """The one Gaussian event of a refinement release at zCDP cost ``rho``."""
+    if not (rho > 0 and math.isfinite(rho)):
+        raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
+    return GaussianEvent(BLOCK, SENSITIVITY, sigma_for_rho(SENSITIVITY, rho),
+                         partition=partition, mechanism=mechanism)
+
+
+def background_distribution(T: np.ndarray, sd: float, floor: float = FLOOR) -> np.ndarray:
+    """Corpus word frequencies from the column sums of released T (free), with a uniform floor.
+
+    Σ_i T_iw = Σ_d c_w/‖c‖ (responsibilities sum to 1) plus noise of sd σ√k: entries below
+    2σ√k are treated as zero, then ``floor`` of the uniform distribution is mixed in so that
+    no word ever gets probability 0.
+    """
+    k, d = T.shape
+    col = np.maximum(T.sum(axis=0) - 2.0 * sd * math.sqrt(k), 0.0)
+    b = col / col.sum() if col.sum() > 0 else np.full(d, 1.0 / d)
+    return (1.0 - floor) * b + floor / d
+
+
+def denoise_topic_word(T: np.ndarray, sd: float, *, floor: float = FLOOR):
+    """Topics from noised sums T by positive-part James–Stein shrinkage toward the background.
+
+    Row i has mass m_i = Σ_w T_iw and deviation D_i = T_i − m_i b from the background b
+    (:func:`background_distribution`). With d·σ² the expected noise energy of a row,
+    w_i = max(0, 1 − dσ²/‖D_i‖²) and  topic_i ∝ max(m_i b + w_i D_i, 0) + floor. A row the
+    noise swamps falls back to b; a row with strong signal keeps its shape. Every word keeps
+    probability > 0, so held-out perplexity stays finite. Pure post-processing.
+
+    Returns
+    -------
+    topic_word : (k, d)          rows on the simplex, all entries > 0
+    noise_to_signal : (k,)       √(dσ²) / √(‖D_i‖² − dσ²)  (∞ when the noise explains all)
+    """
+    T = np.asarray(T, dtype=np.float64)
+    k, d = T.shape
+    b = background_distribution(T, sd, floor)
+    m = np.maximum(T.sum(axis=1), 0.0)
+    D = T - m[:, None] * b[None, :]
+    energy = np.einsum("ij,ij->i", D, D)
+    noise = d * float(sd) ** 2
+    w = np.clip(1.0 - noise / np.maximum(energy, 1e-300), 0.0, 1.0) if sd > 0 else np.ones(k)
+    S = np.maximum(m[:, None] * b[None, :] + w[:, None] * D, 0.0)
+    S = S / np.maximum(S.sum(axis=1, keepdims=True), 1e-300)
+    S = (1.0 - floor) * S + floor * b[None, :]
+    excess = energy - noise
+    nts = np.where(excess > 0, math.sqrt(noise) / np.sqrt(np.maximum(excess, 1e-300)), np.inf)
+    return S / S.sum(axis=1, keepdims=True), nts
+
+
+def model_topic_word(T: np.ndarray, sd: float, *, floor: float = FLOOR) -> np.ndarray:
+    """The sharper topics used *between* passes: soft threshold at the universal level.
+
+    Entries below σ√(2 ln d) (the largest of d pure-noise entries, w.h.p.) are dropped and
+    the rest shrunk by that much, then mixed with the background in proportion to the
+    row's noise mass σ√d, so responsibilities of the next pass follow significant words
+    only (measured better for the next pass than :func:`denoise_topic_word`).
+    """
+    T = np.asarray(T, dtype=np.float64)
+    k, d = T.shape
+    b = background_distribution(T, sd, floor)
+    tau = math.sqrt(2.0 * math.log(max(d, 2))) * sd
+    S = np.maximum(T - tau, 0.0) + sd * math.sqrt(d) * b[None, :] + 1e-300
+    return S / S.sum(axis=1, keepdims=True)
+
+
+def alpha_from_sums(T: np.ndarray, alpha0: float) -> np.ndarray:
+    """α_i ∝ the row masses of T (each topic's share of the tokens), summing to α0."""
+    k = T.shape[0]
+    mass = np.maximum(np.asarray(T).sum(axis=1), 0.0)
+    share = mass / mass.sum() if mass.sum() > 0 else np.full(k, 1.0 / k)
+    share = np.maximum(share, 1e-3 / k)
+    return alpha0 * share / share.sum()
+
+
+def noise_sums(sums: np.ndarray, event: GaussianEvent, sampler) -> np.ndarray:
+    """T + N(0, σ²) through the sampler (the vetted path when it is OpenDP's)."""
+    return sampler.add_noise(np.asarray(sums, dtype=np.float64), event.sigma)
+
+
+def refined_topics(T_noisy: np.ndarray, sd: float, alpha0: float):
+    """Everything a refined snapshot publishes from released sums (post-processing only).
+
+    Returns topic_word (k, d), alpha (k,), noise_to_signal (k,), fold_in_topics (k, d).
+    """
+    topic_word, nts = denoise_topic_word(T_noisy, sd)
+    return topic_word, alpha_from_sums(T_noisy, alpha0), nts, model_topic_word(T_noisy, sd)
