@@ -126,12 +126,16 @@ def _control(a) -> int:
     from confluent_kafka import Producer
     from streamdp.services import control
     cfg = _config(a)
-    _reachable(cfg)
     fields = {} if a.through is None else {"through": a.through}
     if a.type == "close" and a.through is None:
         raise ValueError("control close needs --through EPOCH")
+    # signed with the deployment's control key (control_key_file; a non_production
+    # deployment without one uses its derived key): the release service acts on
+    # operator messages only with a valid MAC. No key in production: ControlKeyError.
+    key = control.load_key(cfg)
+    _reachable(cfg)
     p = Producer(cfg.client("producer"))
-    p.produce(cfg.topics.control, value=control.encode(a.type, **fields))
+    p.produce(cfg.topics.control, value=control.encode(a.type, key=key, **fields))
     if p.flush(10) != 0:
         raise ValueError(f"control message not delivered to {cfg.topics.control} within 10 s")
     print(f"sent {a.type} to {cfg.topics.control}")

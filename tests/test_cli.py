@@ -61,3 +61,49 @@ def test_demo_runs_end_to_end_on_the_embedded_broker(tmp_path):
             "--vocabulary", str(tmp_path / "vocabulary.txt"), "-n", "5")
     assert t.returncode == 0, t.stderr
     assert t.stdout.count("topic ") == 6 and "epoch 2" in t.stdout
+
+
+def test_control_messages_from_the_cli_are_signed(kafka_broker, kafka_topics, tmp_path):
+    """`streamdp control` signs with the deployment's control key (control_key_file), so the
+    release service of a production deployment acts on them; without a key it refuses."""
+    import json
+    import uuid
+
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from streamdp.kafka.topics import client_config
+    from streamdp.services import control
+
+    key_file = tmp_path / "control.key"
+    key_file.write_text("a1" * 32 + "\n")
+    prefix = kafka_topics.documents.rsplit(".", 1)[0]
+    base = {"bootstrap": kafka_broker.bootstrap, "topic_prefix": prefix, "epsilon": 1.0}
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({**base, "control_key_file": str(key_file)}))
+    r = run("control", "--config", str(cfg), "flush")
+    assert r.returncode == 0, r.stderr
+    r = run("control", "--config", str(cfg), "close", "--through", "3")
+    assert r.returncode == 0, r.stderr
+
+    c = Consumer(client_config(kafka_broker.bootstrap, "consumer", **{
+        "group.id": f"cli-test-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}))
+    try:
+        c.assign([TopicPartition(kafka_topics.control, 0, OFFSET_BEGINNING)])
+        got = []
+        for _ in range(100):
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append(control.decode(m.value()))
+            if len(got) == 2:
+                break
+    finally:
+        c.close()
+    assert [g["type"] for g in got] == ["flush", "close"] and got[1]["through"] == 3
+    key = key_file.read_bytes().strip()
+    assert all(control.authentic(g, key) for g in got)
+    assert not any(control.authentic(g, b"b2" * 32) for g in got)
+
+    # a production deployment without a control key: refused, naming the field, before Kafka
+    cfg.write_text(json.dumps({**base, "bootstrap": "127.0.0.1:1"}))
+    r = run("control", "--config", str(cfg), "flush")
+    assert r.returncode == 2 and "control_key_file" in r.stderr, r.stderr
