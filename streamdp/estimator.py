@@ -330,8 +330,11 @@ class StreamingSpectralLDA:
                                   f"epochs; {len(snaps)} epoch(s) were closed before it")
         return snaps
 
-    def release(self, budget_fraction: float = 1.0) -> TopicSnapshot:
+    def release(self, budget_fraction: float = 1.0, *, split: BudgetSplit | None = None) -> TopicSnapshot:
         """Release topics, spending ``budget_fraction`` of the stream's ρ budget.
+
+        ``split`` overrides the per-block shares for this release, e.g.
+        :meth:`BudgetSplit.spectral_start` before :meth:`refine` passes.
 
         Raises BudgetExhausted (from the accountant) if the budget does not allow it.
         """
@@ -344,7 +347,7 @@ class StreamingSpectralLDA:
             raise ValueError(f"budget_fraction must be in (0, 1], got {budget_fraction!r}")
         if self.sketch_.n_docs == 0:
             raise ValueError("the stream sketch is empty: partial_fit(X) with documents first")
-        return self._spectral_release(budget_fraction, self.budget_split)
+        return self._spectral_release(budget_fraction, split if split is not None else self.budget_split)
 
     def _spectral_release(self, budget_fraction: float, split: BudgetSplit) -> TopicSnapshot:
         rho = None if self.rho_ is None else self.stream_rho_ * budget_fraction
