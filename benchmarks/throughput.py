@@ -4,7 +4,8 @@
     python benchmarks/throughput.py --d 10000 --k 20 --docs 200000 --json out.json
 
 Documents: synthetic LDA (topic-word Dirichlet(0.05)), lengths Poisson(50)+3,
-k' = 2k. A pool of pre-generated batches is cycled so the measurement covers
+k' = 2k. ``--refine`` adds each document's refinement contribution (fold-in into a public model,
+the true topics here; 10 iterations) to a RefinementSketch, as a continual epoch does. A pool of pre-generated batches is cycled so the measurement covers
 only WhitenedSketch.update (vectorise → clip → accumulate), not data generation.
 RSS is sampled as documents flow: state is O(d·k' + k'³), so it must stay flat.
 """
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import markdown_table, write_json  # noqa: E402
 
 from streamdp import ClipBounds, Subspace, WhitenedSketch  # noqa: E402
+from streamdp.refinement import RefinementModel, RefinementSketch  # noqa: E402
 from streamdp.synthetic import make_lda_model, sample_documents  # noqa: E402
 from streamdp.whitening.warmup import test_matrix  # noqa: E402
 
@@ -38,13 +40,16 @@ def rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-def run(d: int, k: int, n_docs: int, batch: int, pool_batches: int, seed: int = 0) -> dict:
+def run(d: int, k: int, n_docs: int, batch: int, pool_batches: int, seed: int = 0,
+        refine: bool = False) -> dict:
     model = make_lda_model(d, k, alpha0=1.0, beta=0.05, seed=seed)
     pool_X = sample_documents(model, batch * pool_batches, mean_length=50, length_offset=3, seed=seed + 1)
     pool = [pool_X[i * batch:(i + 1) * batch] for i in range(pool_batches)]
     k_prime = 2 * k
     sub = Subspace(test_matrix(d, k_prime, seed))
     sk = WhitenedSketch(sub, ClipBounds.for_length(20))
+    rmodel = RefinementModel(model.topics, model.alpha) if refine else None
+    rsk = RefinementSketch(k, d) if refine else None
     rss_start = rss_mb()
     samples = []
     done, i = 0, 0
@@ -55,6 +60,8 @@ def run(d: int, k: int, n_docs: int, batch: int, pool_batches: int, seed: int = 
         if done + X.shape[0] > n_docs:
             X = X[: n_docs - done]
         sk.update(X)
+        if rsk is not None:
+            rsk.update(X, rmodel)
         done += X.shape[0]
         i += 1
         if any(done >= c > done - X.shape[0] for c in checkpoints):
@@ -63,9 +70,9 @@ def run(d: int, k: int, n_docs: int, batch: int, pool_batches: int, seed: int = 
     t1 = time.perf_counter()
     sk.sums()
     close = time.perf_counter() - t1
-    return {"d": d, "k": k, "k_prime": k_prime, "docs": n_docs,
+    return {"d": d, "k": k, "k_prime": k_prime, "refine": refine, "docs": n_docs,
             "docs_per_s": n_docs / elapsed, "seconds": elapsed, "sums_seconds": close,
-            "state_MB": sk.nbytes / 2**20,
+            "state_MB": (sk.nbytes + (rsk.sums.nbytes if rsk is not None else 0)) / 2**20,
             "rss_start_MB": rss_start,
             "rss_25pct_MB": samples[0][1], "rss_50pct_MB": samples[1][1], "rss_end_MB": samples[-1][1],
             "peak_rss_MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -79,16 +86,18 @@ def main(argv=None):
     p.add_argument("--docs", type=int, default=1_000_000)
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--pool-batches", type=int, default=16)
+    p.add_argument("--refine", default="0", help="0, 1 or 0,1: without / with refinement")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     rows = []
     with threadpool_limits(1):
         for d in [int(x) for x in a.d.split(",")]:
             for k in [int(x) for x in a.k.split(",")]:
-                r = run(d, k, a.docs, a.batch, a.pool_batches)
+              for refine in [bool(int(x)) for x in a.refine.split(",")]:
+                r = run(d, k, a.docs, a.batch, a.pool_batches, refine=refine)
                 rows.append(r)
                 print({kk: (round(v, 2) if isinstance(v, float) else v) for kk, v in r.items()}, flush=True)
-    cols = ["d", "k", "k_prime", "docs", "docs_per_s", "sums_seconds", "state_MB", "rss_start_MB",
+    cols = ["d", "k", "k_prime", "refine", "docs", "docs_per_s", "sums_seconds", "state_MB", "rss_start_MB",
             "rss_25pct_MB", "rss_50pct_MB", "rss_end_MB", "peak_rss_MB"]
     print("\n## Sketch throughput, one thread\n")
     print(markdown_table(rows, cols))

@@ -35,8 +35,10 @@ def make_lda_model(vocab_size: int, n_topics: int, *, alpha0: float = 1.0,
 
 
 def sample_documents(model: LDAModel, n_docs: int, *, mean_length: float = 50.0,
-                     length_offset: int = 3, seed: int = 0, chunk: int = 20000) -> sp.csr_matrix:
-    """Draw ``n_docs`` documents; lengths Poisson(mean_length) + length_offset.
+                     length_offset: int = 3, seed: int = 0, chunk: int = 20000,
+                     lengths=None) -> sp.csr_matrix:
+    """Draw ``n_docs`` documents; lengths Poisson(mean_length) + length_offset, or drawn
+    with replacement from ``lengths`` (an empirical length distribution, e.g. a real corpus's).
 
     Vectorised per token (topic by inverse CDF of the document's mixture, word by
     inverse CDF of the topic), in chunks of documents. Returns CSR (n_docs, d).
@@ -49,8 +51,11 @@ def sample_documents(model: LDAModel, n_docs: int, *, mean_length: float = 50.0,
     for start in range(0, n_docs, chunk):
         n = min(chunk, n_docs - start)
         h = rng.dirichlet(model.alpha, size=n)                       # (n, k)
-        lengths = rng.poisson(mean_length, size=n) + length_offset
-        doc = np.repeat(np.arange(n), lengths)
+        if lengths is None:
+            doc_lengths = rng.poisson(mean_length, size=n) + length_offset
+        else:
+            doc_lengths = rng.choice(np.asarray(lengths, dtype=np.int64), size=n)
+        doc = np.repeat(np.arange(n), doc_lengths)
         ch = np.cumsum(h, axis=1)
         ch[:, -1] = 1.0
         u = rng.random(doc.size)
