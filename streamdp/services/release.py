@@ -68,7 +68,7 @@ from streamdp.privacy.noise import make_sampler
 from streamdp.privacy.tree import HorizonExceeded
 from streamdp.release import BudgetSplit, DenoiseConfig
 from streamdp.services import control
-from streamdp.kafka.connectivity import OutageGuard, check_bootstrap
+from streamdp.kafka.connectivity import OutageGuard, check_bootstrap, client_extras
 from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode
 from streamdp.services.partition_state import PartitionState
 from streamdp.snapshot import TopicSnapshot
@@ -183,7 +183,8 @@ class ReleaseService:
                 "acks": "all", "linger.ms": 5}))
             writer.init_transactions(30)
             self.store = StateStore(writer, cfg.bootstrap, self.topics.state,
-                                    consumer_overrides=dict(cfg.kafka), owns_producer=True,
+                                    consumer_overrides={**client_extras(cfg.bootstrap), **cfg.kafka},
+                                    owns_producer=True,
                                     transactional=True)
             self.writer_epoch = self._register_writer()
             if self.accountant is not None:      # Kafka may have moved since the first check
