@@ -191,12 +191,14 @@ class StreamingSpectralLDA:
         self._model_epoch: int | None = None   # epoch of the first continual snapshot
         self.continual_ = None
         self._epoch_sketches = None
-        self.rho_ = zcdp_rho(self.epsilon, self.delta) if self.epsilon is not None else None
         if accountant is None and self.epsilon is not None:
             from streamdp.privacy.accountant import Accountant
             from streamdp.privacy.memory_ledger import MemoryLedger
             accountant = Accountant(self.epsilon, self.delta, MemoryLedger())
         self.accountant = accountant
+        # ρ is derived once, by the accountant (a plain EventLog spender has none)
+        self.rho_ = None if self.epsilon is None else getattr(
+            accountant, "rho_budget", None) or zcdp_rho(self.epsilon, self.delta)
         self._warmup: WarmupSketch | None = None
         self.subspace_ = None
         self.sketch_: WhitenedSketch | None = None
