@@ -394,6 +394,32 @@ def test_release_service_is_a_single_writer_with_its_ledger_on_a_volume(renders,
 
 
 @pytest.mark.parametrize("target", ["base", "dev"])
+def test_services_get_the_control_key_from_a_secret(renders, target):
+    """Production services refuse to start without control_key_file (issue 15): every
+    service container sets it to a file of the mounted control-key Secret."""
+    docs = renders[target]
+    cfg, _ = _effective_config(docs)
+    roles = set()
+    for owner, c in _containers(docs):
+        ident = f"{owner['kind']}/{owner['metadata']['name']}"
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        path = env.get("STREAMDP_CONTROL_KEY_FILE") or cfg.control_key_file
+        assert path, f"{ident}: control_key_file is not set"
+        eff = service_config.from_mapping(json.loads(json.dumps(dataclasses.asdict(cfg))) | {
+            "control_key_file": ""}, env={"STREAMDP_CONTROL_KEY_FILE": path})
+        assert eff.control_key_file == path and not eff.non_production, ident
+        mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+        mount = mounts.get(str(Path(path).parent))
+        assert mount is not None and mount.get("readOnly"), f"{ident}: {Path(path).parent} not mounted"
+        vol = {v["name"]: v for v in owner["spec"]["template"]["spec"]["volumes"]}[mount["name"]]
+        sec = vol.get("secret")
+        assert sec and sec["secretName"] == "streamdp-control-key" and not sec.get("optional"), ident
+        assert {"key": "key", "path": Path(path).name} in sec.get("items", []), ident
+        roles.add(c["args"][0])
+    assert roles == {"sketcher", "release"}, roles
+
+
+@pytest.mark.parametrize("target", ["base", "dev"])
 def test_pods_probe_and_expose_the_metrics_port_the_config_opens(renders, target):
     docs = renders[target]
     cfg, cms = _effective_config(docs)
@@ -660,12 +686,12 @@ def test_configuration_doc_lists_every_field_with_type_default_and_env_name():
 
 
 def test_config_files_load_as_json_and_toml(tmp_path):
-    (tmp_path / "c.toml").write_text('bootstrap = "kafka:9092"\nepsilon = "none"\nn_topics = 20\n'
-                                     'oversampling = 5\n[tokenizer]\nstop_words = "english"\n')
+    (tmp_path / "c.toml").write_text('bootstrap = "kafka:9092"\nepsilon = "none"\nnon_private = true\n'
+                                     'n_topics = 20\noversampling = 5\n[tokenizer]\nstop_words = "english"\n')
     cfg = service_config.from_file(tmp_path / "c.toml", env={})
     assert (cfg.bootstrap, cfg.epsilon, cfg.n_topics, cfg.oversampling) == ("kafka:9092", None, 20, 5)
     assert cfg.tokenizer == {"stop_words": "english"}
-    (tmp_path / "c.json").write_text('{"epsilon": null, "metrics_port": 9400}')
+    (tmp_path / "c.json").write_text('{"epsilon": null, "non_private": true, "metrics_port": 9400}')
     cfg = service_config.from_file(tmp_path / "c.json", {"n_topics": 3}, env={"STREAMDP_METRICS_PORT": "9500"})
     assert (cfg.epsilon, cfg.metrics_port, cfg.n_topics) == (None, 9500, 3)
     (tmp_path / "bad.toml").write_text("n_topics = \n")
