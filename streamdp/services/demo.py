@@ -80,7 +80,7 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
         from confluent_kafka import Producer
         from streamdp.kafka.topics import client_config
         p = Producer(client_config(bootstrap, "producer"))
-        p.produce(names.control, value=control.encode("flush"))
+        p.produce(names.control, value=control.encode("flush", key=control.load_key(cfg)))
         p.flush(10)
         del p
         deadline = time.time() + timeout
