@@ -260,8 +260,21 @@ def run_one(bootstrap: str, kind: str, msgs: list, stream_start: float, vocab: V
                     meta={"clip": ClipBounds.for_length(a.clip_length).to_dict(),
                           "subspace_id": sub.id, "vocabulary_id": vocab.id})
 
+        if a.refine:
+            # a released model (release state record, as the release service writes it): the
+            # sketcher folds every document into it (refinement, issue 10); the true topics
+            # stand in for a release — the fold-in cost does not depend on the values
+            from streamdp import serialization as ser
+            from streamdp.snapshot import TopicSnapshot
+            tw = np.asarray(make_lda_model(a.d, a.k, alpha0=1.0, beta=0.05, seed=a.seed).topics)
+            snap = TopicSnapshot(topic_word=tw, alpha=np.full(a.k, 1.0 / a.k), eigenvalues=np.ones(a.k),
+                                 n_docs=0.0, privacy={}, mechanism="none", subspace_id=sub.id, epoch=0)
+            store.write(control.RELEASE_STATE_KEY, ser.dumps({"last_snapshot": snap.to_bytes()}),
+                        meta={"epoch": 0, "release_id": snap.release_id})
+
     cfg = ServiceConfig(bootstrap=bootstrap, topic_prefix=prefix, group_id=f"{prefix}-sketchers",
                         vocabulary=vocab_path, n_topics=a.k, stream_start=stream_start,
+                        refinement=bool(a.refine),
                         epoch_seconds=epoch_seconds, batch_size=a.batch,
                         checkpoint_seconds=a.checkpoint_seconds, poll_seconds=0.5, seed=a.seed,
                         non_production=True)       # embedded broker
@@ -272,6 +285,7 @@ def run_one(bootstrap: str, kind: str, msgs: list, stream_start: float, vocab: V
     try:
         sk._refresh_subspace()
         assert sk.subspace is not None and sk.subspace.id == sub.id
+        assert (sk.model is not None) == bool(a.refine)
         sk.consumer.subscribe([names.documents], on_assign=sk._on_assign,
                               on_revoke=sk._on_revoke, on_lost=sk._on_lost)
         t_join = time.perf_counter()
@@ -330,7 +344,7 @@ def run_one(bootstrap: str, kind: str, msgs: list, stream_start: float, vocab: V
         "t_state_write": tm.get("state_write", 0),
         "t_other": seconds - sum(tm.get(n, 0) for n in ("fetch", "process", "checkpoint")),
         "counters": counters, "epochs": sorted({e for s in st for e in s.epochs}),
-        "k_prime": k_prime, "d": a.d, "k": a.k,
+        "k_prime": k_prime, "d": a.d, "k": a.k, "refine": bool(a.refine),
     }
     if counters.get("documents") != n_docs or counters.get("dlq") or counters.get("late"):
         raise RuntimeError(f"unexpected routing: {counters}")
@@ -358,6 +372,8 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=1, help="runs per input (fresh topics each); "
                    "the table shows the median run")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--refine", type=int, default=1, help="1: a released model exists, every document "
+                   "is also folded into it (refinement sums, issue 10); 0: sketches only")
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--profile", action="store_true", help="cProfile the measured window (slows it)")
     p.add_argument("--profile-lines", type=int, default=30)

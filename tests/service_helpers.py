@@ -109,6 +109,10 @@ def make_config(tmp: Path, bootstrap: str, names: TopicNames, corpus: Corpus, **
                   stream_start=corpus.stream_start, epoch_seconds=corpus.epoch_seconds,
                   ledger=str(tmp / "ledger.jsonl"), snapshot_dir=str(tmp / "snapshots"),
                   checkpoint_seconds=0.5, poll_seconds=0.2)
+    # Refinement off unless a test asks for it: these tests replay every document before the
+    # first release, so none could be folded into a model, and they compare against the
+    # engine's spectral path (tests/test_service_refinement.py runs the refined path).
+    values["refinement"] = False
     values.update(changes)
     # the test harness opts in to non-private runs and reproducible noise in so many words
     values.setdefault("non_private", values.get("epsilon") is None)
@@ -319,8 +323,10 @@ def metric_by(samples: dict, name: str, label: str) -> dict[str, float]:
 
 # ------------------------------------------------------------------ the in-process engine
 def engine_snapshots(corpus: Corpus, *, epsilon: float | None, X=None, ts=None, n_warm=None,
-                     noise_seed: int | None = None, sampler: str = "fast", horizon=None):
-    """The in-process engine on the same documents and epoch clock: one snapshot per epoch."""
+                     noise_seed: int | None = None, sampler: str = "fast", horizon=None,
+                     refinement=False):
+    """The in-process engine on the same documents and epoch clock: one snapshot per epoch
+    (``refinement``: as the engine's keyword; off by default, as ``make_config(refinement=False)``)."""
     from streamdp import EpochClock, StreamingSpectralLDA
 
     cb = corpus.counts()
@@ -330,7 +336,7 @@ def engine_snapshots(corpus: Corpus, *, epsilon: float | None, X=None, ts=None, 
     m = StreamingSpectralLDA(corpus.topics.shape[0], 1.0, epsilon=epsilon, delta=1e-6, seed=0,
                              sampler=sampler, noise_seed=noise_seed,
                              epochs=EpochClock(corpus.stream_start, corpus.epoch_seconds),
-                             horizon=horizon or corpus.epochs)
+                             horizon=horizon or corpus.epochs, refinement=refinement)
     m.warmup(X[:n_warm])
     m.partial_fit(X[n_warm:], np.asarray(ts[n_warm:], dtype=np.float64))
     return m.close_epochs(corpus.epoch_end(corpus.epochs))

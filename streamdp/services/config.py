@@ -32,6 +32,9 @@ class ServiceConfig:
     (``noise_seed``) only with ``insecure_reproducible_noise=True`` and ``non_production=True``.
     Trust boundary: ``metrics_exact_counts=False`` drops data-dependent exact counts from /metrics.
     Time: stream_start, epoch_seconds, lateness.
+    Refinement (DESIGN §8): ``refinement`` (default on) folds every stream document into the
+    latest released model and releases the k × d refinement sums in the tree with
+    ``refinement_share`` of each node's ρ; from epoch 2 on snapshots are ``stage="refined"``.
     Kafka: bootstrap, topic_prefix, group_id.
     """
 
@@ -71,6 +74,8 @@ class ServiceConfig:
     poll_seconds: float = 1.0
     liveness_seconds: float = 120.0
     metrics_exact_counts: bool = True
+    refinement: bool = True
+    refinement_share: float = 0.5
     kafka: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -88,7 +93,7 @@ class ServiceConfig:
         if not (self.alpha0 > 0 and math.isfinite(self.alpha0)):
             bad("alpha0", f"must be a finite number > 0, got {self.alpha0!r}")
         for name in ("non_private", "insecure_reproducible_noise", "non_production",
-                     "metrics_exact_counts"):
+                     "metrics_exact_counts", "refinement"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, f"must be true or false, got {getattr(self, name)!r}")
         if self.epsilon is None:
@@ -122,6 +127,12 @@ class ServiceConfig:
             bad("sampler", f"must be 'opendp' (vetted, default) or 'fast', got {self.sampler!r}")
         if not 0 < self.clip_quantile <= 1:
             bad("clip_quantile", f"must be in (0, 1], got {self.clip_quantile!r}")
+        if (isinstance(self.refinement_share, bool) or not isinstance(self.refinement_share, (int, float))
+                or not 0 < self.refinement_share < 1):
+            bad("refinement_share", f"must be a number in (0, 1) (the share of each tree node's rho "
+                                    f"spent on the refinement sums; default 0.5), got "
+                                    f"{self.refinement_share!r}; to turn refinement off set "
+                                    "refinement: false")
         if not 0 < self.clip_budget_share < 1:
             bad("clip_budget_share", f"must be in (0, 1), got {self.clip_budget_share!r}")
         try:
@@ -170,6 +181,13 @@ class ServiceConfig:
             out["privacy_mode"] += (" (INSECURE reproducible noise from a known seed: "
                                     "non-production only, no privacy guarantee)")
         return out
+
+    def refinement_config(self):
+        """The engine's RefinementConfig of this deployment, or None (refinement off)."""
+        if not self.refinement:
+            return None
+        from streamdp.refinement import RefinementConfig
+        return RefinementConfig(share=float(self.refinement_share))
 
     def client(self, role: str, **overrides) -> dict:
         """confluent-kafka configuration for ``role`` with the deployment's extra ``kafka``

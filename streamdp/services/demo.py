@@ -71,29 +71,45 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
     for t in threads:
         t.start()
     try:
-        out(f"producing {warmup_docs:,} warm-up and {stream_docs:,} stream documents "
-            f"({epochs} hourly epochs) ...")
-        n = produce(bootstrap, names.documents,
-                    ({"id": f"doc-{i}", "ts": float(ts[i]), "text": texts[i]} for i in range(len(texts))))
-        out(f"produced {n:,} documents in {time.time() - t_start:.1f} s; asking the release "
-            "service to flush (close the warm-up and every epoch seen)")
         from confluent_kafka import Producer
         from streamdp.kafka.topics import client_config
-        p = Producer(client_config(bootstrap, "producer"))
-        p.produce(names.control, value=control.encode("flush", key=control.load_key(cfg)))
-        p.flush(10)
-        del p
+        out(f"producing {warmup_docs:,} warm-up and {stream_docs:,} stream documents "
+            f"({epochs} hourly epochs), one epoch at a time as a live feed would: the documents "
+            "of epoch e+1 are folded into the release of epoch e (refinement)")
+        control_producer = Producer(client_config(bootstrap, "producer"))
+        epoch_of = np.where(np.arange(len(texts)) < warmup_docs, 1, np.minimum(
+            np.floor((ts - stream_start) / epoch_seconds).astype(int) + 1, epochs))
         deadline = time.time() + timeout
-        last = -1
-        while time.time() < deadline:
-            epoch = -1 if release.continual is None else (0 if release.latest is None else release.latest.epoch)
-            if epoch != last:
-                out(f"  [{time.time() - t_start:5.1f} s] "
-                    + ("waiting for the warm-up to close" if epoch < 0 else f"epochs released: {epoch}/{epochs}"))
-                last = epoch
-            if epoch >= epochs or release.exhausted:
+        seen_releases: set[str] = set()
+
+        def report(snap) -> None:
+            if snap is None or snap.release_id in seen_releases:
+                return
+            seen_releases.add(snap.release_id)
+            e = matched_topic_error(topics, snap.topic_word)["l2_mean"]
+            out(f"  [{time.time() - t_start:5.1f} s] epoch {snap.epoch}/{epochs} released: "
+                f"{snap.stage} topics, matched L2 error {e:.4f}")
+            if snap.quality_note:
+                out(f"      quality note: {snap.quality_note}")
+
+        for e in range(1, epochs + 1):
+            rows = np.flatnonzero(epoch_of == e)
+            produce(bootstrap, names.documents,
+                    ({"id": f"doc-{i}", "ts": float(ts[i]), "text": texts[i]} for i in rows))
+            # flush: close the warm-up and every epoch seen once all partitions are caught up
+            control_producer.produce(names.control, value=control.encode("flush", key=control.load_key(cfg)))
+            control_producer.flush(10)
+            while time.time() < deadline and not release.exhausted:
+                report(release.latest)
+                if release.latest is not None and release.latest.epoch >= e and (
+                        e == epochs or cfg.refinement is False or all(
+                            w.model_epoch is not None and w.model_epoch >= e for w in workers)):
+                    break           # released, and every sketcher folds into it
+                time.sleep(0.2)
+            report(release.latest)
+            if release.exhausted or time.time() >= deadline:
                 break
-            time.sleep(0.5)
+        del control_producer
         snap = release.latest
         if snap is None:
             raise RuntimeError(f"no snapshot was released within {timeout:.0f} s"

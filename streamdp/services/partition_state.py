@@ -50,6 +50,7 @@ from streamdp.messages import InvalidMessage
 from streamdp.moments.clipping import ClipBounds
 from streamdp.moments.sketch import WhitenedSketch
 from streamdp.privacy.epochs import WARMUP_EPOCH, EpochClock
+from streamdp.refinement import RefinementModel, RefinementSketch
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch
 
@@ -112,6 +113,13 @@ class Routing:
                          self.clock.stream_start + epochs * self.clock.epoch_seconds + self.lateness)
         return np.where(future, FUTURE, np.where(rt < close, epochs, LATE))
 
+    def is_future(self, ts: float, rt: float, now: float) -> bool:
+        """Scalar twin of :meth:`route`'s FUTURE test (same three comparisons), for the
+        per-record check in the sketcher's decode loop: a numpy call per record cost
+        ≈ 40 µs, a third of the end-to-end time (benchmarks/pipeline.py)."""
+        mf = self.max_future_seconds
+        return bool(ts > now + mf or rt > now + mf or ts > rt + mf)
+
     @staticmethod
     def advance_progress(progress: float, record_times, now: float | None = None) -> float:
         """A partition's new progress after consuming records with ``record_times``:
@@ -163,6 +171,9 @@ class PartitionState:
     progress : float      largest record timestamp consumed (seconds); -inf before any
     warmup : WarmupSketch | None       warm-up sums (None once the subspace is out)
     epochs : dict[int, WhitenedSketch] open stream epochs not yet released
+    refine : dict[int, RefinementSketch] refinement sums (k × d) of the open epochs' documents
+                          folded into the public model the sketcher held when it sketched
+                          them (DESIGN §8; absent for documents sketched before any release)
     closed_through : int  epochs the release service has closed (their sketches dropped)
     counters : dict       documents, tokens, unknown_tokens, late, empty, dlq
     fence : int           fencing token of the writer (:func:`fencing_token`)
@@ -174,6 +185,7 @@ class PartitionState:
     progress: float = -math.inf
     warmup: WarmupSketch | None = None
     epochs: dict[int, WhitenedSketch] = field(default_factory=dict)
+    refine: dict[int, RefinementSketch] = field(default_factory=dict)
     closed_through: int = 0
     counters: dict[str, int] = field(default_factory=lambda: {
         "documents": 0, "warmup_documents": 0, "tokens": 0, "unknown_tokens": 0, "late": 0,
@@ -186,8 +198,12 @@ class PartitionState:
 
     # ------------------------------------------------------------ updating
     def add(self, X: sp.csr_matrix, routes: np.ndarray, subspace: Subspace | None,
-            clip: ClipBounds | None, warmup_factory) -> dict[str, int]:
+            clip: ClipBounds | None, warmup_factory,
+            model: RefinementModel | None = None) -> dict[str, int]:
         """Add a validated batch routed by :meth:`Routing.route`; returns per-role counts.
+
+        ``model``: the latest released (public) model; stream documents are also folded
+        into it and their refinement contributions added to the epoch's RefinementSketch.
 
         Stream documents need the subspace; the caller must not pass any before it
         exists (it pauses the partition instead). Documents routed to an epoch
@@ -218,6 +234,11 @@ class PartitionState:
             if sk is None:
                 sk = self.epochs[int(r)] = WhitenedSketch(subspace, clip)
             sk.update(X[rows])
+            if model is not None:
+                rs = self.refine.get(int(r))
+                if rs is None:
+                    rs = self.refine[int(r)] = RefinementSketch(*model.shape)
+                rs.update(X[rows], model)
             out["stream"] += rows.size
             out["short"] += int(short[rows].sum())
         self.counters["late"] += out["late"]
@@ -230,6 +251,8 @@ class PartitionState:
         self.closed_through = max(self.closed_through, int(closed_through))
         for e in [e for e in self.epochs if e <= self.closed_through]:
             del self.epochs[e]
+        for e in [e for e in self.refine if e <= self.closed_through]:
+            del self.refine[e]
         if warmup_closed:
             self.warmup = None
 
@@ -241,6 +264,8 @@ class PartitionState:
             "progress": None if self.progress == -math.inf else self.progress,
             "warmup": None if self.warmup is None else self.warmup.to_bytes(),
             "epochs": [[e, sk.to_bytes()] for e, sk in sorted(self.epochs.items())],
+            # k × d float64 per open epoch (chunked by the state store like the sketches)
+            "refine": [[e, rs.to_dict()] for e, rs in sorted(self.refine.items())],
             "closed_through": self.closed_through, "counters": self.counters,
             "fence": self.fence,
         })
@@ -256,6 +281,7 @@ class PartitionState:
                    progress=-math.inf if obj["progress"] is None else float(obj["progress"]),
                    warmup=None if obj["warmup"] is None else WarmupSketch.from_bytes(obj["warmup"]),
                    epochs={int(e): WhitenedSketch.from_bytes(b, subspace) for e, b in obj["epochs"]},
+                   refine={int(e): RefinementSketch.from_dict(r) for e, r in obj.get("refine") or []},
                    closed_through=int(obj["closed_through"]), counters=dict(obj["counters"]),
                    fence=int(obj.get("fence", 0)))
 
@@ -264,6 +290,7 @@ class PartitionState:
         return {"topic": self.topic, "partition": self.partition, "next_offset": self.next_offset,
                 "progress": None if self.progress == -math.inf else self.progress,
                 "epochs": sorted(self.epochs), "warmup": self.warmup is not None,
+                "refine_epochs": sorted(self.refine),
                 "closed_through": self.closed_through, "fence": self.fence}
 
 

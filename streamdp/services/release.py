@@ -38,6 +38,14 @@ Single writer per deployment, fenced at Kafka (docs/services.md §Fencing):
   ledger head (record count + hash chain); a service whose ledger does not
   extend the head on Kafka refuses to start (ConfigError naming both).
 
+Refinement (DESIGN §8, docs/services.md §Refinement in the services): the sketchers
+fold stream documents into the model of the last snapshot (read from this service's
+release state record) and checkpoint per-epoch k × d refinement sums; an epoch close
+merges them with the sketch sums into one :class:`~streamdp.continual.EpochSums` leaf of
+the tree. Epoch e is closed with ``refined=True`` iff e is after the epoch of the first
+snapshot (``model_epoch``, persisted) — a public fact, never a document count — so
+snapshot 1 is spectral and later ones are refined, topic i continuing topic i.
+
 The ``flock`` lease next to the ledger stays as a local convenience (a clear
 error for two services on one ledger file); it is not the protection.
 """
@@ -51,12 +59,15 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from streamdp import serialization as ser
-from streamdp.continual import ContinualRelease
+from streamdp.continual import ContinualRelease, EpochSums
 from streamdp.moments.clipping import ClipBounds
 from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
 from streamdp.kafka.state_store import StateStore, StateStoreError, WriterFenced
@@ -121,6 +132,22 @@ def merge_epoch_sums(parts: list[PartitionState], epoch: int, subspace: Subspace
         total = s if total is None else total + s
         n += 1
     return total, n
+
+
+def merge_refine_sums(parts: list[PartitionState], epoch: int, shape: tuple[int, int]) -> np.ndarray | None:
+    """Σ over partitions of epoch ``epoch``'s refinement sums (k × d), or None if no
+    partition folded a document of that epoch into a model."""
+    total = None
+    for st in parts:
+        rs = st.refine.get(epoch)
+        if rs is None:
+            continue
+        if rs.sums.shape != tuple(shape):
+            raise SketchMismatch(f"partition {st.partition} epoch {epoch}: refinement sums of shape "
+                                 f"{rs.sums.shape}, the deployment's model is {tuple(shape)}; "
+                                 "refusing to merge")
+        total = rs.sums.copy() if total is None else total + rs.sums
+    return total
 
 
 class LeaseHeld(ConfigError):
@@ -215,6 +242,8 @@ class ReleaseService:
             self.clip: ClipBounds | None = None
             self.continual: ContinualRelease | None = None
             self.latest: TopicSnapshot | None = None
+            self.refinement = cfg.refinement_config()
+            self.model_epoch: int | None = None   # epoch of the first snapshot (public)
             self.forced_through = -1         # epochs an operator declared complete (0 = warm-up)
             self.flush_requested = False
             self.exhausted: str | None = None
@@ -349,7 +378,11 @@ class ReleaseService:
             state = self.store.read_latest(control.RELEASE_STATE_KEY)
             if state is not None:
                 obj = ser.loads(state.payload)
+                self._check_refinement_unchanged(obj)
                 self.continual.load_state(obj["continual"])
+                self.model_epoch = obj.get("model_epoch")
+                if self.model_epoch is None and self.continual.epoch >= 1:
+                    self.model_epoch = 1          # a state written before refinement existed
                 self.control_offset = obj.get("control_offset")
                 self.forced_through = obj.get("forced_through", -1)
                 self.flush_requested = bool(obj.get("flush_requested", False))
@@ -386,12 +419,30 @@ class ReleaseService:
             return self.continual is not None and t <= self.continual.epoch
         return False
 
+    def _refinement_dict(self) -> dict | None:
+        return None if self.refinement is None else self.refinement.to_dict()
+
+    def _check_refinement_unchanged(self, obj: dict) -> None:
+        """The tree's per-node plan includes the refinement block: it cannot change mid-way."""
+        had = obj.get("refinement")
+        if int(obj["continual"].get("epoch") or 0) == 0:
+            return                          # nothing released yet: any setting is fine
+        if had != self._refinement_dict():
+            raise ConfigError(
+                f"configuration fields 'refinement'/'refinement_share': this deployment's tree was "
+                f"started with refinement {had!r}, the configuration says "
+                f"{self._refinement_dict()!r}. Every tree node is noised with the plan it "
+                "started with (the refinement block and its share of rho), so it cannot change "
+                "mid-deployment: restore the original setting, or start a new deployment")
+
     def _new_continual(self) -> None:
+        # with refinement, the spectral start spends nothing on z and m1 (as the engine)
+        split = BudgetSplit.spectral_start() if self.refinement is not None else BudgetSplit()
         self.continual = ContinualRelease(
             self.subspace, self.clip, n_topics=self.cfg.n_topics, alpha0=self.cfg.alpha0,
-            rho=self.rho, horizon=self.cfg.horizon, split=BudgetSplit(), sampler=self.sampler,
+            rho=self.rho, horizon=self.cfg.horizon, split=split, sampler=self.sampler,
             spender=self.spend, power=PowerMethodConfig(seed=self.cfg.seed),
-            denoise=DenoiseConfig())
+            denoise=DenoiseConfig(), refinement=self.refinement)
 
     # ------------------------------------------------------------ lifecycle
     def stop(self, *_args) -> None:
@@ -609,8 +660,15 @@ class ReleaseService:
     def _close_epoch(self, epoch: int, parts: list[PartitionState]) -> bool:
         t0 = time.perf_counter()
         total, n_parts = merge_epoch_sums(parts, epoch, self.subspace, self.clip)
+        refine = None
+        if self.refinement is not None:
+            refine = merge_refine_sums(parts, epoch, (self.cfg.n_topics, self.d))
+        sums = None if total is None else EpochSums(total, refine)
+        # THE public rule (as StreamingSpectralLDA.close_epochs): refined iff a snapshot was
+        # released before this epoch — never a document count
+        refined = self.model_epoch is not None and epoch > self.model_epoch
         try:
-            snap = self.continual.close_epoch(total)     # spend protocol: reserve → draw
+            snap = self.continual.close_epoch(sums, refined=refined)   # reserve → draw
         except BudgetExhausted as exc:
             self._refused(exc)
             return False
@@ -628,11 +686,15 @@ class ReleaseService:
             # this release's own reservation is committed right after the state is persisted
             report["uncommitted"] = max(0, report["uncommitted"] - len(self.spend.pending))
             privacy["accountant"] = report
-        snap = TopicSnapshot(topic_word=snap.topic_word, alpha=snap.alpha, eigenvalues=snap.eigenvalues,
-                             n_docs=snap.n_docs, privacy=privacy, mechanism=snap.mechanism,
-                             subspace_id=snap.subspace_id, epoch=snap.epoch,
-                             vocabulary_id=self.vocabulary.id)
+        if self.refinement is not None:
+            privacy["refinement"] = {**(privacy.get("refinement") or {}), "model_epoch": (
+                self.model_epoch if self.model_epoch is not None else epoch),
+                "refined": refined}
+        # keep stage, noise_to_signal, fold_in_topics, subspace_topics (replace, not rebuild)
+        snap = replace(snap, privacy=privacy, vocabulary_id=self.vocabulary.id)
         self.latest = snap
+        if self.model_epoch is None:
+            self.model_epoch = epoch
         if not self._write_state():                      # → persist → commit
             return False
         self._publish(snap)                              # only after persist
@@ -660,7 +722,8 @@ class ReleaseService:
             "continual": self.continual.state_dict(),
             "last_snapshot": None if snap is None else snap.to_bytes(),
             "control_offset": self.control_offset, "forced_through": self.forced_through,
-            "flush_requested": self.flush_requested, "writer_epoch": self.writer_epoch}), meta)
+            "flush_requested": self.flush_requested, "writer_epoch": self.writer_epoch,
+            "model_epoch": self.model_epoch, "refinement": self._refinement_dict()}), meta)
 
     def _persist(self, key: str, payload: bytes, meta: dict) -> bool:
         """Spend protocol steps 3-4: write ``key`` in this writer's transaction, then commit
@@ -705,7 +768,12 @@ class ReleaseService:
         s = self.latest
         return {"release_id": s.release_id, "epoch": s.epoch, "created_at": s.created_at,
                 "subspace_id": s.subspace_id, "vocabulary_id": s.vocabulary_id,
-                "n_docs": s.n_docs, "alpha": s.alpha.tolist(),
+                "n_docs": s.n_docs, "alpha": s.alpha.tolist(), "stage": s.stage,
+                "quality_note": s.quality_note,
+                # JSON has no infinity: null = the noise explains all of that topic
+                "noise_to_signal": (None if s.noise_to_signal is None else
+                                    [float(x) if math.isfinite(x) else None
+                                     for x in s.noise_to_signal]),
                 "topics": [[{"word": w, "p": p} for w, p in top]
                            for top in s.top_words(self.vocabulary.words, 10)],
                 "privacy": s.privacy}

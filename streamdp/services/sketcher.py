@@ -33,6 +33,16 @@ Time, fencing and control (issue 15; docs/operations.md §Time, §Kafka ACLs)
   record that goes backwards against one this process accepted. Before writing,
   the offset commit (which the group coordinator refuses from a member that lost
   its partitions) acts as a fence: a zombie drops its state instead of writing.
+* Refinement (DESIGN §8, docs/services.md §Refinement): with ``refinement`` on, every
+  stream document is also folded into the latest released model, read from the
+  ``last_snapshot`` of the release state record (``release/tree``) on the state topic —
+  at start-up and whenever an authenticated ``epochs_closed`` arrives. That record is
+  the one the release service persists *before* it publishes (so the model is always
+  a release that is, or after a restart will be, on the snapshots topic), and reading
+  it is atomic with the confirmation of the released epochs. The refinement sums are
+  part of the PartitionState checkpoint. A document re-sketched after a crash may be
+  folded into a newer model than in the lost run: every model is public, so its
+  contribution still has Frobenius norm ≤ 1 and the privacy argument is unchanged.
 * Control messages from the release service count only with a valid HMAC
   (``control_key_file``), and even then raw sketches are dropped only through
   the epoch the release state on the state topic confirms as released.
@@ -57,6 +67,9 @@ from streamdp.documents import MIN_DOC_LENGTH
 from streamdp.kafka.state_store import StateStore
 from streamdp.moments.clipping import ClipBounds
 from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
+from streamdp.refinement import RefinementModel
+from streamdp import serialization as ser
+from streamdp.snapshot import TopicSnapshot
 from streamdp.services import control
 from streamdp.kafka.connectivity import OutageGuard, check_bootstrap
 from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode
@@ -125,6 +138,9 @@ class Sketcher:
         self.clip: ClipBounds | None = None
         self.closed_through = 0
         self.warmup_closed = False
+        self.refinement = cfg.refinement_config()
+        self.model: RefinementModel | None = None      # the latest released model (public)
+        self.model_epoch: int | None = None
         self._stop = threading.Event()
         self._last_checkpoint = time.monotonic()
         self._bad_log = RateLimitedLog()
@@ -286,7 +302,7 @@ class Sketcher:
                 doc = messages.decode_document(value, max_bytes=self.cfg.max_document_bytes,
                                                max_tokens=self.cfg.max_document_tokens)
                 t_rec = doc.ts if rt is None else rt
-                if self.routing.route([doc.ts], [t_rec], now)[0] == FUTURE:
+                if self.routing.is_future(doc.ts, t_rec, now):     # == route(...) == FUTURE
                     raise self.routing.future_error(doc.ts, t_rec, now)
             except messages.InvalidMessage as exc:
                 bad.append((m, exc))
@@ -324,7 +340,7 @@ class Sketcher:
         def new_warmup():
             return WarmupSketch(self.d, self.k_prime, clip=self.cfg.warmup_clip, seed=self.cfg.seed)
 
-        counts = st.add(X, routes_k, self.subspace, self.clip, new_warmup)
+        counts = st.add(X, routes_k, self.subspace, self.clip, new_warmup, model=self.model)
         for m, exc in bad:
             self._dead_letter(m, exc)
         st.counters["dlq"] += len(bad)
@@ -371,7 +387,30 @@ class Sketcher:
                 self.producer.poll(0.1)
 
     # ------------------------------------------------------------ control
+    def _refresh_model(self, rec=None) -> None:
+        """Fold-in model := the last snapshot in the release state record (public; see the
+        module docstring). ``rec``: that record if the caller already read it."""
+        if self.refinement is None:
+            return
+        rec = self.store.read_latest(control.RELEASE_STATE_KEY) if rec is None else rec
+        if rec is None or rec.meta.get("release_id") in (None, getattr(self.model, "model_id", None)):
+            return
+        raw = ser.loads(rec.payload).get("last_snapshot")
+        if not raw:
+            return
+        snap = TopicSnapshot.from_bytes(raw)
+        if snap.topic_word.shape != (self.cfg.n_topics, self.d):
+            log.error("%s: the released model has shape %s, this sketcher expects (%d, %d): "
+                      "not folding documents into it", self.instance, snap.topic_word.shape,
+                      self.cfg.n_topics, self.d)
+            return
+        self.model = RefinementModel.from_snapshot(snap, fold_in_iter=self.refinement.fold_in_iter)
+        self.model_epoch = snap.epoch
+        log.info("%s: folding stream documents into release %s (epoch %s, %s)", self.instance,
+                 snap.release_id, snap.epoch, snap.stage)
+
     def _refresh_subspace(self) -> None:
+        self._refresh_model()
         got = load_subspace(self.store, self.vocabulary.id)
         if got is not None:
             self.subspace, self.clip = got
@@ -437,6 +476,8 @@ class Sketcher:
         if self.store.read_latest(control.SUBSPACE_KEY) is None:
             return None
         rec = self.store.read_latest(control.RELEASE_STATE_KEY)
+        if rec is not None:
+            self._refresh_model(rec)      # the same record holds the released model
         return 0 if rec is None else int(rec.meta.get("epoch") or 0)
 
     # ------------------------------------------------------------ checkpoints
