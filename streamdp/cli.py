@@ -132,8 +132,8 @@ def _control(a) -> int:
     # signed with the deployment's control key (control_key_file; a non_production
     # deployment without one uses its derived key): the release service acts on
     # operator messages only with a valid MAC. No key in production: ControlKeyError.
+    _reachable(cfg)                  # first, as every service command: a wrong bootstrap says so
     key = control.load_key(cfg)
-    _reachable(cfg)
     p = Producer(cfg.client("producer"))
     p.produce(cfg.topics.control, value=control.encode(a.type, key=key, **fields))
     if p.flush(10) != 0:
