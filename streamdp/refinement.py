@@ -62,12 +62,14 @@ class RefinementConfig:
                          start gets the rest
     passes : int         one-shot path: EM passes over the stream, each releasing a new T
                          under the previous pass's model (the share split evenly)
-    fold_in_iter : int   fixed-point iterations of θ per document (fold-in passes)
+    fold_in_iter : int   fixed-point iterations of θ per document (5: measured on Debian as good
+                         as 10 — NPMI 0.076/0.043 vs 0.060/0.042 at ε = 4/1, one seed — at
+                         1.5–1.8× the speed; 3 lost 0.026 at ε = 1)
     """
 
     share: float = 0.5
     passes: int = 2
-    fold_in_iter: int = 10
+    fold_in_iter: int = 5
 
     def __post_init__(self) -> None:
         if isinstance(self.share, bool) or not (0 < self.share < 1):
@@ -163,10 +165,10 @@ class RefinementModel:
     topic_word: np.ndarray                  # (k, d), rows on the simplex
     alpha: np.ndarray                       # (k,)
     model_id: str = ""
-    fold_in_iter: int = 10
+    fold_in_iter: int = 5
 
     @classmethod
-    def from_snapshot(cls, snap, fold_in_iter: int = 10) -> "RefinementModel":
+    def from_snapshot(cls, snap, fold_in_iter: int = 5) -> "RefinementModel":
         phi = snap.fold_in_topics if snap.fold_in_topics is not None else snap.topic_word
         return cls(np.asarray(phi, dtype=np.float64), np.asarray(snap.alpha, dtype=np.float64),
                    snap.release_id, fold_in_iter)
