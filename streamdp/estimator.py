@@ -405,8 +405,8 @@ class StreamingSpectralLDA:
         topic_word, alpha, nts, fold_in_topics = refined_topics(T, sd, self.alpha0)
         prev = self.snapshot_
         privacy = dict(prev.privacy)
-        privacy.update({"mechanism": (prev.privacy.get("mechanism", "none") + "+refine")
-                        if events else privacy.get("mechanism", "none"),
+        base = str(prev.privacy.get("mechanism", "none")).removesuffix("+refine")
+        privacy.update({"mechanism": base + "+refine" if events else base,
                         "refinement": {**cfg.to_dict(), "passes_done": prev.privacy.get(
                             "refinement", {}).get("passes_done", 0) + 1,
                             "model": prev.release_id, "noise_sd": sd}})
