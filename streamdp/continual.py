@@ -27,6 +27,7 @@ from streamdp.moments.sketch import SketchSums, WhitenedSketch
 from streamdp.privacy.epochs import WARMUP_EPOCH, EpochClock
 from streamdp.privacy.events import STREAM, BudgetSpender, GaussianEvent
 from streamdp.privacy.noise import GaussianSampler
+from streamdp.privacy.report import release_report
 from streamdp.privacy.tree import TreeAggregator, covering_levels, tree_depth
 from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch,
@@ -225,26 +226,19 @@ class ContinualRelease:
             topic_word, alpha, nts, fold_in = refined_topics(
                 released.refine, sd[REFINE_BLOCK] if sd else 0.0, self.alpha0)
             U = None
-        privacy = {
-            "unit": "one document",
-            "neighbouring": "add/remove one document",
-            "mechanism": "tree" if private else "none",
-            "epochs_covered": [1, t],
-            "horizon": self.horizon,
-            "tree_depth": self.depth,
-            "nodes_summed": ([list(r) for r in self.tree.covering_nodes(t)] if private else []),
-            "rho_node": self.rho_node,
-            "rho_per_document": (self.depth * self.rho_node) if private else 0.0,
-            "node_events": [e.to_dict() for e in node_events],
-            "noise_sd": sd or {},
-            "clip_bounds": self.clip.to_dict(),
-            "budget_split": self.split.as_dict() if private else None,
-            "refinement": None if self.refinement is None else {
-                **self.refinement.to_dict(), "refined_epochs": self.refined_epochs},
-            "sampler": getattr(self.sampler, "name", None) if private else None,
-            "power_method": asdict(self.power),
-            "denoise_threshold": self.denoise.threshold if private else 0.0,
-        }
+        privacy = release_report(
+            mechanism="tree", events=(), noise_sd=sd, clip=self.clip,
+            split=self.split if private else None, sampler=self.sampler if private else None,
+            power=self.power, denoise_threshold=self.denoise.threshold if private else 0.0,
+            epochs_covered=[1, t], horizon=self.horizon, tree_depth=self.depth,
+            nodes_summed=[list(r) for r in self.tree.covering_nodes(t)] if private else [],
+            rho_node=self.rho_node,
+            rho_per_document=(self.depth * self.rho_node) if private else 0.0,
+            node_events=[e.to_dict() for e in node_events],
+            refinement=None if self.refinement is None else {
+                **self.refinement.to_dict(), "refined_epochs": self.refined_epochs})
+        if not private:
+            privacy["mechanism"] = "none"
         return TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=lambdas,
                              n_docs=float(released.sketch.count), privacy=privacy,
                              mechanism="tree" if private else "none",

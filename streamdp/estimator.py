@@ -1,6 +1,7 @@
 """scikit-learn-style estimator and the one-call ``fit`` convenience function."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 
@@ -15,6 +16,8 @@ from streamdp.privacy.conversions import zcdp_rho
 from streamdp.privacy.events import STREAM, WARMUP, BudgetSpender, EventLog, GaussianEvent
 from streamdp.privacy.epochs import EpochClock
 from streamdp.privacy.noise import GaussianSampler, make_sampler
+from streamdp.privacy.report import add_budget_context, release_report
+from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch,
                                  plan_refinement, refined_topics)
 from streamdp.release import (MECHANISMS, BudgetSplit, DenoiseConfig, release_topics)
@@ -324,7 +327,7 @@ class StreamingSpectralLDA:
             snap = self.continual_.close_epoch(sums, refined=refined)
             if self._model_epoch is None:
                 self._model_epoch = epoch
-            self._finish_snapshot(snap)
+            snap = self._finish_snapshot(snap)
             snaps.append(snap)
         if self.epochs.closable_through(watermark) > self.horizon:
             from streamdp.privacy.tree import HorizonExceeded
@@ -404,12 +407,13 @@ class StreamingSpectralLDA:
             sd = event.sigma
         topic_word, alpha, nts, fold_in_topics = refined_topics(T, sd, self.alpha0)
         prev = self.snapshot_
-        privacy = dict(prev.privacy)
         base = str(prev.privacy.get("mechanism", "none")).removesuffix("+refine")
-        privacy.update({"mechanism": base + "+refine" if events else base,
-                        "refinement": {**cfg.to_dict(), "passes_done": prev.privacy.get(
-                            "refinement", {}).get("passes_done", 0) + 1,
-                            "model": prev.release_id, "noise_sd": sd}})
+        privacy = release_report(
+            mechanism=base + "+refine", events=events, noise_sd={REFINE_BLOCK: sd} if events else {},
+            clip=self.clip, split=None, sampler=self.sampler, power=self.power,
+            denoise_threshold=0.0,
+            refinement={**cfg.to_dict(), "model": prev.release_id, "noise_sd": sd,
+                        "passes_done": (prev.privacy.get("refinement") or {}).get("passes_done", 0) + 1})
         snap = TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=prev.eigenvalues,
                              n_docs=prev.n_docs, privacy=privacy, mechanism=prev.mechanism,
                              subspace_id=prev.subspace_id, epoch=prev.epoch, stage="refined",
@@ -421,16 +425,15 @@ class StreamingSpectralLDA:
             new_events = [GaussianEvent(**{k: v for k, v in e.items() if k != "rho"})
                           for e in snap.privacy.get("events", [])]
         self._stream_events = self._stream_events + list(new_events)
-        snap.privacy.update({"epsilon": self.epsilon, "delta": self.delta,
-                             "rho_budget": self.rho_,
-                             "stream_events": [e.to_dict() for e in self._stream_events],
-                             "rho_stream_spent": float(sum(e.rho for e in self._stream_events)),
-                             "warmup_boundary": self.warmup_boundary,
-                             "warmup": self.subspace_.provenance.get("events", []),
-                             "partitions": {WARMUP: "warm-up documents (subspace only)",
-                                            STREAM: "stream documents (sketches only)"}})
-        if hasattr(self.accountant, "report"):
-            snap.privacy["accountant"] = self.accountant.report()
+        privacy = add_budget_context(
+            snap.privacy, epsilon=self.epsilon, delta=self.delta, rho_budget=self.rho_,
+            warmup_events=self.subspace_.provenance.get("events", []), accountant=self.accountant,
+            stream_events=[e.to_dict() for e in self._stream_events],
+            rho_stream_spent=float(sum(e.rho for e in self._stream_events)),
+            warmup_boundary=self.warmup_boundary,
+            partitions={WARMUP: "warm-up documents (subspace only)",
+                        STREAM: "stream documents (sketches only)"})
+        snap = dataclasses.replace(snap, privacy=privacy)
         self.snapshot_ = snap
         self.components_ = snap.topic_word
         self.alpha_ = snap.alpha

@@ -27,6 +27,7 @@ from streamdp.moments.sketch import SketchSums, symmetrize3
 from streamdp.privacy.events import (STREAM, BudgetSpender, EventLog, GaussianEvent,
                                      rho_by_partition, sigma_for_rho)
 from streamdp.privacy.noise import GaussianSampler
+from streamdp.privacy.report import release_report
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import ExactOracle, PowerMethodConfig, robust_power_method
 from streamdp.tensor.private import NoisyQueryOracle
@@ -238,20 +239,10 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
         oracle_factory=oracle_factory, return_subspace_topics=True)
     if token is not None:
         spender.commit(token)
-    privacy = {
-        "unit": "one document",
-        "neighbouring": "add/remove one document",
-        "mechanism": mechanism if private else "none",
-        "rho_by_partition": rho_by_partition(events),
-        "rho": float(sum(e.rho for e in events)),
-        "events": [e.to_dict() for e in events],
-        "noise_sd": noise_scales(events) if private else {},
-        "clip_bounds": clip.to_dict(),
-        "budget_split": split.as_dict() if private else None,
-        "sampler": getattr(sampler, "name", None) if private else None,
-        "power_method": asdict(power),
-        "denoise_threshold": denoise.threshold if private else 0.0,
-    }
+    privacy = release_report(mechanism=mechanism, events=events,
+                             noise_sd=noise_scales(events) if private else {}, clip=clip,
+                             split=split, sampler=sampler, power=power,
+                             denoise_threshold=denoise.threshold)
     return TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=lambdas,
                          n_docs=float(noisy.count), privacy=privacy,
                          mechanism=mechanism if private else "none",

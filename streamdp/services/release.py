@@ -76,6 +76,7 @@ from streamdp.privacy.accountant import Accountant, BudgetExhausted, LedgerMisma
 from streamdp.privacy.ledger import FileLedger, ledger_head
 from streamdp.privacy.spend import SpendSession
 from streamdp.privacy.noise import make_sampler
+from streamdp.privacy.report import add_budget_context
 from streamdp.privacy.tree import HorizonExceeded
 from streamdp.release import BudgetSplit, DenoiseConfig
 from streamdp.services import control
@@ -677,15 +678,14 @@ class ReleaseService:
             self.metrics.release_outcome("refused_budget")
             log.error("%s", exc)
             return False
-        privacy = dict(snap.privacy)
-        privacy.update({"epsilon": self.cfg.epsilon, "delta": self.cfg.delta, "rho_budget": self.rho,
-                        "warmup": self.subspace.provenance.get("events", []),
-                        "vocabulary_id": self.vocabulary.id, **self.cfg.privacy_fields()})
+        privacy = add_budget_context(
+            snap.privacy, epsilon=self.cfg.epsilon, delta=self.cfg.delta, rho_budget=self.rho,
+            warmup_events=self.subspace.provenance.get("events", []), accountant=self.accountant,
+            vocabulary_id=self.vocabulary.id, **self.cfg.privacy_fields())
         if self.accountant is not None:
-            report = self.accountant.report()
             # this release's own reservation is committed right after the state is persisted
+            report = privacy["accountant"]
             report["uncommitted"] = max(0, report["uncommitted"] - len(self.spend.pending))
-            privacy["accountant"] = report
         if self.refinement is not None:
             privacy["refinement"] = {**(privacy.get("refinement") or {}), "model_epoch": (
                 self.model_epoch if self.model_epoch is not None else epoch),

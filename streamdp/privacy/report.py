@@ -1,0 +1,62 @@
+"""The privacy report every snapshot carries — built here and nowhere else.
+
+A report has two parts, added at the two places that know them:
+
+* :func:`release_report` — what one release noised and how (mechanism, every Gaussian event
+  with its sensitivity, σ and ρ, the noise on each released block, clip bounds, budget split,
+  sampler), built by the release paths (one-shot, tree, refinement);
+* :func:`add_budget_context` — the budget it was charged to (ε, δ, ρ budget, the warm-up's
+  events, the accountant's report and deployment fields), added by whoever owns the accountant
+  (the estimator, the release service).
+
+Keys are documented in docs/privacy.md ("The privacy report on every snapshot").
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Iterable
+
+from streamdp.privacy.events import GaussianEvent, rho_by_partition
+
+UNIT = "one document"
+NEIGHBOURING = "add/remove one document"
+
+
+def release_report(*, mechanism: str, events: Iterable[GaussianEvent], noise_sd: dict | None,
+                   clip, split, sampler, power, denoise_threshold: float, **extra) -> dict:
+    """The per-release part. ``events`` are the draws this release made (for a tree release, the
+    events of one node; the tree's own fields go in ``extra``). Non-private: ``events`` empty."""
+    events = list(events)
+    private = bool(events) or mechanism == "tree"
+    report = {
+        "unit": UNIT,
+        "neighbouring": NEIGHBOURING,
+        "mechanism": mechanism if private else "none",
+        "rho_by_partition": rho_by_partition(events),
+        "rho": float(sum(e.rho for e in events)),
+        "events": [e.to_dict() for e in events],
+        "noise_sd": dict(noise_sd or {}),
+        "clip_bounds": clip.to_dict(),
+        "budget_split": split.as_dict() if private and split is not None else None,
+        "sampler": getattr(sampler, "name", None) if private else None,
+        "power_method": asdict(power),
+        "denoise_threshold": float(denoise_threshold) if private else 0.0,
+    }
+    if mechanism == "tree":
+        # a tree release draws nothing itself: its nodes' events are in ``node_events``
+        for key in ("rho_by_partition", "rho", "events"):
+            del report[key]
+    report.update(extra)
+    return report
+
+
+def add_budget_context(report: dict, *, epsilon, delta, rho_budget, warmup_events,
+                       accountant=None, **extra) -> dict:
+    """A copy of ``report`` with the budget it was charged to (and the accountant's report)."""
+    out = dict(report)
+    out.update({"epsilon": epsilon, "delta": delta, "rho_budget": rho_budget,
+                "warmup": list(warmup_events)})
+    if accountant is not None and hasattr(accountant, "report"):
+        out["accountant"] = accountant.report()
+    out.update(extra)
+    return out
