@@ -329,11 +329,6 @@ def alpha_from_sums(T: np.ndarray, alpha0: float) -> np.ndarray:
     return alpha0 * share / share.sum()
 
 
-def noise_sums(sums: np.ndarray, event: GaussianEvent, sampler) -> np.ndarray:
-    """T + N(0, σ²) through the sampler (the vetted path when it is OpenDP's)."""
-    return sampler.add_noise(np.asarray(sums, dtype=np.float64), event.sigma)
-
-
 def refined_topics(T_noisy: np.ndarray, sd: float, alpha0: float):
     """Everything a refined snapshot publishes from released sums (post-processing only).
 
