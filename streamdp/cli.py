@@ -12,6 +12,10 @@ STREAMDP_<FIELD> environment variables override both — see docs/configuration.
   streamdp produce  --config c.json corpus.jsonl     load documents into the documents topic
   streamdp control  --config c.json flush            ask the release service to close epochs
   streamdp topics   --snapshot-dir snapshots --vocabulary vocab.txt   print the latest topics
+
+Vocabularies (docs/vocabulary.md):
+  streamdp vocab public  --lang en --size 5000 --out vocab.txt        from wordfreq, no budget
+  streamdp vocab private --epsilon 1 --in docs.jsonl --out vocab.txt  DP selection from documents
 """
 from __future__ import annotations
 
@@ -142,6 +146,19 @@ def _control(a) -> int:
     return 0
 
 
+def _vocab_public(a) -> int:
+    from streamdp.text.public_vocab import public_vocabulary, write_sidecar
+    from streamdp.text.tokenizer import Tokenizer
+    tok = Tokenizer(stop_words=None if a.keep_stop_words else "english")
+    vocab, meta = public_vocabulary(a.lang, size=a.size, tokenizer=tok, wordlist=a.wordlist)
+    vocab.save(a.out)
+    side = write_sidecar(a.out, meta)
+    print(f"wrote {a.out}: {len(vocab)} words, vocabulary id {vocab.vocabulary_id} "
+          f"(wordfreq {meta['source_version']}, {a.wordlist!r} list, {a.lang}); provenance and "
+          f"licence in {side}; privacy cost: none")
+    return 0
+
+
 def _topics(a) -> int:
     from pathlib import Path
     from streamdp.snapshot import TopicSnapshot
@@ -241,6 +258,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="host name clients should use (default: --host; needed in containers)")
     b.add_argument("--log-level", dest="log_level", default="INFO")
     b.set_defaults(func=_broker)
+
+    v = sub.add_parser("vocab", help="build a vocabulary: public (wordfreq) or privately selected",
+                       description="Vocabularies that are not taken from the protected documents "
+                                   "(docs/vocabulary.md).")
+    vsub = v.add_subparsers(dest="vocab_command", required=True)
+    vp = vsub.add_parser("public", help="the N most frequent public words (wordfreq), no budget",
+                         description="The --size most frequent words of wordfreq's list for "
+                                     "--lang, tokenised exactly as streamdp's tokenizer does, minus "
+                                     "its English stop words; provenance and licence in FILE.json.")
+    vp.add_argument("--lang", default="en")
+    vp.add_argument("--size", type=int, default=5000)
+    vp.add_argument("--wordlist", default="large", choices=("large", "best", "small"))
+    vp.add_argument("--keep-stop-words", action="store_true",
+                    help="keep stop words (only if your tokenizer keeps them too)")
+    vp.add_argument("--out", required=True, help="vocabulary file to write")
+    vp.set_defaults(func=_vocab_public)
 
     sk = sub.add_parser("sketcher", help="consumer-group member: documents → checkpointed sketches",
                         description="Joins the sketchers' consumer group, validates and vectorises "
