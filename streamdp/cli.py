@@ -159,6 +159,98 @@ def _vocab_public(a) -> int:
     return 0
 
 
+def _read_documents(path: str, tokenizer) -> list[list[str]]:
+    """Token lists of a JSONL file ({"text": ...} or {"tokens": [...]} per line) or a plain
+    text file (one document per line). Bad lines are errors naming the line."""
+    docs = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("{"):
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise SystemExit(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+                if isinstance(obj.get("tokens"), list):
+                    docs.append([str(t) for t in obj["tokens"]])
+                elif isinstance(obj.get("text"), str):
+                    docs.append(tokenizer.tokenize(obj["text"]))
+                else:
+                    raise SystemExit(f"{path}:{lineno}: a JSON document needs a 'text' string or "
+                                     "a 'tokens' list")
+            else:
+                docs.append(tokenizer.tokenize(line))
+    return docs
+
+
+def _vocab_private(a) -> int:
+    from streamdp.privacy.accountant import Accountant
+    from streamdp.privacy.memory_ledger import MemoryLedger
+    from streamdp.privacy.noise import make_sampler
+    from streamdp.text.public_vocab import write_sidecar
+    from streamdp.text.tokenizer import Tokenizer
+    from streamdp.text.vocab_selection import (InsufficientSelection, SelectionConfig,
+                                               default_candidates, select_from_documents)
+    from streamdp.text.vocabulary import Vocabulary
+    tok = Tokenizer(stop_words="english")
+    cfg = SelectionConfig(size=a.size, max_words_per_doc=a.max_words_per_doc,
+                          candidates=a.candidates_mode, new_words=not a.no_new_words,
+                          max_new_words_per_doc=a.max_new_words_per_doc,
+                          min_words=a.min_words)
+    cands = Vocabulary.load(a.candidates) if a.candidates else default_candidates(tok)
+    docs = _read_documents(a.input, tok)
+    accountant = Accountant(a.epsilon, a.delta, a.ledger if a.ledger else MemoryLedger())
+    try:
+        sel = select_from_documents(docs, epsilon=a.epsilon, delta=a.delta, config=cfg,
+                                    candidates=cands, spender=accountant,
+                                    sampler=make_sampler(a.sampler))
+    except InsufficientSelection as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sel.vocabulary.save(a.out)
+    report = {**sel.report, "tokenizer": tok.config(), "accountant": accountant.report(),
+              "candidates_source": a.candidates or "wordfreq top 100,000 (streamdp vocab public)"}
+    side = write_sidecar(a.out, report)
+    print(f"wrote {a.out}: {len(sel.vocabulary)} words ({sel.report['n_new_words']} outside the "
+          f"public list), vocabulary id {sel.vocabulary.vocabulary_id}; privacy report in {side}: "
+          f"(ε={a.epsilon:g}, δ={a.delta:g}) per document of {a.input} "
+          f"(ρ={sel.report['rho']:.4g}, δ of the partition selection "
+          f"{sel.report['delta_approximate']:.3g})")
+    return 0
+
+
+def _vocab_private_parser(vsub) -> None:
+    vv = vsub.add_parser("private", help="DP selection of a vocabulary from documents",
+                         description="Select a vocabulary with differential privacy from the "
+                                     "documents of --in (its own documents: do not also use them "
+                                     "in the warm-up or the stream, docs/vocabulary.md): noisy "
+                                     "document frequencies over a public candidate list (top "
+                                     "--size) plus words outside it by OpenDP partition "
+                                     "selection. Writes the vocabulary and FILE.json (privacy "
+                                     "report). Exit 2 if the documents are too few for the budget.")
+    vv.add_argument("--in", dest="input", required=True,
+                    help="documents: JSONL ({'text': ...} or {'tokens': [...]}) or one per line")
+    vv.add_argument("--out", required=True)
+    vv.add_argument("--epsilon", type=float, required=True)
+    vv.add_argument("--delta", type=float, default=1e-6)
+    vv.add_argument("--size", type=int, default=5000, help="words kept from the candidates")
+    vv.add_argument("--candidates", help="public candidate vocabulary file (default: wordfreq "
+                                         "top 100,000)")
+    vv.add_argument("--candidates-mode", choices=("noisy", "public"), default="noisy",
+                    help="noisy: top --size by noisy document frequency; public: the first --size "
+                         "candidates, ρ all for new words")
+    vv.add_argument("--max-words-per-doc", type=int, default=32)
+    vv.add_argument("--max-new-words-per-doc", type=int, default=8)
+    vv.add_argument("--no-new-words", action="store_true",
+                    help="only candidates (no partition selection, no δ spent)")
+    vv.add_argument("--min-words", type=int, default=10)
+    vv.add_argument("--ledger", help="privacy ledger file to charge (default: in memory)")
+    vv.add_argument("--sampler", choices=("opendp", "fast"), default="opendp")
+    vv.set_defaults(func=_vocab_private)
+
+
 def _topics(a) -> int:
     from pathlib import Path
     from streamdp.snapshot import TopicSnapshot
@@ -274,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="keep stop words (only if your tokenizer keeps them too)")
     vp.add_argument("--out", required=True, help="vocabulary file to write")
     vp.set_defaults(func=_vocab_public)
+    _vocab_private_parser(vsub)
 
     sk = sub.add_parser("sketcher", help="consumer-group member: documents → checkpointed sketches",
                         description="Joins the sketchers' consumer group, validates and vectorises "

@@ -443,7 +443,8 @@ class StreamingSpectralLDA:
 def fit(counts, n_topics: int, *, alpha0: float = 1.0, epsilon: float | None = None,
         delta: float = 1e-6, warmup_docs: int | None = None, seed: int | None = None,
         batch_size: int = 4096, timestamps=None, stream_start: float | None = None,
-        refinement: RefinementConfig | bool | None = True, **kwargs) -> TopicSnapshot:
+        refinement: RefinementConfig | bool | None = True, vocabulary_selection=None,
+        candidates=None, **kwargs) -> TopicSnapshot:
     """Fit on a count matrix: warm up, sketch the stream, release, refine.
 
     Which rows warm up (used only for the whitening subspace) decides the accounting:
@@ -460,9 +461,25 @@ def fit(counts, n_topics: int, *, alpha0: float = 1.0, epsilon: float | None = N
     ``1 − share`` and each of ``passes`` refinement passes over the stream rows gets
     ``share / passes`` (:class:`RefinementConfig`, docs/estimator.md).
 
+    ``vocabulary_selection`` (a :class:`~streamdp.text.vocab_selection.SelectionConfig`, or
+    True for the defaults): select the vocabulary privately from the warm-up documents first.
+    ``counts`` is then a list of token lists (``Tokenizer.tokenize`` of each text), the
+    boundary must be per document (``timestamps=``, ``stream_start=``), and the warm-up rows
+    whose content hash falls in ``slice_share`` (:func:`in_selection_slice`) form the selection
+    slice: an accounting atom of their own ("vocabulary", parallel composition with the
+    warm-up and the stream; docs/privacy.md), used for nothing else. ``candidates``: the public
+    candidate list (default: wordfreq's top 100,000). The snapshot's ``vocabulary_id`` names
+    the selected vocabulary; its words and the selection's report are in
+    ``snapshot.privacy["vocabulary_selection"]``.
+
     Returns the released :class:`TopicSnapshot` (``.topic_word`` (k, d), ``.alpha`` (k,)).
     Extra keyword arguments go to :class:`StreamingSpectralLDA`.
     """
+    if vocabulary_selection is not None and vocabulary_selection is not False:
+        return _fit_selecting_vocabulary(
+            counts, n_topics, vocabulary_selection, candidates, alpha0=alpha0, epsilon=epsilon,
+            delta=delta, warmup_docs=warmup_docs, seed=seed, batch_size=batch_size,
+            timestamps=timestamps, stream_start=stream_start, refinement=refinement, **kwargs)
     X = as_count_batch(counts)
     n = X.shape[0]
     batch_size = _check_positive_int("batch_size", batch_size)
@@ -505,3 +522,55 @@ def fit(counts, n_topics: int, *, alpha0: float = 1.0, epsilon: float | None = N
     for _ in range(cfg.passes):
         snap = model.refine(stream, budget_fraction=cfg.share / cfg.passes)
     return snap
+
+
+def _fit_selecting_vocabulary(documents, n_topics, config, candidates, *, epsilon, delta,
+                              warmup_docs, timestamps, stream_start, **kwargs) -> TopicSnapshot:
+    """:func:`fit` with a privately selected vocabulary (see its docstring)."""
+    from streamdp.privacy.accountant import Accountant
+    from streamdp.privacy.memory_ledger import MemoryLedger
+    from streamdp.text.vocab_selection import (SelectionConfig, default_candidates, document_key,
+                                               in_selection_slice, select_from_documents)
+    if epsilon is None:
+        raise ValueError("vocabulary_selection needs a private fit (epsilon=...): without "
+                         "privacy, build the vocabulary with Vocabulary.build")
+    if warmup_docs is not None or timestamps is None or stream_start is None:
+        raise ValueError("vocabulary_selection needs a per-document boundary (timestamps= and "
+                         "stream_start=), so the selection slice is a partition of documents by "
+                         "their own content; warmup_docs (a row count) cannot give that")
+    cfg = SelectionConfig() if config is True else config
+    if not isinstance(cfg, SelectionConfig):
+        raise TypeError(f"vocabulary_selection must be a SelectionConfig or True, got {config!r}")
+    docs = list(documents)
+    if any(isinstance(d, str) for d in docs) or hasattr(documents, "tocsr"):
+        raise TypeError("with vocabulary_selection, pass token lists (Tokenizer.tokenize of each "
+                        "text), not a count matrix or raw strings")
+    ts = np.asarray(timestamps, dtype=np.float64).ravel()
+    if ts.shape[0] != len(docs) or not np.all(np.isfinite(ts)):
+        raise ValueError(f"timestamps must be {len(docs)} finite numbers, one per document")
+    warm = ts < float(stream_start)
+    in_slice = np.array([bool(w) and in_selection_slice(document_key(d), cfg.slice_share)
+                         for d, w in zip(docs, warm)], dtype=bool)
+    accountant = kwargs.pop("accountant", None)
+    if accountant is None:
+        accountant = Accountant(float(epsilon), float(delta), MemoryLedger())
+    sampler = kwargs.get("sampler", "opendp")
+    noise_seed = kwargs.get("noise_seed")
+    from streamdp.privacy.noise import make_sampler
+    sel_sampler = sampler if not isinstance(sampler, str) else make_sampler(sampler, noise_seed)
+    sel = select_from_documents([docs[i] for i in np.flatnonzero(in_slice)], epsilon=epsilon,
+                                delta=delta, config=cfg,
+                                candidates=candidates if candidates is not None
+                                else default_candidates(),
+                                spender=accountant, sampler=sel_sampler)
+    rest = np.flatnonzero(~in_slice)
+    X, _ = sel.vocabulary.vectorize([docs[i] for i in rest])
+    snap = fit(X, n_topics, epsilon=epsilon, delta=delta, timestamps=ts[rest],
+               stream_start=stream_start, accountant=accountant, **kwargs)
+    privacy = dict(snap.privacy)
+    privacy["vocabulary_selection"] = {**sel.report, "words": list(sel.vocabulary.words),
+                                       "slice": f"warm-up documents with SHA-256(content) in the "
+                                                f"first {cfg.slice_share:g} of the hash range"}
+    if hasattr(accountant, "report"):
+        privacy["accountant"] = accountant.report()
+    return dataclasses.replace(snap, privacy=privacy, vocabulary_id=sel.vocabulary.vocabulary_id)

@@ -15,6 +15,8 @@ and each stream epoch 1, 2, 3, .... An event's ``partition`` says which atoms
 its released sum covers:
 
 * ``"warmup"``               → the warm-up atom;
+* ``"vocabulary"``           → the vocabulary-selection atom (documents of the private
+  vocabulary selection, a slice disjoint from the warm-up and the stream);
 * ``"stream"``               → every stream epoch, present and future;
 * ``"stream:epochs=a-b"``    → stream epochs a..b (inclusive).
 
@@ -24,6 +26,16 @@ covering A. Its worst case over all documents is max_A ρ(A) (parallel
 composition: the max, not the sum, over atoms). That maximum must stay
 ≤ ρ_budget; it is converted back to ε with the same CKS formula in
 :meth:`Accountant.report`.
+
+Approximate events (the vocabulary atom only)
+---------------------------------------------
+An event with ``delta > 0`` is δ-approximately ρ-zCDP (OpenDP's
+``make_gaussian_threshold`` partition selection). Such events are accepted on
+the ``"vocabulary"`` partition only, so one atom carries a δ_v = Σ δ of its
+events (Bun & Steinke 2016, Lemma 8.3: ρ's and δ's add). A vocabulary document
+is then (ε_CKS(ρ_v, δ − δ_v) + ..., δ)-DP: its ρ must stay ≤ zcdp_rho(ε, δ − δ_v)
+(the δ it has left for the conversion), and δ_v < δ; ``reserve`` refuses
+otherwise. Every other atom has δ_v = 0 and the plain ρ_budget.
 
 Filter semantics
 ----------------
@@ -71,7 +83,7 @@ from fractions import Fraction
 from typing import Iterable, Sequence
 
 from streamdp.privacy.conversions import RHO_RTOL, zcdp_epsilon, zcdp_rho
-from streamdp.privacy.events import (STREAM, WARMUP, GaussianEvent, Partition,
+from streamdp.privacy.events import (STREAM, VOCABULARY, WARMUP, GaussianEvent, Partition,
                                      parse_partition)
 from streamdp.privacy.ledger import CHAIN_SEED, FileLedger, Ledger, LedgerRecord, chain_step
 
@@ -80,8 +92,10 @@ CONVERSION = ("Canonne-Kamath-Steinke 2020 zCDP->(eps,delta) (OpenDP cdp_epsilon
               "cross-checked against dp_accounting RdpAccountant)")
 COMPOSITION = ("zCDP: rho adds up over events covering an atom (sequential, adaptive); "
                "a document's loss is the max over atoms (parallel composition); atoms are "
-               "the warm-up and each stream epoch, assigned by document timestamp; "
-               "'stream' covers every epoch, 'stream:epochs=a-b' epochs a..b")
+               "the warm-up and each stream epoch, assigned by document timestamp, and the "
+               "vocabulary-selection slice; 'stream' covers every epoch, 'stream:epochs=a-b' "
+               "epochs a..b; approximate (rho, delta) events only on 'vocabulary', whose rho "
+               "limit is zcdp_rho(eps, delta - delta_vocabulary)")
 
 
 class BudgetExhausted(RuntimeError):
@@ -163,6 +177,8 @@ class AtomLoads:
     worst_stream : float    ρ of the worst stream document (stream_all + extra)
     worst : float           max over atoms = the per-document worst case
     worst_atom : str        which atom attains it
+    vocabulary : float      ρ of a vocabulary-selection document
+    vocabulary_delta : float  Σ δ of the approximate events on that atom (rounded up)
     """
 
     warmup: float
@@ -172,6 +188,8 @@ class AtomLoads:
     worst_stream: float
     worst: float
     worst_atom: str
+    vocabulary: float = 0.0
+    vocabulary_delta: float = 0.0
 
 
 class LoadTally:
@@ -186,15 +204,24 @@ class LoadTally:
         self.warm = 0
         self.all = 0
         self.delta: dict[int, int] = {}          # epoch → change of range coverage there
+        self.vocab = 0
+        self.vocab_delta = 0                      # Σ δ of approximate events (fixed point)
 
     def copy(self) -> "LoadTally":
         out = LoadTally()
         out.warm, out.all, out.delta = self.warm, self.all, dict(self.delta)
+        out.vocab, out.vocab_delta = self.vocab, self.vocab_delta
         return out
 
-    def add(self, part: Partition, rho: float) -> None:
+    def add(self, part: Partition, rho: float, delta: float = 0.0) -> None:
         r = _fixed(rho)
-        if part.kind == WARMUP:
+        if delta and part.kind != VOCABULARY:
+            raise ValueError(f"an approximate event (delta={delta}) on partition {part}: only "
+                             f"the {VOCABULARY!r} partition may carry a delta")
+        if part.kind == VOCABULARY:
+            self.vocab += r
+            self.vocab_delta += _fixed(delta)
+        elif part.kind == WARMUP:
             self.warm += r
         elif part.epochs is None:
             self.all += r
@@ -203,9 +230,12 @@ class LoadTally:
             self.delta[a] = self.delta.get(a, 0) + r
             self.delta[b + 1] = self.delta.get(b + 1, 0) - r
 
-    def atom(self, *, warmup: bool = False, epoch: int | None = None) -> float:
-        """ρ of a warm-up document, of a document in stream ``epoch``, or (neither)
-        of a stream document in an epoch no range covers."""
+    def atom(self, *, warmup: bool = False, epoch: int | None = None,
+             vocabulary: bool = False) -> float:
+        """ρ of a warm-up document, of a vocabulary-selection document, of a document in
+        stream ``epoch``, or (none of them) of a stream document in an epoch no range covers."""
+        if vocabulary:
+            return _float_up(self.vocab)
         if warmup:
             return _float_up(self.warm)
         extra = 0 if epoch is None else sum(v for pos, v in self.delta.items() if pos <= epoch)
@@ -224,34 +254,48 @@ class LoadTally:
             worst, atom = stream, f"{STREAM} (every epoch)"
         else:
             worst, atom = stream, f"{STREAM} epoch {best_epoch}"
+        if self.vocab > worst:
+            worst, atom = self.vocab, VOCABULARY
         return AtomLoads(warmup=_float_up(self.warm), stream_all=_float_up(self.all),
                          worst_epoch=best_epoch, worst_epoch_extra=_float_up(best),
                          worst_stream=_float_up(stream), worst=_float_up(worst),
-                         worst_atom=atom)
+                         worst_atom=atom, vocabulary=_float_up(self.vocab),
+                         vocabulary_delta=_float_up(self.vocab_delta))
 
 
-def atom_loads(items: Iterable[tuple[Partition, float]]) -> AtomLoads:
-    """Per-document worst-case ρ of a multiset of (partition, ρ) spends.
+def atom_loads(items: Iterable[tuple]) -> AtomLoads:
+    """Per-document worst-case ρ of a multiset of (partition, ρ) or (partition, ρ, δ) spends.
 
     A document in atom A (the warm-up, or stream epoch e) loses the sum of ρ
     over spends whose partition covers A; the result is the max over atoms.
     Epochs covered by no range carry the "stream" spends only.
     """
     tally = LoadTally()
-    for part, rho in items:
-        tally.add(part, rho)
+    for item in items:
+        tally.add(*item)
     return tally.loads()
 
 
 def events_loads(events: Iterable[GaussianEvent]) -> AtomLoads:
     """:func:`atom_loads` of GaussianEvents (partitions parsed strictly)."""
-    return atom_loads((parse_partition(e.partition), e.rho) for e in events)
+    return atom_loads((parse_partition(e.partition), e.rho, e.delta) for e in events)
 
 
 def _event_from_dict(d: dict) -> GaussianEvent:
     return GaussianEvent(block=d["block"], sensitivity=float(d["sensitivity"]),
                          sigma=float(d["sigma"]), count=int(d["count"]),
-                         partition=d["partition"], mechanism=d["mechanism"])
+                         partition=d["partition"], mechanism=d["mechanism"],
+                         delta=float(d.get("delta", 0.0)))
+
+
+def _epsilon_worst_case(loads: AtomLoads, delta: float) -> float:
+    """ε of the worst-off document at total δ: the vocabulary atom converts with δ − δ_v."""
+    others = max(loads.warmup, loads.worst_stream)
+    eps = zcdp_epsilon(others, delta) if others > 0 else 0.0
+    if loads.vocabulary > 0:
+        rest = delta - loads.vocabulary_delta
+        eps = max(eps, zcdp_epsilon(loads.vocabulary, rest) if rest > 0 else math.inf)
+    return eps if (others > 0 or loads.vocabulary > 0) else zcdp_epsilon(loads.worst, delta)
 
 
 # --------------------------------------------------------------- accountant
@@ -286,7 +330,7 @@ class _Fold:
                     self.reserved[rec.key] = rec.payload
                     for d in rec.payload["events"]:
                         e = _event_from_dict(d)
-                        self.tally.add(parse_partition(e.partition), e.rho)
+                        self.tally.add(parse_partition(e.partition), e.rho, e.delta)
                         self.by_partition.setdefault(e.partition, []).append(e.rho)
                 if rec.kind == "commit":
                     self.committed.add(rec.key)
@@ -389,6 +433,10 @@ class Accountant:
             if not isinstance(e, GaussianEvent):
                 raise TypeError(f"reserve() takes GaussianEvents, got {type(e).__name__}")
             parts.append(parse_partition(e.partition))      # strict: refuse to guess
+            if e.delta and parts[-1].kind != VOCABULARY:
+                raise ValueError(f"event {e.block!r} is approximate (delta={e.delta}) on partition "
+                                 f"{e.partition!r}: only the {VOCABULARY!r} partition may carry "
+                                 "a delta (module docstring)")
         if key is not None and (not isinstance(key, str) or not key or key.startswith("refuse:")
                                 or key == "budget"):
             raise ValueError(f"bad reservation key {key!r}")
@@ -412,16 +460,49 @@ class Accountant:
             before = st.tally
             after_tally = before.copy()
             for part, e in zip(parts, events):
-                after_tally.add(part, e.rho)
+                after_tally.add(part, e.rho, e.delta)
             after = after_tally.loads()
+            err = None
             if not self._within(after.worst):
                 err = self._refusal(label, requested, before, after)
+            elif not self._vocabulary_within(after):
+                err = self._vocabulary_refusal(label, requested, before, after)
+            if err is not None:
                 self.ledger.append(LedgerRecord("refuse", f"refuse:{uuid.uuid4().hex}", {
                     **payload, "atom": err.atom, "load_after": err.load_after,
                     "rho_budget": self.rho_budget, **({"for_key": key} if key else {})}))
                 raise err
             self.ledger.append(LedgerRecord("reserve", rid, payload))
         return Reservation(rid, label, events)
+
+    def vocabulary_rho_limit(self, delta_vocabulary: float) -> float:
+        """ρ a vocabulary-selection document may reach when its approximate events use
+        ``delta_vocabulary`` of δ: zcdp_rho(ε, δ − δ_v) (0 if δ_v ≥ δ)."""
+        if delta_vocabulary <= 0:
+            return self.rho_budget
+        if delta_vocabulary >= self.delta:
+            return 0.0
+        return min(self.rho_budget, zcdp_rho(self.epsilon, self.delta - delta_vocabulary))
+
+    def _vocabulary_within(self, loads: AtomLoads) -> bool:
+        if loads.vocabulary_delta <= 0:
+            return True
+        return (loads.vocabulary_delta < self.delta
+                and loads.vocabulary <= self.vocabulary_rho_limit(loads.vocabulary_delta)
+                * (1.0 + RHO_RTOL))
+
+    def _vocabulary_refusal(self, label: str, requested: dict[str, float], before: LoadTally,
+                            after: AtomLoads) -> BudgetExhausted:
+        limit = self.vocabulary_rho_limit(after.vocabulary_delta)
+        had = before.atom(vocabulary=True)
+        msg = (f"privacy budget exhausted: refused {label or 'reservation'!r}: documents of the "
+               f"{VOCABULARY} selection would reach ρ={after.vocabulary:.6g} with δ_v="
+               f"{after.vocabulary_delta:.3g} of approximate events; with δ − δ_v left for the "
+               f"conversion their limit is ρ={limit:.6g} (ε={self.epsilon:g}, δ={self.delta:g}, "
+               f"{UNIT}); ρ remaining there: {max(0.0, limit - had):.6g}. Nothing was spent.")
+        return BudgetExhausted(msg, label=label, requested=requested, atom=VOCABULARY,
+                               load_after=after.vocabulary, remaining=max(0.0, limit - had),
+                               budget=limit)
 
     def uncommitted(self) -> list[Reservation]:
         """Reservations on the ledger that were never committed, oldest first."""
@@ -489,16 +570,20 @@ class Accountant:
             "rho_spent_by_partition": rho_by_partition,
             "rho_by_atom": {
                 "warmup": loads.warmup,
+                "vocabulary": loads.vocabulary,
                 "stream_every_epoch": loads.stream_all,
                 "stream_worst_epoch": loads.worst_epoch,
                 "stream_worst_epoch_rho": loads.worst_stream,
             },
+            "delta_of_approximate_events_by_atom": {"vocabulary": loads.vocabulary_delta},
             "rho_worst_case": loads.worst,
             "worst_case_atom": loads.worst_atom,
-            "epsilon_worst_case": zcdp_epsilon(loads.worst, self.delta),
+            "epsilon_worst_case": _epsilon_worst_case(loads, self.delta),
             "rho_remaining": max(0.0, self.rho_budget - loads.worst),
             "rho_remaining_by_atom": {
                 "warmup": max(0.0, self.rho_budget - loads.warmup),
+                "vocabulary": max(0.0, self.vocabulary_rho_limit(loads.vocabulary_delta)
+                                  - loads.vocabulary),
                 "stream_worst_epoch": max(0.0, self.rho_budget - loads.worst_stream),
                 "stream_new_epoch": max(0.0, self.rho_budget - loads.stream_all),
             },

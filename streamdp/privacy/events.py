@@ -22,6 +22,9 @@ from typing import Protocol, Sequence, runtime_checkable
 # partitions of the ρ spent on that partition (parallel composition), not the sum.
 WARMUP = "warmup"
 STREAM = "stream"
+# The documents of the private vocabulary selection (streamdp.text.vocab_selection): a slice
+# chosen by a rule of each document alone, disjoint from the warm-up and the stream.
+VOCABULARY = "vocabulary"
 
 # Continual release splits the stream further into epochs (by document
 # timestamp, 1-based). A released sum that covers epochs a..b (inclusive) is
@@ -49,6 +52,13 @@ class GaussianEvent:
         The disjoint data partition whose documents the released sum covers.
     mechanism : str
         "tensor", "iterative" or "warmup": which release path drew it.
+    delta : float
+        0 for a Gaussian mechanism (pure ρ-zCDP). > 0 for a mechanism that is
+        δ-approximately ρ-zCDP (Bun & Steinke 2016, Def. 8.1): ρ-zCDP except on an
+        event of probability ≤ δ — e.g. OpenDP's ``make_gaussian_threshold`` partition
+        selection, whose privacy map returns (ρ, δ). Under composition ρ's and δ's add
+        (ibid., Lemma 8.3). The accountant accepts such events only on the
+        ``"vocabulary"`` partition (streamdp.privacy.accountant).
     """
 
     block: str
@@ -57,6 +67,7 @@ class GaussianEvent:
     count: int = 1
     partition: str = STREAM
     mechanism: str = "tensor"
+    delta: float = 0.0
 
     def __post_init__(self) -> None:
         if not (self.sensitivity > 0 and self.sigma > 0):
@@ -65,6 +76,9 @@ class GaussianEvent:
                 f"got {self.sensitivity}, {self.sigma}")
         if self.count < 1:
             raise ValueError(f"GaussianEvent({self.block}): count must be >= 1")
+        if not (0.0 <= self.delta < 1.0):
+            raise ValueError(f"GaussianEvent({self.block}): delta must be in [0, 1), "
+                             f"got {self.delta}")
 
     @property
     def noise_multiplier(self) -> float:
@@ -77,10 +91,13 @@ class GaussianEvent:
         return self.count * self.sensitivity**2 / (2.0 * self.sigma**2)
 
     def to_dict(self) -> dict:
-        return {"block": self.block, "sensitivity": self.sensitivity,
-                "sigma": self.sigma, "count": self.count,
-                "partition": self.partition, "mechanism": self.mechanism,
-                "rho": self.rho}
+        out = {"block": self.block, "sensitivity": self.sensitivity,
+               "sigma": self.sigma, "count": self.count,
+               "partition": self.partition, "mechanism": self.mechanism,
+               "rho": self.rho}
+        if self.delta:       # only approximate events carry it (older records stay identical)
+            out["delta"] = self.delta
+        return out
 
 
 @dataclass(frozen=True)
@@ -90,7 +107,7 @@ class Partition:
     Attributes
     ----------
     kind : str
-        ``"warmup"`` or ``"stream"``.
+        ``"warmup"``, ``"stream"`` or ``"vocabulary"``.
     epochs : (int, int) or None
         For ``kind == "stream"``: the inclusive, 1-based epoch range the released
         sum covers, or ``None`` for every stream epoch (present and future).
@@ -104,8 +121,9 @@ class Partition:
     epochs: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in (WARMUP, STREAM):
-            raise ValueError(f"partition kind must be {WARMUP!r} or {STREAM!r}, got {self.kind!r}")
+        if self.kind not in (WARMUP, STREAM, VOCABULARY):
+            raise ValueError(f"partition kind must be {WARMUP!r}, {STREAM!r} or {VOCABULARY!r}, "
+                             f"got {self.kind!r}")
         if self.epochs is not None:
             if self.kind != STREAM:
                 raise ValueError("only stream partitions have epochs")
@@ -129,17 +147,17 @@ _EPOCHS_RE = re.compile(r"stream:epochs=([1-9][0-9]*)-([1-9][0-9]*)")
 
 
 def parse_partition(text: str) -> Partition:
-    """Parse ``"warmup"``, ``"stream"`` or ``"stream:epochs=a-b"`` (1 ≤ a ≤ b).
+    """Parse ``"warmup"``, ``"stream"``, ``"vocabulary"`` or ``"stream:epochs=a-b"`` (1 ≤ a ≤ b).
 
     Anything else raises ``ValueError``: an accountant must never guess which
     documents an unknown label covers.
     """
-    if text == WARMUP or text == STREAM:
+    if text == WARMUP or text == STREAM or text == VOCABULARY:
         return Partition(text)
     m = _EPOCHS_RE.fullmatch(text) if isinstance(text, str) else None
     if m is None:
-        raise ValueError(f"unknown partition {text!r}: expected {WARMUP!r}, {STREAM!r} "
-                         f"or '{_EPOCHS_PREFIX}<first>-<last>'")
+        raise ValueError(f"unknown partition {text!r}: expected {WARMUP!r}, {STREAM!r}, "
+                         f"{VOCABULARY!r} or '{_EPOCHS_PREFIX}<first>-<last>'")
     return Partition(STREAM, (int(m.group(1)), int(m.group(2))))
 
 
