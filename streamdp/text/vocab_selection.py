@@ -414,10 +414,9 @@ def select_vocabulary(histogram: CandidateHistogram, plan: SelectionPlan, *,
         raise InsufficientSelection(
             f"private vocabulary selection kept {n_private + len(new_words)} words "
             f"(< min_words={cfg.min_words}): "
-            f"{noisy_above} candidates had a noisy document frequency above "
-            f"{cut_sd:g}σ = "
-            f"{(cut_sd * plan.sigma_candidates) if plan.sigma_candidates else 0:.1f}"
-            f" and {len(new_words)} new words passed the threshold "
+            + (f"{noisy_above} candidates had a noisy document frequency above {cut_sd:g}σ = "
+               f"{cut_sd * plan.sigma_candidates:.1f} and " if plan.sigma_candidates else "")
+            + f"{len(new_words)} new words passed the threshold "
             f"{plan.threshold_new_words or 0:.1f}; the selection slice has {n} documents (this "
             f"count is private: do not publish it), ρ={plan.rho:.4g}. A word needs about "
             f"{(cut_sd * (plan.sigma_candidates or plan.sigma_new_words)):.0f} "
