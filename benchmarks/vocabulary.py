@@ -125,6 +125,7 @@ def corpus_section(name: str, corpus, cfg: dict, seed: int, epsilons, slice_shar
             run(label, sel.vocabulary, eps, warm_rest,
                 {"selection_eps": r["epsilon_of_selection_documents"],
                  "n_from_candidates": r["n_from_candidates"], "n_new_words": r["n_new_words"],
+                 "n_above_cut": r["n_candidates_above_cut"],
                  "new_words_sample": sel.vocabulary.words[r["n_from_candidates"]:][:15]})
     return rows
 
@@ -142,7 +143,7 @@ def mean_table(rows: list[dict]) -> list[dict]:
             out.append({"corpus": key[0], "vocabulary": key[1], "epsilon": key[2], "npmi": None})
             continue
         m = {"corpus": key[0], "vocabulary": key[1], "epsilon": key[2], "seeds": len(rs)}
-        for c in ("d", "npmi", "perplexity", "coverage", "n_warmup", "n_new_words"):
+        for c in ("d", "npmi", "perplexity", "coverage", "n_warmup", "n_new_words", "n_above_cut"):
             vals = [r[c] for r in rs if r.get(c) is not None]
             m[c] = float(np.mean(vals)) if vals else None
         m["npmi_sd"] = float(np.std([r["npmi"] for r in rs])) if len(rs) > 1 else None
@@ -181,7 +182,8 @@ def main(argv=None) -> int:
             rows += corpus_section(sec, corpus, cfg, seed, epsilons, a.slice_share, candidates,
                                    public5k)
     table = mean_table(rows)
-    cols = ["corpus", "vocabulary", "epsilon", "seeds", "d", "n_new_words", "npmi", "npmi_sd",
+    cols = ["corpus", "vocabulary", "epsilon", "seeds", "d", "n_above_cut", "n_new_words", "npmi",
+            "npmi_sd",
             "perplexity", "coverage", "n_warmup", "selection_eps"]
     print(f"\n### Vocabularies (mean over seeds {seeds}; δ = {DELTA})\n")
     print(md := markdown_table(table, cols))

@@ -557,7 +557,9 @@ def _fit_selecting_vocabulary(documents, n_topics, config, candidates, *, epsilo
     sampler = kwargs.get("sampler", "opendp")
     noise_seed = kwargs.get("noise_seed")
     from streamdp.privacy.noise import make_sampler
-    sel_sampler = sampler if not isinstance(sampler, str) else make_sampler(sampler, noise_seed)
+    # a reproducible (test) seed must not make the selection's noise a copy of the model's
+    sel_sampler = sampler if not isinstance(sampler, str) else make_sampler(
+        sampler, None if noise_seed is None else int(noise_seed) + 7919)
     sel = select_from_documents([docs[i] for i in np.flatnonzero(in_slice)], epsilon=epsilon,
                                 delta=delta, config=cfg,
                                 candidates=candidates if candidates is not None

@@ -8,7 +8,8 @@ counted over the **5,000 most frequent words** (by document frequency, ties by c
 ``Vocabulary.build`` over *all* documents of the corpus. That vocabulary is **public by
 assumption**: in the benchmark it is built from the same documents that the private models are
 trained on, which a real deployment must not do (the vocabulary would leak which words occur; see
-docs/privacy.md). A privately selected vocabulary is later work; the comparison isolates the
+docs/privacy.md). Public and privately selected vocabularies (docs/vocabulary.md) are compared
+with it in benchmarks/vocabulary.py; the comparison here isolates the
 topic-model part, and every model — private or not — gets the same vocabulary.
 
 Loaders
