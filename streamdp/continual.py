@@ -1,6 +1,15 @@
-"""Continual release of topics over timestamp epochs with the binary tree mechanism.
+"""Continual release of topics over timestamp epochs: BLT matrix factorization (default) or
+the binary tree mechanism.
 
-Each closed epoch's sketch sums are a leaf of a :class:`~streamdp.privacy.tree.TreeAggregator`;
+``aggregator="blt"`` (default): each closed epoch's sums are added, with correlated noise
+(C⁻¹z)_t, to the running noised prefix of a :class:`~streamdp.privacy.blt.BLTAggregator`;
+σ is set from the infinite-horizon column norm ‖c‖² of the BLT strategy matrix, so a
+document costs at most ρ_stream however many epochs are closed, and the accountant is
+charged, epoch by epoch, exactly the worst document's loss so far (docs/privacy.md §BLT).
+State: the noised prefix and ``nbuf`` (4) secret noise buffers, each the size of one
+epoch's sums; no raw sums once an epoch is closed.
+
+``aggregator="tree"``: each closed epoch's sketch sums are a leaf of a :class:`~streamdp.privacy.tree.TreeAggregator`;
 a dyadic node of epochs is noised once, when complete, with the per-block Gaussian
 plan of :func:`~streamdp.release.plan_release` at ρ_node = ρ_stream / depth; the
 release at epoch t decomposes the sum of the ≤ ⌊log2 t⌋ + 1 noised nodes covering
@@ -27,8 +36,9 @@ from streamdp.moments.sketch import SketchSums, WhitenedSketch
 from streamdp.privacy.epochs import WARMUP_EPOCH, EpochClock
 from streamdp.privacy.events import STREAM, BudgetSpender, GaussianEvent
 from streamdp.privacy.noise import GaussianSampler
+from streamdp.privacy.blt import BLTAggregator, BLTParams, default_params
 from streamdp.privacy.report import release_report
-from streamdp.privacy.tree import TreeAggregator, covering_levels, tree_depth
+from streamdp.privacy.tree import HorizonExceeded, TreeAggregator, covering_levels, tree_depth
 from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch,
                                  plan_refinement, refined_topics)
@@ -83,10 +93,12 @@ class SketchNodeMechanism:
     """
 
     def __init__(self, subspace: Subspace, clip: ClipBounds, split: BudgetSplit, rho_node: float,
-                 sampler: GaussianSampler, refine_share: float | None = None) -> None:
+                 sampler: GaussianSampler, refine_share: float | None = None,
+                 refine_shape: tuple[int, int] | None = None) -> None:
         self.subspace, self.clip, self.split = subspace, clip, split
         self.rho_node, self.sampler = float(rho_node), sampler
         self.refine_share = refine_share
+        self.refine_shape = refine_shape        # (k, d): needed to draw refinement noise alone
 
     def plan(self, partition: str) -> list[GaussianEvent]:
         r = self.refine_share or 0.0
@@ -108,6 +120,77 @@ class SketchNodeMechanism:
             refine = self.sampler.add_noise(value.refine, e.sigma)
         return EpochSums(noised, refine)
 
+    # ---- the BLT's noise interface: flat i.i.d. draws, correlated by the aggregator
+    def _block_shapes(self, events) -> list[tuple[str, tuple[int, ...]]]:
+        d, kp = self.subspace.d, self.subspace.dim
+        shapes = {"count": (1,), "m1": (d,), "z": (d, kp), "s1": (kp,), "s2": (kp, kp),
+                  "s3": (kp, kp, kp)}
+        out = []
+        for e in events:
+            if e.block == REFINE_BLOCK:
+                if not self.refine_share:
+                    raise ValueError("a refinement event without refinement")
+                shape = None                       # (k, d): known from the value only
+            elif e.block in shapes:
+                shape = shapes[e.block]
+            else:
+                raise ValueError(f"cannot correlate noise for block {e.block!r}")
+            out.append((e.block, shape))
+        return out
+
+    def draw(self, events) -> np.ndarray:
+        """One flat vector of i.i.d. N(0, σ_b²) draws, block by block in event order."""
+        parts = []
+        for e, (block, shape) in zip(events, self._block_shapes(events)):
+            if shape is None:
+                if self.refine_shape is None:
+                    raise ValueError("refinement noise needs refine_shape=(k, d)")
+                shape = self.refine_shape
+            parts.append(np.asarray(self.sampler.sample(e.sigma, int(np.prod(shape))),
+                                    dtype=np.float64).ravel())
+        return np.concatenate(parts)
+
+    def apply(self, value: EpochSums | SketchSums, noise: np.ndarray, events) -> EpochSums:
+        """``value`` with the given (correlated) flat noise added, derived and withheld blocks
+        exactly as in a one-shot release (:func:`~streamdp.release.noise_sums`)."""
+        if isinstance(value, SketchSums):
+            value = EpochSums(value)
+        pieces, at = {}, 0
+        for block, shape in self._block_shapes(events):
+            if shape is None:
+                shape = value.refine.shape
+            size = int(np.prod(shape))
+            pieces[block] = noise[at:at + size].reshape(shape)
+            at += size
+        if at != noise.size:
+            raise ValueError(f"noise of size {noise.size}, the plan needs {at}")
+        spectral = [e for e in events if e.block != REFINE_BLOCK]
+        noised = noise_sums(value.sketch, spectral, _GivenNoise(pieces), self.subspace.Q)
+        refine = None
+        if self.refine_share:
+            refine = np.asarray(value.refine, dtype=np.float64) + pieces[REFINE_BLOCK]
+        return EpochSums(noised, refine)
+
+
+class _GivenNoise:
+    """A 'sampler' adding prescribed noise: lets :func:`noise_sums` (the one place deciding
+    which blocks are noised, derived or withheld) apply the BLT's correlated noise."""
+
+    name = "blt-correlated"
+
+    def __init__(self, pieces: dict[str, np.ndarray]) -> None:
+        self._queue = [pieces[b] for b in ("count", "m1", "z", "s1", "s2", "s3") if b in pieces]
+
+    def add_noise(self, value, sigma: float) -> np.ndarray:
+        noise = self._queue.pop(0)
+        x = np.asarray(value, dtype=np.float64)
+        if x.shape != noise.shape:
+            raise ValueError(f"correlated noise of shape {noise.shape} for a block of shape {x.shape}")
+        return x + noise
+
+
+AGGREGATORS = ("blt", "tree")
+
 
 class ContinualRelease:
     """Topic snapshots at every epoch close, under one ρ budget for the whole horizon.
@@ -119,15 +202,22 @@ class ContinualRelease:
     n_topics, alpha0            as in the estimator
     rho : float or None         ρ for all stream epochs together; None = exact
                                 (non-private) cumulative sums
-    horizon : int               T, the most epochs this tree may close
+    horizon : int               tree: T, the most epochs it may close; blt: the number of
+                                epochs its error is optimised for (it may close more, at the
+                                same privacy, with slowly growing error)
     split, sampler, spender, power, denoise
                                 as in :func:`streamdp.release.release_topics`
+    aggregator : "blt" or "tree"
+    blt_params : BLTParams      optional; default :func:`~streamdp.privacy.blt.default_params`
+                                (horizon)
 
     Attributes
     ----------
     epoch : int                 epochs closed so far
-    depth : int                 ⌊log2 T⌋ + 1
-    rho_node : float            ρ of one node = rho / depth
+    depth : int or None         tree: ⌊log2 T⌋ + 1
+    rho_node : float            tree: ρ of one node = rho / depth; blt: ρ of the unit plan
+                                (sensitivity Δ_b) = rho / ‖c‖²
+    epoch_limit : float         the last epoch that may be closed (inf for blt)
     """
 
     def __init__(self, subspace: Subspace, clip: ClipBounds, *, n_topics: int, alpha0: float,
@@ -135,10 +225,17 @@ class ContinualRelease:
                  sampler: GaussianSampler | None = None, spender: BudgetSpender | None = None,
                  power: PowerMethodConfig = PowerMethodConfig(),
                  denoise: DenoiseConfig = DenoiseConfig(), label: str = "tree",
-                 refinement: RefinementConfig | None = None) -> None:
+                 refinement: RefinementConfig | None = None, aggregator: str = "blt",
+                 blt_params: BLTParams | None = None) -> None:
+        if aggregator not in AGGREGATORS:
+            raise ValueError(f"aggregator must be one of {AGGREGATORS}, got {aggregator!r}")
+        self.aggregator = aggregator
         self.subspace, self.clip = subspace, clip
         self.n_topics, self.alpha0 = int(n_topics), float(alpha0)
-        self.horizon, self.depth = int(horizon), tree_depth(horizon)
+        self.horizon = int(horizon)
+        self.depth = tree_depth(horizon) if aggregator == "tree" else None
+        self.label = label
+        self.blt_params = blt_params
         self.split, self.power, self.denoise = split, power, denoise
         self.refinement = refinement
         self.rho = rho
@@ -151,15 +248,38 @@ class ContinualRelease:
                 raise ValueError(f"rho must be a finite number > 0 or None, got {rho!r}")
             if sampler is None:
                 raise ValueError("a private continual release needs a noise sampler")
-            self.rho_node = rho / self.depth
-            self.mechanism = SketchNodeMechanism(subspace, clip, split, self.rho_node, sampler,
-                                                 None if refinement is None else refinement.share)
-            self.tree: TreeAggregator | None = TreeAggregator(horizon, self.mechanism, spender,
-                                                              label=label)
+            if aggregator == "blt" and self.blt_params is None:
+                self.blt_params = default_params(self.horizon)
+            self._build(spender)
         else:
             self.rho_node, self.mechanism, self.tree = None, None, None
             self._exact: EpochSums | None = None
             self._exact_epoch = 0
+
+    def _build(self, spender) -> None:
+        """The node/noise mechanism and the aggregator (again after loading other BLT params)."""
+        share = None if self.refinement is None else self.refinement.share
+        if self.aggregator == "tree":
+            self.rho_node = self.rho / self.depth
+        else:
+            self.rho_node = self.rho / self.blt_params.sensitivity_squared()
+        self.mechanism = SketchNodeMechanism(
+            self.subspace, self.clip, self.split, self.rho_node, self.sampler, share,
+            None if self.refinement is None else (self.n_topics, self.subspace.d))
+        if self.aggregator == "tree":
+            self.tree = TreeAggregator(self.horizon, self.mechanism, spender, label=self.label)
+        else:
+            self.tree = BLTAggregator(self.blt_params, self.mechanism, spender, label=self.label)
+
+    @property
+    def epoch_limit(self) -> float:
+        return self.horizon if self.aggregator == "tree" else math.inf
+
+    def noise_multiplier(self) -> float:
+        """sd of the current release's noise / σ of one draw (tree: √nodes summed)."""
+        if self.aggregator == "tree":
+            return math.sqrt(len(covering_levels(self.tree.epoch)))
+        return self.tree.noise_multiplier()
 
     @property
     def epoch(self) -> int:
@@ -191,8 +311,7 @@ class ContinualRelease:
         """
         sums = self._as_epoch_sums(sums)
         if self.tree is None:
-            if self._exact_epoch >= self.horizon:
-                from streamdp.privacy.tree import HorizonExceeded
+            if self._exact_epoch >= self.epoch_limit:
                 raise HorizonExceeded(f"epoch {self._exact_epoch + 1} is past the horizon "
                                       f"T={self.horizon}")
             self._exact = sums if self._exact is None else self._exact + sums
@@ -202,11 +321,11 @@ class ContinualRelease:
             sd = None
         else:
             released = self.tree.add_epoch(sums)
-            nodes = len(covering_levels(self.tree.epoch))
-            sd = noise_scales(self.mechanism.plan(STREAM), math.sqrt(nodes))
+            mult = self.noise_multiplier()
+            sd = noise_scales(self.mechanism.plan(STREAM), mult)
             if self.refinement is not None:
                 e = next(e for e in self.mechanism.plan(STREAM) if e.block == REFINE_BLOCK)
-                sd[REFINE_BLOCK] = e.sigma * math.sqrt(nodes)
+                sd[REFINE_BLOCK] = e.sigma * mult
         if refined and self.refinement is not None:
             self.refined_epochs += 1
         return self._snapshot(released, sd)
@@ -219,29 +338,45 @@ class ContinualRelease:
             noise_sd=spectral_sd, power=self.power, denoise=self.denoise,
             return_subspace_topics=True)
         private = self.tree is not None
-        node_events = self.tree.node_events(1, 1) if private else []
+        blt = private and self.aggregator == "blt"
+        if blt:
+            node_events = self.tree.unit_events()
+        else:
+            node_events = self.tree.node_events(1, 1) if private else []
         stage, nts, fold_in = "spectral", None, None
         if self.refined_epochs > 0:
             stage = "refined"
             topic_word, alpha, nts, fold_in = refined_topics(
                 released.refine, sd[REFINE_BLOCK] if sd else 0.0, self.alpha0)
             U = None
+        if blt:
+            aggregator_fields = {
+                "blt": {**self.blt_params.to_dict(), "nbuf": self.blt_params.nbuf,
+                        "column_norm_squared": self.blt_params.sensitivity_squared(),
+                        "noise_multiplier": self.noise_multiplier()},
+                # the unit plan (sensitivity Δ_b); epoch t reserved it at sensitivity c_{t−1}·Δ_b
+                "unit_events": [e.to_dict() for e in node_events],
+                "rho_spent_per_document": self.tree.rho_per_document(t),
+                "rho_per_document": self.tree.rho_per_document()}
+        else:
+            aggregator_fields = {
+                "tree_depth": self.depth,
+                "nodes_summed": [list(r) for r in self.tree.covering_nodes(t)] if private else [],
+                "rho_per_document": (self.depth * self.rho_node) if private else 0.0,
+                "node_events": [e.to_dict() for e in node_events]}
         privacy = release_report(
-            mechanism="tree", events=(), noise_sd=sd, clip=self.clip,
+            mechanism=self.aggregator, events=(), noise_sd=sd, clip=self.clip,
             split=self.split if private else None, sampler=self.sampler if private else None,
             power=self.power, denoise_threshold=self.denoise.threshold if private else 0.0,
-            epochs_covered=[1, t], horizon=self.horizon, tree_depth=self.depth,
-            nodes_summed=[list(r) for r in self.tree.covering_nodes(t)] if private else [],
-            rho_node=self.rho_node,
-            rho_per_document=(self.depth * self.rho_node) if private else 0.0,
-            node_events=[e.to_dict() for e in node_events],
+            epochs_covered=[1, t], horizon=self.horizon, rho_node=self.rho_node,
+            **aggregator_fields,
             refinement=None if self.refinement is None else {
                 **self.refinement.to_dict(), "refined_epochs": self.refined_epochs})
         if not private:
             privacy["mechanism"] = "none"
         return TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=lambdas,
                              n_docs=float(released.sketch.count), privacy=privacy,
-                             mechanism="tree" if private else "none",
+                             mechanism=self.aggregator if private else "none",
                              subspace_id=self.subspace.id, epoch=t, subspace_topics=U,
                              noise_to_signal=nts, fold_in_topics=fold_in, stage=stage)
 
@@ -253,7 +388,7 @@ class ContinualRelease:
                     "refined_epochs": self.refined_epochs,
                     "sums": None if self._exact is None else self._exact.to_dict()}
         state = self.tree.state_dict(lambda s: s.to_dict())
-        return {**state, "refined_epochs": self.refined_epochs}
+        return {"horizon": self.horizon, **state, "refined_epochs": self.refined_epochs}
 
     def load_state(self, state: dict) -> "ContinualRelease":
         self.refined_epochs = int(state.get("refined_epochs", 0))
@@ -263,11 +398,28 @@ class ContinualRelease:
             self._exact_epoch = int(state["epoch"])
             self._exact = None if state["sums"] is None else EpochSums.from_dict(state["sums"])
             return self
+        kind = state.get("kind")
+        expected = {"tree": "tree_aggregator", "blt": BLTAggregator.kind}[self.aggregator]
+        if kind != expected:
+            raise ValueError(f"the persisted continual state is a {kind!r}, but the configured "
+                             f"aggregator is {self.aggregator!r} ({expected!r}): an aggregator "
+                             "cannot change mid-stream; configure the one the stream started with")
         if int(state.get("horizon", -1)) != self.horizon:
-            raise ValueError(f"tree state has horizon {state.get('horizon')}, configured "
-                             f"{self.horizon}: the accounting of a tree cannot change mid-way")
-        self.tree = TreeAggregator.from_state(state, EpochSums.from_dict, self.mechanism,
-                                              self.tree.spender)
+            raise ValueError(f"{self.aggregator} state has horizon {state.get('horizon')}, "
+                             f"configured {self.horizon}: the accounting of a continual release "
+                             "cannot change mid-way")
+        if self.aggregator == "tree":
+            self.tree = TreeAggregator.from_state(state, EpochSums.from_dict, self.mechanism,
+                                                  self.tree.spender)
+            return self
+        # the running mechanism's (θ, ω) fix σ and every future reservation: keep them, even if
+        # this version would optimise slightly different ones for the horizon
+        stored = BLTParams.from_dict(state["params"])
+        if stored != self.blt_params:
+            self.blt_params = stored
+            self._build(self.tree.spender)
+        self.tree = BLTAggregator.from_state(state, EpochSums.from_dict, self.mechanism,
+                                             self.tree.spender)
         return self
 
 

@@ -88,9 +88,13 @@ class StreamingSpectralLDA:
                                    this estimator's (ε, δ) budget
     epochs : EpochClock, optional  continual release: stream documents are routed
                                    to epochs by timestamp (``partial_fit(X, timestamps)``)
-                                   and :meth:`close_epochs` releases with the binary
-                                   tree mechanism (requires ``horizon``)
-    horizon : int, optional        T, the most epochs the stream budget must cover
+                                   and :meth:`close_epochs` releases with the
+                                   ``continual_aggregator`` (requires ``horizon``)
+    horizon : int, optional        blt: the number of epochs its error is optimised for (more
+                                   may be closed, same privacy); tree: T, the most epochs the
+                                   stream budget must cover
+    continual_aggregator : str     "blt" (default: BLT matrix factorization, unbounded
+                                   horizon) or "tree" (binary tree); docs/privacy.md
     refinement : RefinementConfig, True or None
                                    private refinement after the spectral start (DESIGN §8,
                                    docs/estimator.md): used by :func:`fit`, :meth:`refine`
@@ -127,7 +131,8 @@ class StreamingSpectralLDA:
                  epochs: EpochClock | None = None, horizon: int | None = None,
                  refinement: RefinementConfig | bool | None = True,
                  warmup_boundary: str = "document",
-                 warmup_share: float = COUNT_BOUNDARY_WARMUP_SHARE):
+                 warmup_share: float = COUNT_BOUNDARY_WARMUP_SHARE,
+                 continual_aggregator: str = "blt"):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
             raise ValueError(f"seed must be an integer or None, got {seed!r}")
         self.n_topics = _check_positive_int("n_topics", n_topics)
@@ -174,6 +179,11 @@ class StreamingSpectralLDA:
             raise ValueError(f"epochs must be a streamdp EpochClock, got {type(epochs).__name__}")
         if epochs is not None and mechanism != "tensor":
             raise ValueError("continual release noises tree nodes once: use mechanism='tensor'")
+        from streamdp.continual import AGGREGATORS
+        if continual_aggregator not in AGGREGATORS:
+            raise ValueError(f"continual_aggregator must be one of {AGGREGATORS}, "
+                             f"got {continual_aggregator!r}")
+        self.continual_aggregator = continual_aggregator
         self.epochs = epochs
         self.horizon = None if horizon is None else _check_positive_int("horizon", horizon)
         if refinement is True:
@@ -257,7 +267,8 @@ class StreamingSpectralLDA:
                 self.subspace_, self.clip, n_topics=self.n_topics, alpha0=self.alpha0,
                 rho=self.stream_rho_, horizon=self.horizon, split=self._spectral_split(),
                 sampler=self.sampler, spender=self.accountant, power=self.power,
-                denoise=self.denoise, refinement=self.refinement)
+                denoise=self.denoise, refinement=self.refinement,
+                aggregator=self.continual_aggregator)
             self._epoch_sketches = EpochSketches(
                 self.subspace_, self.clip, self.epochs,
                 n_topics=self.n_topics if self.refinement is not None else None)
@@ -313,14 +324,15 @@ class StreamingSpectralLDA:
         """Close every epoch that ends at or before ``watermark`` and release after each.
 
         Returns one snapshot per closed epoch (empty epochs included: the tree
-        needs every leaf). Raises HorizonExceeded past the horizon.
+        needs every leaf). Raises HorizonExceeded past a tree's horizon.
         """
         if self.epochs is None:
             raise ValueError("close_epochs needs continual mode (epochs=EpochClock(...), horizon=T)")
         if self.subspace_ is None:
             self._fix_subspace()
         snaps = []
-        target = min(self.epochs.closable_through(watermark), self.horizon)
+        limit = self.continual_.epoch_limit
+        target = int(min(self.epochs.closable_through(watermark), limit))
         for epoch, sums in self._epoch_sketches.pop_through(target):
             # refined iff a snapshot was public before this epoch opened for refinement
             refined = self._model_epoch is not None and epoch > self._model_epoch
@@ -329,7 +341,7 @@ class StreamingSpectralLDA:
                 self._model_epoch = epoch
             snap = self._finish_snapshot(snap)
             snaps.append(snap)
-        if self.epochs.closable_through(watermark) > self.horizon:
+        if self.epochs.closable_through(watermark) > limit:
             from streamdp.privacy.tree import HorizonExceeded
             raise HorizonExceeded(f"watermark {watermark} is past the horizon of T={self.horizon} "
                                   f"epochs; {len(snaps)} epoch(s) were closed before it")

@@ -100,7 +100,7 @@ def test_tree_release_is_the_exact_prefix_plus_node_noise(corpus):
     clip = ClipBounds(m1=0.2, z=0.05, s3=0.02, warmup=1e-6)
     sums = _epoch_sums(X, sub, clip, 7)
     cr = ContinualRelease(sub, clip, n_topics=3, alpha0=1.0, rho=0.5, horizon=7,
-                          sampler=CSPRNGGaussianSampler(5))
+                          sampler=CSPRNGGaussianSampler(5), aggregator="tree")
     sigma_z = {e.block: e.sigma for e in cr.mechanism.plan("stream")}["z"]
     for t, s in enumerate(sums, start=1):
         cr.close_epoch(s)
@@ -134,7 +134,7 @@ def test_every_document_costs_depth_times_rho_node_and_the_horizon_is_enforced(c
             acct.commit(token)
 
     cr = ContinualRelease(sub, clip, n_topics=3, alpha0=1.0, rho=rho, horizon=T,
-                          sampler=CSPRNGGaussianSampler(1), spender=Recording())
+                          sampler=CSPRNGGaussianSampler(1), spender=Recording(), aggregator="tree")
     assert cr.depth == 3 and math.isclose(cr.rho_node, rho / 3)
     sums = _epoch_sums(X, sub, clip, T)
     for t, s in enumerate(sums, start=1):
@@ -165,7 +165,7 @@ def test_a_refused_epoch_changes_nothing(corpus):
     acct = Accountant(1.0, 1e-6, MemoryLedger())
     # a tree planned for 1.5× the budget: ρ_node = 0.75 budget, so the pair node is refused
     cr = ContinualRelease(sub, clip, n_topics=3, alpha0=1.0, rho=1.5 * acct.rho_budget,
-                          horizon=2, sampler=CSPRNGGaussianSampler(1), spender=acct)
+                          horizon=2, sampler=CSPRNGGaussianSampler(1), spender=acct, aggregator="tree")
     s1, s2 = _epoch_sums(X, sub, clip, 2)
     cr.close_epoch(s1)
     before = acct.report()
@@ -184,7 +184,7 @@ def test_checkpoint_round_trip_continues_identically(corpus):
 
     def fresh(seed):
         return ContinualRelease(sub, clip, n_topics=3, alpha0=1.0, rho=0.3, horizon=8,
-                                sampler=CSPRNGGaussianSampler(seed))
+                                sampler=CSPRNGGaussianSampler(seed), aggregator="tree")
 
     original = fresh(9)
     for s in sums[:3]:
@@ -199,7 +199,7 @@ def test_checkpoint_round_trip_continues_identically(corpus):
         assert a.epoch == b.epoch
     with pytest.raises(ValueError, match="horizon"):
         ContinualRelease(sub, clip, n_topics=3, alpha0=1.0, rho=0.3, horizon=16,
-                         sampler=CSPRNGGaussianSampler(0)).load_state(state)
+                         sampler=CSPRNGGaussianSampler(0), aggregator="tree").load_state(state)
 
 
 def test_node_mechanism_plans_every_block_on_the_node_partition():

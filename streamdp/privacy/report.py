@@ -27,7 +27,8 @@ def release_report(*, mechanism: str, events: Iterable[GaussianEvent], noise_sd:
     """The per-release part. ``events`` are the draws this release made (for a tree release, the
     events of one node; the tree's own fields go in ``extra``). Non-private: ``events`` empty."""
     events = list(events)
-    private = bool(events) or mechanism == "tree"
+    aggregated = mechanism in ("tree", "blt")     # continual: the aggregator's events in ``extra``
+    private = bool(events) or aggregated
     report = {
         "unit": UNIT,
         "neighbouring": NEIGHBOURING,
@@ -42,8 +43,9 @@ def release_report(*, mechanism: str, events: Iterable[GaussianEvent], noise_sd:
         "power_method": asdict(power),
         "denoise_threshold": float(denoise_threshold) if private else 0.0,
     }
-    if mechanism == "tree":
-        # a tree release draws nothing itself: its nodes' events are in ``node_events``
+    if aggregated:
+        # a continual release draws nothing itself: the tree's node events / the BLT's
+        # per-epoch events are in ``extra``
         for key in ("rho_by_partition", "rho", "events"):
             del report[key]
     report.update(extra)

@@ -27,7 +27,7 @@ class ServiceConfig:
     """Everything a streamdp deployment must agree on (sketchers and release service).
 
     Model (public): vocabulary, n_topics, alpha0, oversampling, seed.
-    Privacy: epsilon, delta, horizon, sampler, ledger. Non-private only when asked for in so
+    Privacy: epsilon, delta, horizon, continual_aggregator, sampler, ledger. Non-private only when asked for in so
     many words: ``non_private=True`` together with ``epsilon=None``. Reproducible noise
     (``noise_seed``) only with ``insecure_reproducible_noise=True`` and ``non_production=True``.
     Trust boundary: ``metrics_exact_counts=False`` drops data-dependent exact counts from /metrics.
@@ -51,6 +51,7 @@ class ServiceConfig:
     non_private: bool = False
     delta: float = 1e-6
     horizon: int = 1024
+    continual_aggregator: str = "blt"
     sampler: str = "opendp"
     noise_seed: int | None = None
     insecure_reproducible_noise: bool = False
@@ -123,6 +124,9 @@ class ServiceConfig:
             bad("delta", f"must be in (0, 1), got {self.delta!r}")
         if not (isinstance(self.horizon, int) and self.horizon >= 1):
             bad("horizon", f"must be an integer number of epochs >= 1, got {self.horizon!r}")
+        if self.continual_aggregator not in ("blt", "tree"):
+            bad("continual_aggregator", "must be 'blt' (BLT matrix factorization, default) or "
+                f"'tree' (binary tree), got {self.continual_aggregator!r}")
         if self.sampler not in ("opendp", "fast"):
             bad("sampler", f"must be 'opendp' (vetted, default) or 'fast', got {self.sampler!r}")
         if not 0 < self.clip_quantile <= 1:

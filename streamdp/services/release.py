@@ -443,7 +443,8 @@ class ReleaseService:
             self.subspace, self.clip, n_topics=self.cfg.n_topics, alpha0=self.cfg.alpha0,
             rho=self.rho, horizon=self.cfg.horizon, split=split, sampler=self.sampler,
             spender=self.spend, power=PowerMethodConfig(seed=self.cfg.seed),
-            denoise=DenoiseConfig(), refinement=self.refinement)
+            denoise=DenoiseConfig(), refinement=self.refinement,
+            aggregator=self.cfg.continual_aggregator)
 
     # ------------------------------------------------------------ lifecycle
     def stop(self, *_args) -> None:
@@ -501,7 +502,7 @@ class ReleaseService:
                 self._release_warmup(self._load_states(states))
             return
         loaded = None      # partition states decoded once per step, however many epochs close
-        while (not self._stop.is_set() and self.continual.epoch < self.cfg.horizon
+        while (not self._stop.is_set() and self.continual.epoch < self.continual.epoch_limit
                and self._closable(self.continual.epoch + 1, states, partitions)):
             # stop between epochs, never inside one: a kill mid-release wastes budget
             self.health.beat()
