@@ -215,11 +215,12 @@ def test_node_mechanism_plans_every_block_on_the_node_partition():
 
 
 # ------------------------------------------------------------------ the estimator
-def test_estimator_continual_mode_spends_at_most_the_budget_over_the_horizon(corpus):
+@pytest.mark.parametrize("aggregator", ["tree", "blt"])
+def test_estimator_continual_mode_spends_at_most_the_budget_over_the_horizon(corpus, aggregator):
     model, X = corpus
     clock = EpochClock(stream_start=100.0, epoch_seconds=10.0)
     est = StreamingSpectralLDA(3, 1.0, epsilon=1.0, delta=1e-6, seed=0, noise_seed=3,
-                               epochs=clock, horizon=4)
+                               epochs=clock, horizon=4, continual_aggregator=aggregator)
     est.warmup(X[:3000])
     rng = np.random.default_rng(0)
     ts = np.sort(rng.uniform(100.0, 140.0, size=3000))
@@ -235,8 +236,15 @@ def test_estimator_continual_mode_spends_at_most_the_budget_over_the_horizon(cor
     assert last["accountant"]["epsilon_worst_case"] <= 1.0 + 1e-9
     assert last["accountant"]["rho_worst_case"] <= zcdp_rho(1.0, 1e-6) * (1 + 1e-9)
     assert np.allclose(snaps[-1].topic_word.sum(1), 1.0)
-    with pytest.raises(HorizonExceeded):
-        est.close_epochs(150.0)
+    if aggregator == "tree":
+        with pytest.raises(HorizonExceeded):
+            est.close_epochs(150.0)
+    else:                               # BLT: past the horizon, same budget
+        more = est.close_epochs(170.0)
+        assert [s.epoch for s in more] == [5, 6, 7]
+        acc = more[-1].privacy["accountant"]
+        assert acc["rho_worst_case"] <= zcdp_rho(1.0, 1e-6) * (1 + 1e-9)
+        assert acc["epsilon_worst_case"] <= 1.0 + 1e-9
     with pytest.raises(ValueError, match="close_epochs"):
         est.release()
     with pytest.raises(ValueError, match="timestamps"):
