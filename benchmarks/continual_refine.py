@@ -2,8 +2,9 @@
 
 Setting: Debian bookworm package descriptions as in ``benchmarks/compare.py`` (d = 5000, k = 20,
 10% held out for NPMI and perplexity, of the rest the first 30% warm up). The stream is cut into
-R epochs in its (seeded, shuffled) order; each epoch closes with a release through the binary
-tree under one ε for the whole horizon (T = R). Epoch 1's release is spectral; from epoch 2 on,
+R epochs in its (seeded, shuffled) order; each epoch closes with a release through the
+continual aggregator (``--aggregators``: BLT, the default, and/or the binary tree) under one ε
+for the whole stream (horizon T = R). Epoch 1's release is spectral; from epoch 2 on,
 each epoch's documents are folded into the previous snapshot and the release is refined
 (DESIGN §8, docs/estimator.md). The one-shot reference is ``streamdp.fit``'s path (spectral
 start + refinement passes) on the same stream documents at the same ε.
@@ -13,6 +14,7 @@ the releases evaluated: every one for R ≤ 32, else epochs 1, 2, 4, …, R and 
 share of topics whose index kept its nearest topic between consecutive releases.
 
     python benchmarks/continual_refine.py --releases 16,256 --seeds 0,1,2 --json out.json
+    python benchmarks/continual_refine.py --releases 64 --aggregators tree,blt
 """
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def evaluated(R: int) -> list[int]:
     return sorted(pts)
 
 
-def run(corpus, R: int, eps: float, seed: int, k: int) -> dict:
+def run(corpus, R: int, eps: float, seed: int, k: int, aggregators=("blt",)) -> list[dict]:
     train, test = shuffle_split(corpus.n_docs, seed=seed, test_fraction=0.1)
     X, X_test = corpus.counts[train], corpus.counts[test]
     ref = [corpus.tokens[i] for i in test]
@@ -77,13 +79,19 @@ def run(corpus, R: int, eps: float, seed: int, k: int) -> dict:
     for _ in range(cfg.passes):
         one = est.refine(batches, budget_fraction=cfg.share / cfg.passes)
     one_npmi, one_ppl = score(one.topic_word)
+    return [continual(corpus, X, stream, n_warm, score, R, eps, seed, k, agg, one_npmi, one_ppl)
+            for agg in aggregators]
 
+
+def continual(corpus, X, stream, n_warm, score, R, eps, seed, k, aggregator, one_npmi, one_ppl):
+    n = stream.shape[0]
     # continual: R epochs of equal length in stream order
     clock = EpochClock(0.0, 1.0)
     ts = (np.arange(n) * R / n).astype(float)
     cont = StreamingSpectralLDA(k, 1.0, epsilon=eps, delta=DELTA, seed=seed,
                                 noise_seed=20_000 + seed, sampler="fast", epochs=clock,
-                                horizon=R, refinement=RefinementConfig())
+                                horizon=R, refinement=RefinementConfig(),
+                                continual_aggregator=aggregator)
     for s in range(0, n_warm, BATCH):
         cont.warmup(X[s:min(s + BATCH, n_warm)])
     want = set(evaluated(R))
@@ -105,7 +113,8 @@ def run(corpus, R: int, eps: float, seed: int, k: int) -> dict:
     seconds = time.perf_counter() - t0
     worst = min(rows, key=lambda r: r["npmi"])
     last = rows[-1]
-    return {"R": R, "epsilon": eps, "seed": seed, "one_shot_npmi": one_npmi,
+    return {"R": R, "aggregator": aggregator, "epsilon": eps, "seed": seed,
+            "one_shot_npmi": one_npmi,
             "one_shot_perplexity": one_ppl, "last_npmi": last["npmi"],
             "last_perplexity": last["perplexity"], "worst_npmi": worst["npmi"],
             "worst_epoch": worst["epoch"], "worst_perplexity": max(r["perplexity"] for r in rows),
@@ -121,6 +130,7 @@ def main(argv=None) -> int:
     p.add_argument("--epsilon", type=float, default=4.0)
     p.add_argument("--k", type=int, default=20)
     p.add_argument("--limit", type=int, default=None, help="documents (smoke runs)")
+    p.add_argument("--aggregators", default="blt")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     logging.getLogger("gensim").setLevel(logging.ERROR)
@@ -128,14 +138,14 @@ def main(argv=None) -> int:
     out = []
     for R in [int(x) for x in a.releases.split(",")]:
         for seed in [int(x) for x in a.seeds.split(",")]:
-            r = run(corpus, R, a.epsilon, seed, a.k)
-            out.append(r)
-            print({c: (round(v, 4) if isinstance(v, float) else v) for c, v in r.items()
-                   if c != "releases"}, flush=True)
+            for r in run(corpus, R, a.epsilon, seed, a.k, tuple(a.aggregators.split(","))):
+                out.append(r)
+                print({c: (round(v, 4) if isinstance(v, float) else v) for c, v in r.items()
+                       if c != "releases"}, flush=True)
     table = []
-    for R in sorted({r["R"] for r in out}):
-        rs = [r for r in out if r["R"] == R]
-        row = {"R": R, "epsilon": a.epsilon, "seeds": len(rs)}
+    for R, agg in sorted({(r["R"], r["aggregator"]) for r in out}):
+        rs = [r for r in out if r["R"] == R and r["aggregator"] == agg]
+        row = {"R": R, "aggregator": agg, "epsilon": a.epsilon, "seeds": len(rs)}
         for c in ("one_shot_npmi", "last_npmi", "worst_npmi", "one_shot_perplexity",
                   "last_perplexity", "worst_perplexity", "identity_kept"):
             vals = [r[c] for r in rs if r[c] is not None]

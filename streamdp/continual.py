@@ -354,8 +354,9 @@ class ContinualRelease:
                 "blt": {**self.blt_params.to_dict(), "nbuf": self.blt_params.nbuf,
                         "column_norm_squared": self.blt_params.sensitivity_squared(),
                         "noise_multiplier": self.noise_multiplier()},
-                # the unit plan (sensitivity Δ_b); epoch t reserved it at sensitivity c_{t−1}·Δ_b
-                "unit_events": [e.to_dict() for e in node_events],
+                # the unit plan (sensitivity Δ_b, Σρ = rho_node), named as the tree's node plan;
+                # epoch t reserved it at sensitivity c_{t−1}·Δ_b
+                "node_events": [e.to_dict() for e in node_events],
                 "rho_spent_per_document": self.tree.rho_per_document(t),
                 "rho_per_document": self.tree.rho_per_document()}
         else:

@@ -79,7 +79,7 @@ def test_private_refinement_end_to_end(kafka_broker, tmp_path):
         same = int(np.sum(dist.argmin(axis=1) == np.arange(k)))
         assert same >= k - 1, (a.epoch, b.epoch, same, dist.argmin(axis=1))
 
-    # --- the refinement events are in the privacy report (each tree node's plan)
+    # --- the refinement events are in the privacy report (the unit plan of each epoch's noise)
     pr = snaps[-1].privacy
     blocks = [ev["block"] for ev in pr["node_events"]]
     assert REFINE_BLOCK in blocks
@@ -88,11 +88,14 @@ def test_private_refinement_end_to_end(kafka_broker, tmp_path):
     assert rho_all == pytest.approx(pr["rho_node"], rel=1e-9)
     assert rho_ref == pytest.approx(cfg.refinement_share * pr["rho_node"], rel=1e-9)
 
-    # --- no extra spend: all 3 epochs of a horizon-3 tree closed = exactly the budget
+    # --- no extra spend: the stream atoms carry what the aggregator says a document has cost
+    # (BLT, the default: ρ_unit·Σ_{j<3} c_j² ≤ ρ; the warm-up atom spent the whole budget)
     acc = pr["accountant"]
+    assert pr["mechanism"] == "blt"
     assert acc["rho_worst_case"] == pytest.approx(acc["rho_budget"], rel=1e-6)
     assert acc["rho_by_atom"]["stream_worst_epoch_rho"] == pytest.approx(
-        pr["tree_depth"] * pr["rho_node"], rel=1e-9)
+        pr["rho_spent_per_document"], rel=1e-9)
+    assert pr["rho_per_document"] == pytest.approx(acc["rho_budget"], rel=1e-9)
     assert acc["uncommitted"] == 0 and acc["refusals"] == 0
     recs = FileLedger(cfg.ledger).read()
     labels = [r.payload.get("label") for r in recs if r.kind == "reserve"]

@@ -219,15 +219,15 @@ def test_end_to_end_private(kafka_broker, tmp_path):
     assert abs(last.n_docs - corpus.n_stream) < 0.05 * corpus.n_stream   # noised count
 
     pr = last.privacy
-    assert pr["mechanism"] == "tree" and last.mechanism == "tree"
-    assert pr["epochs_covered"] == [1, 3] and pr["horizon"] == 3 and pr["tree_depth"] == 2
+    assert pr["mechanism"] == "blt" and last.mechanism == "blt"      # the default aggregator
+    assert pr["epochs_covered"] == [1, 3] and pr["horizon"] == 3 and pr["blt"]["nbuf"] == 4
     assert pr["epsilon"] == eps and pr["delta"] == 1e-6 and pr["sampler"]
     acc = pr["accountant"]
     assert acc["rho_budget"] == pytest.approx(pr["rho_budget"])
     assert acc["rho_worst_case"] <= acc["rho_budget"] * (1 + 1e-9)
     assert acc["epsilon_worst_case"] <= eps * (1 + 1e-9)
     assert acc["uncommitted"] == 0 and acc["refusals"] == 0
-    # warm-up (clip quantiles + subspace) and every stream epoch spent their full share
+    # warm-up (clip quantiles + subspace) spent its full share; the stream (BLT) at most that
     assert acc["rho_by_atom"]["warmup"] == pytest.approx(acc["rho_budget"], rel=1e-6)
     assert acc["rho_worst_case"] == pytest.approx(acc["rho_budget"], rel=1e-6)
 
@@ -377,14 +377,17 @@ def test_single_release_writer(kafka_broker, tmp_path):
 
 
 # =================================================================== kill -9 at each step of a release (test 6)
-KILL_CASES = [(None, "none")] + [(p, "tree:epoch=1") for p in
-                                 ("after_reserve", "after_noise", "after_persist", "after_commit",
-                                  "after_publish")] + [
-    ("after_reserve", "warmup"), ("after_persist", "warmup")]
+KILL_CASES = [(None, "none", "tree")] + [(p, "tree:epoch=1", "tree") for p in
+                                         ("after_reserve", "after_noise", "after_persist",
+                                          "after_commit", "after_publish")] + [
+    ("after_reserve", "warmup", "tree"), ("after_persist", "warmup", "tree")] + [
+    (p, "tree:epoch=1", "blt") for p in ("after_reserve", "after_noise", "after_persist")]
 
 
-@pytest.mark.parametrize("point,what", KILL_CASES, ids=[f"{p}-{w}" for p, w in KILL_CASES])
-def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, point, what):
+@pytest.mark.parametrize("point,what,aggregator", KILL_CASES,
+                         ids=[f"{p}-{w}-{a}" for p, w, a in KILL_CASES])
+def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, point, what,
+                                                    aggregator):
     """SIGKILL the release service at one step of a release, restart it on the same ledger.
 
     Horizon T = 2 (depth 2, ρ_node = ρ/2). Before the spend protocol, a kill between
@@ -400,7 +403,8 @@ def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, poin
     corpus = make_corpus(2000, 2000, 2, seed=4)
     names = fresh_topics(bootstrap)
     cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=1.0, horizon=2,
-                      sampler="fast", noise_seed=None, non_production=True)
+                      sampler="fast", noise_seed=None, non_production=True,
+                      continual_aggregator=aggregator)
     sketchers = Pipeline(cfg, sketchers=2, release=False)
     proc, restarted = None, None
     try:
@@ -446,12 +450,21 @@ def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, poin
     assert rep["reservations"] == 4
     assert rep["rho_worst_case"] == pytest.approx(B, rel=1e-9)
     assert rep["rho_by_atom"]["warmup"] == pytest.approx(B, rel=1e-9)
-    assert rep["rho_by_atom"]["stream_worst_epoch_rho"] == pytest.approx(B, rel=1e-9)
     assert rep["epsilon_worst_case"] <= cfg.epsilon * (1 + 1e-9)
     parts = rep["rho_spent_by_partition"]
-    assert sorted(parts) == ["stream:epochs=1-1", "stream:epochs=1-2", "stream:epochs=2-2", "warmup"]
-    for p in ("stream:epochs=1-1", "stream:epochs=1-2", "stream:epochs=2-2"):
-        assert parts[p] == pytest.approx(B / 2, rel=1e-9)
+    if aggregator == "tree":
+        assert rep["rho_by_atom"]["stream_worst_epoch_rho"] == pytest.approx(B, rel=1e-9)
+        assert sorted(parts) == ["stream:epochs=1-1", "stream:epochs=1-2", "stream:epochs=2-2",
+                                 "warmup"]
+        for p in ("stream:epochs=1-1", "stream:epochs=1-2", "stream:epochs=2-2"):
+            assert parts[p] == pytest.approx(B / 2, rel=1e-9)
+    else:
+        # BLT: epochs 1 and 2 charged c_0² + c_1² of the infinite-horizon ‖c‖² = ρ, once each
+        blt = release.continual.blt_params
+        expected = B * blt.sensitivity_squared(2) / blt.sensitivity_squared()
+        assert sorted(parts) == ["stream", "warmup"]
+        assert parts["stream"] == pytest.approx(expected, rel=1e-9)
+        assert rep["rho_by_atom"]["stream_worst_epoch_rho"] == pytest.approx(expected, rel=1e-9)
     keys = [r.key for r in FileLedger(cfg.ledger).read() if r.kind == "reserve"]
     assert sorted(keys) == ["tree:epoch=1", "tree:epoch=2", "warmup", "warmup-clip-histogram"]
     assert by_epoch[2][0].privacy["accountant"]["uncommitted"] == 0
