@@ -93,12 +93,10 @@ class SketchNodeMechanism:
     """
 
     def __init__(self, subspace: Subspace, clip: ClipBounds, split: BudgetSplit, rho_node: float,
-                 sampler: GaussianSampler, refine_share: float | None = None,
-                 refine_shape: tuple[int, int] | None = None) -> None:
+                 sampler: GaussianSampler, refine_share: float | None = None) -> None:
         self.subspace, self.clip, self.split = subspace, clip, split
         self.rho_node, self.sampler = float(rho_node), sampler
         self.refine_share = refine_share
-        self.refine_shape = refine_shape        # (k, d): needed to draw refinement noise alone
 
     def plan(self, partition: str) -> list[GaussianEvent]:
         r = self.refine_share or 0.0
@@ -120,73 +118,45 @@ class SketchNodeMechanism:
             refine = self.sampler.add_noise(value.refine, e.sigma)
         return EpochSums(noised, refine)
 
-    # ---- the BLT's noise interface: flat i.i.d. draws, correlated by the aggregator
-    def _block_shapes(self, events) -> list[tuple[str, tuple[int, ...]]]:
-        d, kp = self.subspace.d, self.subspace.dim
-        shapes = {"count": (1,), "m1": (d,), "z": (d, kp), "s1": (kp,), "s2": (kp, kp),
-                  "s3": (kp, kp, kp)}
-        out = []
-        for e in events:
-            if e.block == REFINE_BLOCK:
-                if not self.refine_share:
-                    raise ValueError("a refinement event without refinement")
-                shape = None                       # (k, d): known from the value only
-            elif e.block in shapes:
-                shape = shapes[e.block]
-            else:
-                raise ValueError(f"cannot correlate noise for block {e.block!r}")
-            out.append((e.block, shape))
-        return out
-
-    def draw(self, events) -> np.ndarray:
-        """One flat vector of i.i.d. N(0, σ_b²) draws, block by block in event order."""
-        parts = []
-        for e, (block, shape) in zip(events, self._block_shapes(events)):
-            if shape is None:
-                if self.refine_shape is None:
-                    raise ValueError("refinement noise needs refine_shape=(k, d)")
-                shape = self.refine_shape
-            parts.append(np.asarray(self.sampler.sample(e.sigma, int(np.prod(shape))),
-                                    dtype=np.float64).ravel())
-        return np.concatenate(parts)
-
-    def apply(self, value: EpochSums | SketchSums, noise: np.ndarray, events) -> EpochSums:
-        """``value`` with the given (correlated) flat noise added, derived and withheld blocks
-        exactly as in a one-shot release (:func:`~streamdp.release.noise_sums`)."""
+    # ---- the BLT's noise interface (streamdp/privacy/blt.py: NoiseMechanism)
+    def privatize_shifted(self, value: EpochSums | SketchSums, shift: np.ndarray | None,
+                          events) -> tuple[EpochSums, np.ndarray]:
+        """Release value + shift + fresh noise; return it and its noise part (flat, the noised
+        blocks in event order). The shift (the BLT's −ωᵀS_t, secret noise) is added to the true
+        values *before* they pass through the sampler, so the released floats come out of the
+        vetted mechanism exactly as in a one-shot release; derived and withheld blocks as in
+        :func:`~streamdp.release.noise_sums`."""
         if isinstance(value, SketchSums):
             value = EpochSums(value)
+        events = list(events)
+        sk = value.sketch
+        raw = {e.block: (np.asarray(value.refine, dtype=np.float64) if e.block == REFINE_BLOCK
+                         else np.atleast_1d(np.asarray(getattr(sk, e.block), dtype=np.float64)))
+               for e in events}
+        if shift is None:
+            shift = np.zeros(sum(v.size for v in raw.values()))
         pieces, at = {}, 0
-        for block, shape in self._block_shapes(events):
-            if shape is None:
-                shape = value.refine.shape
-            size = int(np.prod(shape))
-            pieces[block] = noise[at:at + size].reshape(shape)
+        for e in events:
+            size = raw[e.block].size
+            pieces[e.block] = shift[at:at + size].reshape(raw[e.block].shape)
             at += size
-        if at != noise.size:
-            raise ValueError(f"noise of size {noise.size}, the plan needs {at}")
+        if at != shift.size:
+            raise ValueError(f"shift of size {shift.size}, the plan needs {at}")
         spectral = [e for e in events if e.block != REFINE_BLOCK]
-        noised = noise_sums(value.sketch, spectral, _GivenNoise(pieces), self.subspace.Q)
+        shifted = sk.replace(**{e.block: (float(sk.count) + float(pieces["count"][0])
+                                          if e.block == "count"
+                                          else raw[e.block] + pieces[e.block])
+                                for e in spectral})
+        noised = noise_sums(shifted, spectral, self.sampler, self.subspace.Q)
         refine = None
         if self.refine_share:
-            refine = np.asarray(value.refine, dtype=np.float64) + pieces[REFINE_BLOCK]
-        return EpochSums(noised, refine)
-
-
-class _GivenNoise:
-    """A 'sampler' adding prescribed noise: lets :func:`noise_sums` (the one place deciding
-    which blocks are noised, derived or withheld) apply the BLT's correlated noise."""
-
-    name = "blt-correlated"
-
-    def __init__(self, pieces: dict[str, np.ndarray]) -> None:
-        self._queue = [pieces[b] for b in ("count", "m1", "z", "s1", "s2", "s3") if b in pieces]
-
-    def add_noise(self, value, sigma: float) -> np.ndarray:
-        noise = self._queue.pop(0)
-        x = np.asarray(value, dtype=np.float64)
-        if x.shape != noise.shape:
-            raise ValueError(f"correlated noise of shape {noise.shape} for a block of shape {x.shape}")
-        return x + noise
+            e = next(e for e in events if e.block == REFINE_BLOCK)
+            refine = self.sampler.add_noise(raw[REFINE_BLOCK] + pieces[REFINE_BLOCK], e.sigma)
+        out = EpochSums(noised, refine)
+        noise = [((refine if e.block == REFINE_BLOCK
+                   else np.atleast_1d(np.asarray(getattr(noised, e.block), dtype=np.float64)))
+                  - raw[e.block]).ravel() for e in events]
+        return out, np.concatenate(noise)
 
 
 AGGREGATORS = ("blt", "tree")
@@ -263,9 +233,8 @@ class ContinualRelease:
             self.rho_node = self.rho / self.depth
         else:
             self.rho_node = self.rho / self.blt_params.sensitivity_squared()
-        self.mechanism = SketchNodeMechanism(
-            self.subspace, self.clip, self.split, self.rho_node, self.sampler, share,
-            None if self.refinement is None else (self.n_topics, self.subspace.d))
+        self.mechanism = SketchNodeMechanism(self.subspace, self.clip, self.split, self.rho_node,
+                                             self.sampler, share)
         if self.aggregator == "tree":
             self.tree = TreeAggregator(self.horizon, self.mechanism, spender, label=self.label)
         else:

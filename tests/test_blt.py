@@ -77,7 +77,7 @@ def test_release_noise_is_exactly_B_times_the_draws():
     """The online recursion with nbuf buffers equals prefix(x) + A·C⁻¹·z computed densely."""
     n, shape = 25, (3, 2)
     sampler = Recording(3)
-    mech = GaussianArrayMechanism(1.0, 0.7, sampler, shape)
+    mech = GaussianArrayMechanism(1.0, 0.7, sampler)
     agg = BLTAggregator(PARAMS, mech, keep_history=True)
     rng = np.random.default_rng(0)
     xs = rng.normal(size=(n,) + shape)
@@ -95,7 +95,7 @@ def test_release_noise_is_exactly_B_times_the_draws():
 def test_release_variance_matches_the_profile():
     """Empirical variance of the release noise at t vs σ²·Σ_{m<t} P_m² (many coordinates)."""
     p = default_params(64)
-    mech = GaussianArrayMechanism(1.0, 1.0, CSPRNGGaussianSampler(5), (20_000,))
+    mech = GaussianArrayMechanism(1.0, 1.0, CSPRNGGaussianSampler(5))
     agg = BLTAggregator(p, mech, keep_history=True)
     for _ in range(64):
         agg.add_epoch(np.zeros(20_000))
@@ -125,7 +125,7 @@ def test_accounting_equals_the_factorizations_sensitivity(n):
         def commit(self, token):
             acc.commit(token)
 
-    agg = BLTAggregator(p, GaussianArrayMechanism(sens, sigma, CSPRNGGaussianSampler(0), (4,)), Spy())
+    agg = BLTAggregator(p, GaussianArrayMechanism(sens, sigma, CSPRNGGaussianSampler(0)), Spy())
     for _ in range(n):
         agg.add_epoch(np.zeros(4))
     C = explicit_C(p, n)
@@ -152,7 +152,7 @@ def test_an_unbounded_stream_stays_within_the_budget():
     acc = Accountant(1.0, 1e-6, MemoryLedger())
     p = default_params(16)
     sigma = sigma_for_rho(1.0, acc.rho_budget / p.sensitivity_squared())
-    agg = BLTAggregator(p, GaussianArrayMechanism(1.0, sigma, CSPRNGGaussianSampler(0), (1,)), acc)
+    agg = BLTAggregator(p, GaussianArrayMechanism(1.0, sigma, CSPRNGGaussianSampler(0)), acc)
     n = 4000
     for _ in range(n):
         agg.add_epoch(np.zeros(1))
@@ -167,7 +167,7 @@ def test_a_refused_epoch_changes_nothing():
     acc = Accountant(1.0, 1e-6, MemoryLedger())
     # planned as if the budget were 1.2× larger: refused once Σ c_j² passes ‖c‖²/1.2
     sigma = sigma_for_rho(1.0, 1.2 * acc.rho_budget / PARAMS.sensitivity_squared())
-    agg = BLTAggregator(PARAMS, GaussianArrayMechanism(1.0, sigma, CSPRNGGaussianSampler(0), (2,)), acc)
+    agg = BLTAggregator(PARAMS, GaussianArrayMechanism(1.0, sigma, CSPRNGGaussianSampler(0)), acc)
     with pytest.raises(BudgetExhausted):
         for _ in range(10_000):
             agg.add_epoch(np.ones(2))
@@ -183,14 +183,14 @@ def test_a_refused_epoch_changes_nothing():
 # ------------------------------------------------------------------ checkpoints and crashes
 def test_checkpoint_round_trip_continues_identically():
     p = default_params(32)
-    mech = GaussianArrayMechanism(1.0, 0.5, CSPRNGGaussianSampler(1), (5,))
+    mech = GaussianArrayMechanism(1.0, 0.5, CSPRNGGaussianSampler(1))
     a = BLTAggregator(p, mech)
     for t in range(7):
         a.add_epoch(np.full(5, float(t)))
     state = ser.loads(ser.dumps(a.state_dict(lambda v: v.tolist())))
     b = BLTAggregator.from_state(state, np.asarray,
-                                 GaussianArrayMechanism(1.0, 0.5, CSPRNGGaussianSampler(2), (5,)))
-    a.mechanism = GaussianArrayMechanism(1.0, 0.5, CSPRNGGaussianSampler(2), (5,))
+                                 GaussianArrayMechanism(1.0, 0.5, CSPRNGGaussianSampler(2)))
+    a.mechanism = GaussianArrayMechanism(1.0, 0.5, CSPRNGGaussianSampler(2))
     for t in range(7, 12):
         np.testing.assert_array_equal(a.add_epoch(np.full(5, 1.0 * t)), b.add_epoch(np.full(5, 1.0 * t)))
     with pytest.raises(ValueError, match="blt_aggregator"):
@@ -207,7 +207,7 @@ def test_spend_protocol_fulfils_a_lost_draw_and_never_recharges(tmp_path):
     sigma = sigma_for_rho(1.0, acc.rho_budget / p.sensitivity_squared())
 
     def mech(seed):
-        return GaussianArrayMechanism(1.0, sigma, CSPRNGGaussianSampler(seed), (3,))
+        return GaussianArrayMechanism(1.0, sigma, CSPRNGGaussianSampler(seed))
 
     session = SpendSession(acc)
     agg = BLTAggregator(p, mech(0), session, label="tree")

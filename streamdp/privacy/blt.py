@@ -226,29 +226,29 @@ def _optimize_cached(n: int, nbuf: int, objective: str) -> BLTParams:
 
 # ---------------------------------------------------------------------------- mechanism
 class NoiseMechanism(Protocol[V]):
-    """How a value is noised with externally correlated Gaussian noise.
+    """How a value is released with externally correlated Gaussian noise.
 
     ``plan(partition)`` is the unit plan (events at sensitivity Δ_b, σ_b: what one
-    independently noised value would cost); ``draw(events)`` returns one flat vector of
-    i.i.d. N(0, σ_b²) draws, block by block in event order; ``apply(value, noise, events)``
-    returns the value with that (already correlated) flat noise added, as a release.
+    independently noised value would cost). ``privatize_shifted(value, shift, events)``
+    returns (value + shift + z, the noise part shift + z as one flat vector of the noised
+    coordinates, block by block in event order), z fresh i.i.d. N(0, σ_b²) drawn through the
+    sampler *on the shifted true values* (so the released floats come out of the vetted
+    mechanism); ``shift=None`` means zero.
     """
 
     def plan(self, partition: str) -> Sequence[GaussianEvent]: ...
 
-    def draw(self, events: Sequence[GaussianEvent]) -> np.ndarray: ...
-
-    def apply(self, value: V, noise: np.ndarray, events: Sequence[GaussianEvent]) -> V: ...
+    def privatize_shifted(self, value: V, shift: np.ndarray | None,
+                          events: Sequence[GaussianEvent]) -> tuple[V, np.ndarray]: ...
 
 
 @dataclass(frozen=True)
 class GaussianArrayMechanism:
-    """N(0, σ²) noise on every coordinate of an array value of a fixed shape."""
+    """N(0, σ²) noise on every coordinate of an array value."""
 
     sensitivity: float
     sigma: float
     sampler: Any
-    shape: tuple[int, ...]
     block: str = "blt"
     mechanism: str = "tensor"
 
@@ -256,12 +256,12 @@ class GaussianArrayMechanism:
         return (GaussianEvent(self.block, self.sensitivity, self.sigma, partition=partition,
                               mechanism=self.mechanism),)
 
-    def draw(self, events) -> np.ndarray:
+    def privatize_shifted(self, value, shift, events):
         (e,) = events
-        return np.asarray(self.sampler.sample(e.sigma, int(np.prod(self.shape))), dtype=np.float64)
-
-    def apply(self, value, noise, events) -> np.ndarray:
-        return np.asarray(value, dtype=np.float64) + noise.reshape(self.shape)
+        x = np.asarray(value, dtype=np.float64)
+        shifted = x if shift is None else x + shift.reshape(x.shape)
+        out = np.asarray(self.sampler.add_noise(shifted, e.sigma), dtype=np.float64)
+        return out, (out - x).ravel()
 
 
 def scaled_events(unit: Sequence[GaussianEvent], c: float) -> list[GaussianEvent]:
@@ -343,24 +343,22 @@ class BLTAggregator(Generic[V]):
     def add_epoch(self, value: V) -> V:
         """Close epoch t = self.epoch + 1 with its raw sum; return the release for [1, t].
 
-        Order: reserve (the spender may raise: nothing changes) → draw z_t →
-        w_t = (C⁻¹z)_t = z_t − ωᵀS_t and S_{t+1} = Θ S_t + 1·w_t (S the buffers, S_1 = 0) →
-        release_t = release_{t−1} + x_t + w_t → commit.
+        Order: reserve (the spender may raise: nothing changes) → x_t − ωᵀS_t through the
+        sampler (adds z_t) = x_t + w_t with w_t = (C⁻¹z)_t → S_{t+1} = Θ S_t + 1·w_t (S the
+        buffers, S_1 = 0) → release_t = release_{t−1} + x_t + w_t → commit.
         """
         t = self.epoch + 1
         events = self.epoch_events(t)
         unit = self.unit_events()
         token = self.spender.reserve(events, label=f"{self.label}:epoch={t}")
-        z = np.asarray(self.mechanism.draw(unit), dtype=np.float64).ravel()
-        if self._buffers is None:
-            buffers = np.zeros((self.params.nbuf, z.size))
-        else:
-            buffers = self._buffers
-            if buffers.shape[1] != z.size:
-                raise ValueError(f"noise size changed from {buffers.shape[1]} to {z.size}")
-        w = z - self._omega @ buffers                  # (C⁻¹z)_t
+        shift = None if self._buffers is None else -(self._omega @ self._buffers)   # −ωᵀS_t
+        # step = x_t + w_t, w_t = (C⁻¹z)_t = z_t − ωᵀS_t (true values through the sampler)
+        step, w = self.mechanism.privatize_shifted(value, shift, unit)
+        w = np.asarray(w, dtype=np.float64).ravel()
+        if self._buffers is not None and self._buffers.shape[1] != w.size:
+            raise ValueError(f"noise size changed from {self._buffers.shape[1]} to {w.size}")
+        buffers = self._buffers if self._buffers is not None else np.zeros((self.params.nbuf, w.size))
         new_buffers = self._theta[:, None] * buffers + w[None, :]   # S_{t+1} = Θ S_t + 1 w_t
-        step = self.mechanism.apply(value, w, unit)
         prefix = step if self._prefix is None else self._prefix + step
         self._buffers, self._prefix, self.epoch = new_buffers, prefix, t
         if self.keep_history:
