@@ -321,3 +321,35 @@ def test_bad_parameters_and_config_are_refused():
     from streamdp.services.config import ConfigError, ServiceConfig
     with pytest.raises(ConfigError, match="continual_aggregator"):
         ServiceConfig(vocabulary="v.txt", continual_aggregator="binary")
+
+
+def test_blt_with_opendp_and_refinement_sums(corpus):
+    """The default sampler (OpenDP) and the refinement block: released = exact prefix +
+    correlated noise whose variance follows the profile, on the spectral and refinement sums."""
+    from streamdp.continual import EpochSums
+    from streamdp.privacy.noise import OpenDPGaussianSampler
+    from streamdp.refinement import BLOCK as REFINE_BLOCK
+    from streamdp.refinement import RefinementConfig
+    from streamdp.release import BudgetSplit
+    _, X = corpus
+    sub = Subspace(random_basis(np.random.default_rng(1), X.shape[1], 4))
+    clip = ClipBounds(m1=0.2, z=0.05, s3=0.02, warmup=1e-6)
+    parts = np.array_split(np.arange(1200), 4)
+    rng = np.random.default_rng(2)
+    sums = [EpochSums(WhitenedSketch(sub, clip).update(X[p]).sums(), rng.random((3, X.shape[1])))
+            for p in parts]
+    cr = ContinualRelease(sub, clip, n_topics=3, alpha0=1.0, rho=0.5, horizon=4,
+                          sampler=OpenDPGaussianSampler(), refinement=RefinementConfig(),
+                          split=BudgetSplit.spectral_start())
+    sd = {e.block: e.sigma for e in cr.mechanism.plan("stream")}
+    exact = None
+    for t, s in enumerate(sums, start=1):
+        snap = cr.close_epoch(s, refined=t > 1)
+        exact = s if exact is None else exact + s
+        rel = cr.tree.prefix()
+        var = cr.blt_params.noise_variance(t)[t - 1]
+        resid = (rel.refine - exact.refine).ravel()
+        assert 0.6 < resid.var() / (var * sd[REFINE_BLOCK] ** 2) < 1.5, t
+        assert snap.privacy["noise_sd"][REFINE_BLOCK] == pytest.approx(sd[REFINE_BLOCK] * math.sqrt(var))
+        assert snap.privacy["sampler"] == OpenDPGaussianSampler.name
+    np.testing.assert_allclose(rel.sketch.z, 0.0)        # withheld by the spectral start split
