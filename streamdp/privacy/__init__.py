@@ -1,7 +1,8 @@
 """Privacy accounting and noise: events, zCDP conversions, ledger, accountant,
-tree mechanism, samplers. See docs/privacy_accounting.md."""
+tree and BLT mechanisms, samplers. See docs/privacy_accounting.md."""
 from streamdp.privacy.accountant import (Accountant, AtomLoads, BudgetExhausted, LedgerMismatch,
                                          Reservation, atom_loads, events_loads)
+from streamdp.privacy.blt import BLTAggregator, BLTParams, default_params, optimize_blt
 from streamdp.privacy.conversions import RHO_RTOL, zcdp_delta, zcdp_epsilon, zcdp_rho
 from streamdp.privacy.events import (STREAM, WARMUP, BudgetSpender, EventLog, GaussianEvent,
                                      Partition, epoch_partition, parse_partition,
@@ -14,6 +15,7 @@ from streamdp.privacy.tree import (GaussianNodeMechanism, HorizonExceeded, NodeM
 __all__ = [
     "Accountant", "AtomLoads", "BudgetExhausted", "LedgerMismatch", "Reservation",
     "atom_loads", "events_loads",
+    "BLTAggregator", "BLTParams", "default_params", "optimize_blt",
     "RHO_RTOL", "zcdp_delta", "zcdp_epsilon", "zcdp_rho",
     "STREAM", "WARMUP", "BudgetSpender", "EventLog", "GaussianEvent", "Partition",
     "epoch_partition", "parse_partition", "rho_by_partition", "sigma_for_rho",
