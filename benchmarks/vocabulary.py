@@ -1,6 +1,6 @@
 """Vocabulary table (issue 11): corpus-top-5000 vs public vs privately selected vocabularies.
 
-    nice python benchmarks/vocabulary.py --seeds 0,1,2 --json benchmarks/results/vocabulary.json
+    nice python benchmarks/vocabulary.py --seeds 0,1,2,3,4 --json benchmarks/results/vocabulary.json
     python benchmarks/vocabulary.py --smoke                       # CI-sized, < 1 minute
 
 Same corpora, split and estimator path as ``benchmarks/compare.py`` (its ``text_section``:
@@ -159,17 +159,29 @@ def main(argv=None) -> int:
     p.add_argument("--sections", default="debian,bbc")
     p.add_argument("--seeds", default="0")
     p.add_argument("--epsilons", default="1,4")
-    p.add_argument("--slice-share", type=float, default=0.5,
+    p.add_argument("--slice-share", type=float, default=0.25,
                    help="share of the warm-up documents in the selection slice")
     p.add_argument("--debian-list", default=None)
     p.add_argument("--json", default=None)
+    p.add_argument("--combine", nargs="+", metavar="JSON",
+                   help="only print the tables of the rows of earlier --json files together "
+                        "(e.g. runs over different seeds of the same setting)")
     a = p.parse_args(argv)
+    if a.combine:
+        import json
+        rows, seeds = [], []
+        for path in a.combine:
+            with open(path) as fh:
+                r = json.load(fh)
+            rows += r["rows"]
+            seeds += r["seeds"]
+        return report(rows, seeds, a.json, r.get("slice_share"))
     sizes = SMOKE if a.smoke else FULL
     seeds = [int(s) for s in a.seeds.split(",")]
     epsilons = [float(e) for e in a.epsilons.split(",")]
     candidates = public_vocabulary("en", size=N_CANDIDATES)[0]
     public5k = Vocabulary(candidates.words[:SIZE])
-    rows = []
+    rows: list[dict] = []
     for sec in a.sections.split(","):
         cfg = sizes[sec]
         try:
@@ -181,6 +193,10 @@ def main(argv=None) -> int:
         for seed in seeds:
             rows += corpus_section(sec, corpus, cfg, seed, epsilons, a.slice_share, candidates,
                                    public5k)
+    return report(rows, seeds, a.json, a.slice_share)
+
+
+def report(rows: list[dict], seeds: list[int], json_path, slice_share) -> int:
     table = mean_table(rows)
     cols = ["corpus", "vocabulary", "epsilon", "seeds", "d", "n_above_cut", "n_new_words", "npmi",
             "npmi_sd",
@@ -203,8 +219,8 @@ def main(argv=None) -> int:
     if targets:
         print("\n### Target: best private vocabulary within 0.02 NPMI of corpus-top-5000 at ε = 4\n")
         print(markdown_table(targets, list(targets[0])))
-    write_json(a.json, {"rows": rows, "table": table, "targets": targets, "markdown": md,
-                        "seeds": seeds, "slice_share": a.slice_share})
+    write_json(json_path, {"rows": rows, "table": table, "targets": targets, "markdown": md,
+                           "seeds": seeds, "slice_share": slice_share})
     return 0
 
 

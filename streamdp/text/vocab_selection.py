@@ -95,7 +95,7 @@ class SelectionConfig:
     min_noisy_count_sd: float | None = None
     fill_from_public: bool = True
     min_words: int = 10
-    slice_share: float = 0.3
+    slice_share: float = 0.25
 
     def __post_init__(self) -> None:
         for name in ("size", "max_words_per_doc", "max_new_words_per_doc", "min_words"):
