@@ -39,6 +39,7 @@ from streamdp.privacy.noise import GaussianSampler
 from streamdp.privacy.blt import BLTAggregator, BLTParams, default_params
 from streamdp.privacy.report import release_report
 from streamdp.privacy.tree import HorizonExceeded, TreeAggregator, covering_levels, tree_depth
+from streamdp.privacy.rounding import DEFAULT_MAX_DOCUMENTS_PER_SUM, dd_add
 from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch,
                                  plan_refinement, refined_topics)
@@ -56,25 +57,35 @@ class EpochSums:
 
     sketch: SketchSums
     refine: np.ndarray | None = None
+    refine_lo: np.ndarray | None = None     # double-double remainder of ``refine``
 
     def __add__(self, other: "EpochSums") -> "EpochSums":
+        """Compensated: epoch and tree-node sums add only second-order rounding
+        (streamdp.privacy.rounding); ``refine`` is the sum rounded once."""
         if not isinstance(other, EpochSums):
             return NotImplemented
         if (self.refine is None) != (other.refine is None):
             raise ValueError("cannot add epoch sums with and without refinement sums")
-        return EpochSums(self.sketch + other.sketch,
-                         None if self.refine is None else self.refine + other.refine)
+        if self.refine is None:
+            return EpochSums(self.sketch + other.sketch)
+        hi, lo = dd_add(self.refine, self.refine_lo, other.refine, other.refine_lo)
+        return EpochSums(self.sketch + other.sketch, hi, lo)
 
     def to_dict(self) -> dict:
-        return {"kind": "epoch_sums", "v": 1, "sketch": self.sketch.to_dict(),
-                "refine": None if self.refine is None else ser.pack_array(self.refine)}
+        out = {"kind": "epoch_sums", "v": 1, "sketch": self.sketch.to_dict(),
+               "refine": None if self.refine is None else ser.pack_array(self.refine)}
+        if self.refine_lo is not None:
+            out["refine_lo"] = ser.pack_array(self.refine_lo)
+        return out
 
     @classmethod
     def from_dict(cls, obj: dict) -> "EpochSums":
         if obj.get("kind") != "epoch_sums":      # a tree written before refinement existed
             return cls(SketchSums.from_dict(obj))
+        lo = obj.get("refine_lo")
         return cls(SketchSums.from_dict(obj["sketch"]),
-                   None if obj["refine"] is None else ser.unpack_array(obj["refine"], name="refine"))
+                   None if obj["refine"] is None else ser.unpack_array(obj["refine"], name="refine"),
+                   None if lo is None else ser.unpack_array(lo, name="refine_lo"))
 
 
 def zero_sums(subspace: Subspace) -> SketchSums:
@@ -93,17 +104,20 @@ class SketchNodeMechanism:
     """
 
     def __init__(self, subspace: Subspace, clip: ClipBounds, split: BudgetSplit, rho_node: float,
-                 sampler: GaussianSampler, refine_share: float | None = None) -> None:
+                 sampler: GaussianSampler, refine_share: float | None = None, *,
+                 max_documents: int = DEFAULT_MAX_DOCUMENTS_PER_SUM) -> None:
         self.subspace, self.clip, self.split = subspace, clip, split
         self.rho_node, self.sampler = float(rho_node), sampler
         self.refine_share = refine_share
+        self.max_documents = max_documents
 
     def plan(self, partition: str) -> list[GaussianEvent]:
         r = self.refine_share or 0.0
         events = plan_release(self.rho_node * (1 - r), self.clip, self.split, "tensor",
-                              partition=partition)
+                              partition=partition, max_documents=self.max_documents)
         if self.refine_share:
-            events.append(plan_refinement(self.rho_node * r, partition=partition))
+            events.append(plan_refinement(self.rho_node * r, partition=partition,
+                                          max_documents=self.max_documents))
         return events
 
     def privatize(self, value: EpochSums | SketchSums, events) -> EpochSums:
@@ -111,7 +125,10 @@ class SketchNodeMechanism:
             value = EpochSums(value)
         events = list(events)
         spectral = [e for e in events if e.block != REFINE_BLOCK]
-        noised = noise_sums(value.sketch, spectral, self.sampler, self.subspace.Q)
+        # refuses (before any draw) a node of more than max_documents documents; the sketch's
+        # n_docs counts every row of the node, so it covers the refinement sums too
+        noised = noise_sums(value.sketch, spectral, self.sampler, self.subspace.Q,
+                            max_documents=self.max_documents)
         refine = None
         if self.refine_share:
             e = next(e for e in events if e.block == REFINE_BLOCK)
@@ -147,7 +164,8 @@ class SketchNodeMechanism:
                                           if e.block == "count"
                                           else raw[e.block] + pieces[e.block])
                                 for e in spectral})
-        noised = noise_sums(shifted, spectral, self.sampler, self.subspace.Q)
+        noised = noise_sums(shifted, spectral, self.sampler, self.subspace.Q,
+                            max_documents=self.max_documents)
         refine = None
         if self.refine_share:
             e = next(e for e in events if e.block == REFINE_BLOCK)
@@ -196,7 +214,8 @@ class ContinualRelease:
                  power: PowerMethodConfig = PowerMethodConfig(),
                  denoise: DenoiseConfig = DenoiseConfig(), label: str = "tree",
                  refinement: RefinementConfig | None = None, aggregator: str = "blt",
-                 blt_params: BLTParams | None = None) -> None:
+                 blt_params: BLTParams | None = None,
+                 max_documents: int = DEFAULT_MAX_DOCUMENTS_PER_SUM) -> None:
         if aggregator not in AGGREGATORS:
             raise ValueError(f"aggregator must be one of {AGGREGATORS}, got {aggregator!r}")
         self.aggregator = aggregator
@@ -208,6 +227,7 @@ class ContinualRelease:
         self.blt_params = blt_params
         self.split, self.power, self.denoise = split, power, denoise
         self.refinement = refinement
+        self.max_documents = max_documents     # the rounding premise N_max (docs/privacy.md)
         self.rho = rho
         self.sampler = sampler
         # epochs whose documents were refined under an earlier snapshot (public: it only
@@ -234,7 +254,7 @@ class ContinualRelease:
         else:
             self.rho_node = self.rho / self.blt_params.sensitivity_squared()
         self.mechanism = SketchNodeMechanism(self.subspace, self.clip, self.split, self.rho_node,
-                                             self.sampler, share)
+                                             self.sampler, share, max_documents=self.max_documents)
         if self.aggregator == "tree":
             self.tree = TreeAggregator(self.horizon, self.mechanism, spender, label=self.label)
         else:
@@ -338,7 +358,8 @@ class ContinualRelease:
             mechanism=self.aggregator, events=(), noise_sd=sd, clip=self.clip,
             split=self.split if private else None, sampler=self.sampler if private else None,
             power=self.power, denoise_threshold=self.denoise.threshold if private else 0.0,
-            epochs_covered=[1, t], horizon=self.horizon, rho_node=self.rho_node,
+            max_documents=self.max_documents, epochs_covered=[1, t], horizon=self.horizon,
+            rho_node=self.rho_node,
             **aggregator_fields,
             refinement=None if self.refinement is None else {
                 **self.refinement.to_dict(), "refined_epochs": self.refined_epochs})
@@ -443,6 +464,7 @@ class EpochSketches:
             if sk is None:
                 out.append((e, None))
                 continue
-            out.append((e, EpochSums(sk.sums(), None if rs is None else rs.sums)))
+            out.append((e, EpochSums(sk.sums(), None if rs is None else rs.sums,
+                                     None if rs is None else rs.sums_lo)))
         self.closed_through = max(self.closed_through, int(epoch))
         return out

@@ -17,6 +17,8 @@ from streamdp.privacy.events import STREAM, WARMUP, BudgetSpender, EventLog, Gau
 from streamdp.privacy.epochs import EpochClock
 from streamdp.privacy.noise import GaussianSampler, make_sampler
 from streamdp.privacy.report import add_budget_context, release_report
+from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, check_max_documents,
+                                       require_within_premise)
 from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch,
                                  plan_refinement, refined_topics)
@@ -109,6 +111,11 @@ class StreamingSpectralLDA:
                                    the stream partition at replace sensitivity, with
                                    ``warmup_share`` of ρ (sequential composition)
     warmup_share : float           ρ share of the warm-up under ``warmup_boundary="count"``
+    max_documents_per_sum : int    public premise N_max: the most documents in any one noised
+                                   sum (warm-up, stream, tree node, refinement). Sensitivities
+                                   include the float64 rounding headroom for sums of that size
+                                   (+1.9% σ at the default 10⁹); a larger sum is refused before
+                                   anything is noised (docs/privacy.md, "Floating point")
 
     Attributes
     ----------
@@ -132,7 +139,8 @@ class StreamingSpectralLDA:
                  refinement: RefinementConfig | bool | None = True,
                  warmup_boundary: str = "document",
                  warmup_share: float = COUNT_BOUNDARY_WARMUP_SHARE,
-                 continual_aggregator: str = "blt"):
+                 continual_aggregator: str = "blt",
+                 max_documents_per_sum: int = DEFAULT_MAX_DOCUMENTS_PER_SUM):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
             raise ValueError(f"seed must be an integer or None, got {seed!r}")
         self.n_topics = _check_positive_int("n_topics", n_topics)
@@ -199,6 +207,7 @@ class StreamingSpectralLDA:
         if not 0 < warmup_share < 1:
             raise ValueError(f"warmup_share must be in (0, 1), got {warmup_share!r}")
         self.warmup_boundary, self.warmup_share = warmup_boundary, float(warmup_share)
+        self.max_documents_per_sum = check_max_documents(max_documents_per_sum)
         self._stream_events: list = []      # every event charged to stream documents so far
         self._model: RefinementModel | None = None
         self._model_epoch: int | None = None   # epoch of the first continual snapshot
@@ -260,7 +269,8 @@ class StreamingSpectralLDA:
             rho = None if rho is None else rho - hist_rho
             self.clip, _ = self._warmup.clip_bounds(self.clip_quantile, hist_rho,
                                                     self.sampler, self.accountant, **where)
-        self.subspace_ = self._warmup.subspace(rho, self.sampler, self.accountant, **where)
+        self.subspace_ = self._warmup.subspace(rho, self.sampler, self.accountant,
+                                               max_documents=self.max_documents_per_sum, **where)
         self.sketch_ = WhitenedSketch(self.subspace_, self.clip)
         if self.epochs is not None:
             self.continual_ = ContinualRelease(
@@ -268,7 +278,8 @@ class StreamingSpectralLDA:
                 rho=self.stream_rho_, horizon=self.horizon, split=self._spectral_split(),
                 sampler=self.sampler, spender=self.accountant, power=self.power,
                 denoise=self.denoise, refinement=self.refinement,
-                aggregator=self.continual_aggregator)
+                aggregator=self.continual_aggregator,
+                max_documents=self.max_documents_per_sum)
             self._epoch_sketches = EpochSketches(
                 self.subspace_, self.clip, self.epochs,
                 n_topics=self.n_topics if self.refinement is not None else None)
@@ -372,7 +383,8 @@ class StreamingSpectralLDA:
                               alpha0=self.alpha0, rho=rho, clip=self.clip,
                               mechanism=self.mechanism, split=split,
                               sampler=self.sampler, spender=self.accountant,
-                              power=self.power, denoise=self.denoise, partition=STREAM)
+                              power=self.power, denoise=self.denoise, partition=STREAM,
+                              max_documents=self.max_documents_per_sum)
         return self._finish_snapshot(snap)
 
     def refine(self, X, budget_fraction: float | None = None) -> TopicSnapshot:
@@ -410,7 +422,9 @@ class StreamingSpectralLDA:
         if self.rho_ is None:
             T, sd = sketch.sums, 0.0
         else:
-            event = plan_refinement(self.stream_rho_ * budget_fraction, partition=STREAM)
+            event = plan_refinement(self.stream_rho_ * budget_fraction, partition=STREAM,
+                                    max_documents=self.max_documents_per_sum)
+            require_within_premise(sketch.n_docs, self.max_documents_per_sum, "refinement")
             events = [event]
             spender = self.accountant if self.accountant is not None else EventLog()
             token = spender.reserve(events, label="refine")      # write-ahead, before noise
@@ -423,7 +437,7 @@ class StreamingSpectralLDA:
         privacy = release_report(
             mechanism=base + "+refine", events=events, noise_sd={REFINE_BLOCK: sd} if events else {},
             clip=self.clip, split=None, sampler=self.sampler, power=self.power,
-            denoise_threshold=0.0,
+            denoise_threshold=0.0, max_documents=self.max_documents_per_sum,
             refinement={**cfg.to_dict(), "model": prev.release_id, "noise_sd": sd,
                         "passes_done": (prev.privacy.get("refinement") or {}).get("passes_done", 0) + 1})
         snap = TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=prev.eigenvalues,

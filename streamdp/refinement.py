@@ -16,8 +16,10 @@ Sensitivity. ‖R_d‖_F² = Σ_w c_w² Σ_i r_iw² / ‖c‖² ≤ Σ_w c_w² /
 Σ_i r_iw² ≤ (Σ_i r_iw)² = 1. So under add/remove of one document T changes by at most 1
 in Frobenius norm, for every dataset and every public model — no data-dependent clip is
 needed. The code still rescales any R_d whose computed norm exceeds 1 (floating-point
-guard) and the planned event uses :data:`SENSITIVITY`, which includes the rounding
-headroom. Φ and α may be any released values (earlier snapshots): choosing what to
+guard) and the planned event uses the sensitivity of
+:func:`streamdp.release.block_sensitivities` (block ``topic_word``): 1 + 10⁻⁹ plus twice the
+rounding bound of the computed sum of ≤ N_max documents (products over ≤ FOLD_IN_BLOCK
+documents, blocks and batches added compensated; :mod:`streamdp.privacy.rounding`). Φ and α may be any released values (earlier snapshots): choosing what to
 compute from earlier outputs is adaptive composition, covered by zCDP's composition.
 
 Why ‖c‖₂ and not l: the per-document weight 1/‖c‖₂ puts every document exactly at the
@@ -42,12 +44,21 @@ import scipy.sparse as sp
 
 from streamdp import serialization as ser
 from streamdp.documents import as_count_batch
+from streamdp.privacy import rounding
 from streamdp.privacy.events import STREAM, GaussianEvent, sigma_for_rho
 
 BLOCK = "topic_word"
-# ‖R_d‖_F ≤ 1 exactly; the headroom covers float64 rounding in the per-document norm
-# (relative error ≲ nnz·2⁻⁵² ≪ 1e-9), so the declared bound is never exceeded.
-SENSITIVITY = 1.0 + 1e-9
+
+
+def refinement_sensitivity(max_documents: int = rounding.DEFAULT_MAX_DOCUMENTS_PER_SUM) -> float:
+    """Δ of the refinement sums: ‖R_d‖_F ≤ 1 (1 + 10⁻⁹ covers the per-document norm's rounding,
+    relative error ≲ nnz·2⁻⁵²) plus twice the rounding bound of a sum of ≤ N_max documents."""
+    from streamdp.release import block_sensitivities, ClipBounds   # release imports nothing here
+    return block_sensitivities(ClipBounds.unclipped(), max_documents=max_documents)[BLOCK]
+
+
+#: the sensitivity at the default premise N_max (what :func:`plan_refinement` uses by default)
+SENSITIVITY = refinement_sensitivity()
 SCHEMA_VERSION = 1
 # uniform probability mass mixed into every released topic: keeps every word possible
 # (finite perplexity) at a bias of ≈ FLOOR·‖μ − b‖ (measured: 0.01 cost 0.001 of L2 error)
@@ -187,7 +198,7 @@ class RefinementModel:
         if phiT is None:        # Φᵀ once per model (frozen dataclass: cache in __dict__)
             phiT = np.ascontiguousarray(self.topic_word.T, dtype=np.float64)
             self.__dict__["_phiT"] = phiT
-        T = np.zeros((d, k))
+        T, T_lo = np.zeros((d, k)), np.zeros((d, k))      # blocks added compensated
         n = 0
         for a in range(0, X.shape[0], FOLD_IN_BLOCK):
             Xb = X[a:a + FOLD_IN_BLOCK]
@@ -206,9 +217,9 @@ class RefinementModel:
             # Σ over documents: (d × nnz) · (nnz × k) as one sparse product
             P = sp.csr_matrix((np.ones(Xb.nnz), (np.arange(Xb.nnz), Xb.indices)),
                               shape=(Xb.nnz, d))
-            T += P.T @ vals
+            rounding.accumulate(T, T_lo, P.T @ vals)
             n += int((norms > 0).sum())
-        return np.ascontiguousarray(T.T), n
+        return np.ascontiguousarray(rounding.collapse(T, T_lo).T), n
 
 
 class RefinementSketch:
@@ -216,32 +227,37 @@ class RefinementSketch:
 
     Attributes
     ----------
-    sums : (k, d)   Σ_d R_d
+    sums : (k, d)   Σ_d R_d, rounded once (a double-double sum: ``sums_lo`` is the remainder,
+                    carried to later additions so batches and merges add compensated)
     n_docs : int    documents added (non-empty)
     """
 
     def __init__(self, k: int, d: int) -> None:
         self.sums = np.zeros((int(k), int(d)))
+        self.sums_lo = np.zeros((int(k), int(d)))
         self.n_docs = 0
+
+    def _add(self, hi, lo) -> None:
+        self.sums, self.sums_lo = rounding.dd_add(self.sums, self.sums_lo, hi, lo)
 
     def update(self, X, model: RefinementModel) -> "RefinementSketch":
         if model.shape != self.sums.shape:
             raise ValueError(f"model has shape {model.shape}, the sketch {self.sums.shape}")
         T, n = model.contributions(X)
-        self.sums += T
+        self._add(T, None)
         self.n_docs += n
         return self
 
     def merge(self, other: "RefinementSketch") -> "RefinementSketch":
         if other.sums.shape != self.sums.shape:
             raise ValueError("cannot merge refinement sketches of different shapes")
-        self.sums += other.sums
+        self._add(other.sums, other.sums_lo)
         self.n_docs += other.n_docs
         return self
 
     def to_dict(self) -> dict:
         return {"kind": "refinement_sketch", "v": SCHEMA_VERSION, "n_docs": int(self.n_docs),
-                "sums": ser.pack_array(self.sums)}
+                "sums": ser.pack_array(self.sums), "sums_lo": ser.pack_array(self.sums_lo)}
 
     @classmethod
     def from_dict(cls, obj: dict) -> "RefinementSketch":
@@ -249,15 +265,23 @@ class RefinementSketch:
         sums = ser.unpack_array(obj["sums"], name="sums")
         out = cls(*sums.shape)
         out.sums, out.n_docs = sums, int(obj["n_docs"])
+        if "sums_lo" in obj:            # states written before compensation existed have none
+            lo = ser.unpack_array(obj["sums_lo"], name="sums_lo")
+            if lo.shape != sums.shape:
+                raise ser.SchemaError(f"refinement compensation: shape {lo.shape}, expected {sums.shape}")
+            out.sums_lo = lo.copy()
         return out
 
 
 # ----------------------------------------------------------------------------- release
-def plan_refinement(rho: float, partition: str = STREAM, mechanism: str = "refine") -> GaussianEvent:
-    """The one Gaussian event of a refinement release at zCDP cost ``rho``."""
+def plan_refinement(rho: float, partition: str = STREAM, mechanism: str = "refine", *,
+                    max_documents: int = rounding.DEFAULT_MAX_DOCUMENTS_PER_SUM) -> GaussianEvent:
+    """The one Gaussian event of a refinement release at zCDP cost ``rho`` (sensitivity for
+    sums of at most ``max_documents`` documents, the premise N_max)."""
     if not (rho > 0 and math.isfinite(rho)):
         raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
-    return GaussianEvent(BLOCK, SENSITIVITY, sigma_for_rho(SENSITIVITY, rho),
+    sens = refinement_sensitivity(max_documents)
+    return GaussianEvent(BLOCK, sens, sigma_for_rho(sens, rho),
                          partition=partition, mechanism=mechanism)
 
 

@@ -27,6 +27,9 @@ from streamdp.moments.sketch import SketchSums, symmetrize3
 from streamdp.privacy.events import (STREAM, BudgetSpender, EventLog, GaussianEvent,
                                      rho_by_partition, sigma_for_rho)
 from streamdp.privacy.noise import GaussianSampler
+from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, check_max_documents,
+                                       require_within_premise)
+from streamdp.privacy.rounding import sensitivity as _rounded_sensitivity
 from streamdp.privacy.report import release_report
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import ExactOracle, PowerMethodConfig, robust_power_method
@@ -91,13 +94,29 @@ class BudgetSplit:
         return cls(z=0.0, m1=0.0, s1=0.03, s2=0.15, s3=0.80, count=0.02)
 
 
-def block_sensitivities(clip: ClipBounds) -> dict[str, float]:
-    """L2 sensitivity of each block sum under add/remove of one document."""
-    return {"count": 1.0, "m1": clip.m1, "s1": clip.m1, "z": clip.z, "s2": clip.z, "s3": clip.s3}
+#: clip bound behind each noised block (refinement's topic_word sums have norm ≤ 1 per document)
+_BLOCK_CLIP = {"count": lambda c: 1.0, "m1": lambda c: c.m1, "s1": lambda c: c.m1,
+               "z": lambda c: c.z, "s2": lambda c: c.z, "s3": lambda c: c.s3,
+               "warmup": lambda c: c.warmup, "topic_word": lambda c: 1.0}
+
+
+def block_sensitivities(clip: ClipBounds, *,
+                        max_documents: int = DEFAULT_MAX_DOCUMENTS_PER_SUM) -> dict[str, float]:
+    """L2 sensitivity of each *computed* block sum under add/remove of one document.
+
+    Δ_b = C_b·(1 + 10⁻⁹) + 2·R_b: the clip bound of the document's own contribution plus
+    twice the proven bound R_b on the float64 rounding error of a sum of at most
+    ``max_documents`` documents (the public premise N_max, enforced before noising;
+    :mod:`streamdp.privacy.rounding`, docs/privacy.md "Floating point"). Blocks: count,
+    m1, s1, z, s2, s3 (a release), warmup (the range finder), topic_word (refinement).
+    """
+    n_max = check_max_documents(max_documents)
+    return {b: _rounded_sensitivity(b, f(clip), n_max) for b, f in _BLOCK_CLIP.items()}
 
 
 def plan_release(rho: float, clip: ClipBounds, split: BudgetSplit, mechanism: str,
-                 n_queries: int = 0, partition: str = STREAM) -> list[GaussianEvent]:
+                 n_queries: int = 0, partition: str = STREAM, *,
+                 max_documents: int = DEFAULT_MAX_DOCUMENTS_PER_SUM) -> list[GaussianEvent]:
     """Every Gaussian event of one release, before any noise is drawn.
 
     For ``mechanism="iterative"`` the s3 share buys ``n_queries`` noisy power-method
@@ -109,7 +128,7 @@ def plan_release(rho: float, clip: ClipBounds, split: BudgetSplit, mechanism: st
         raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
     if not (rho > 0 and math.isfinite(rho)):
         raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
-    sens = block_sensitivities(clip)
+    sens = block_sensitivities(clip, max_documents=max_documents)
     events = []
     for block, share in split.as_dict().items():
         if share == 0:
@@ -127,7 +146,7 @@ def plan_release(rho: float, clip: ClipBounds, split: BudgetSplit, mechanism: st
 
 
 def noise_sums(sums: SketchSums, events: list[GaussianEvent], sampler: GaussianSampler,
-               Q: np.ndarray) -> SketchSums:
+               Q: np.ndarray, *, max_documents: int = DEFAULT_MAX_DOCUMENTS_PER_SUM) -> SketchSums:
     """Add the planned noise to each block; derive un-noised s1/s2 from m1/z.
 
     Noise goes through ``sampler.add_noise`` (for OpenDP's sampler the true
@@ -135,7 +154,12 @@ def noise_sums(sums: SketchSums, events: list[GaussianEvent], sampler: GaussianS
     under the iterative mechanism, everything when non-private) pass through
     un-noised: their consumer must noise its own queries. s2 and s3 are
     returned symmetrised.
+
+    Before any draw, a private call refuses sums of more than ``max_documents`` documents
+    (the premise of the sensitivities' rounding headroom; DocumentCountExceeded).
     """
+    if events:
+        require_within_premise(sums.n_docs, max_documents, "release")
     by_block = {e.block: e for e in events}
     out = {}
     for name in ("count", "m1", "z", "s1", "s2", "s3"):
@@ -211,26 +235,34 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
                    spender: BudgetSpender | None = None,
                    power: PowerMethodConfig = PowerMethodConfig(),
                    denoise: DenoiseConfig = DenoiseConfig(), partition: str = STREAM,
-                   label: str = "release", epoch: int | None = None) -> TopicSnapshot:
-    """Run the whole release on closed sums. ``rho=None``: the non-private estimator."""
+                   label: str = "release", epoch: int | None = None,
+                   max_documents: int = DEFAULT_MAX_DOCUMENTS_PER_SUM) -> TopicSnapshot:
+    """Run the whole release on closed sums. ``rho=None``: the non-private estimator.
+
+    ``max_documents``: the premise N_max (docs/privacy.md "Floating point"); a private
+    release of a larger sum is refused before anything is reserved or drawn."""
     _check_topics(subspace, n_topics, alpha0)
     private = rho is not None
     n_queries = power.n_queries(n_topics) if mechanism == "iterative" else 0
-    events = plan_release(rho, clip, split, mechanism, n_queries, partition) if private else []
+    events = (plan_release(rho, clip, split, mechanism, n_queries, partition,
+                           max_documents=max_documents) if private else [])
     if private and sampler is None:
         raise ValueError("a private release needs a noise sampler")
+    if private:
+        require_within_premise(sums.n_docs, max_documents, "release")
     spender = spender if spender is not None else EventLog()
     # Write-ahead: the accountant records the spend before any noise exists.
     token = spender.reserve(events, label=label) if events else None
 
-    noisy = noise_sums(sums, events, sampler, Q=subspace.Q)
+    noisy = noise_sums(sums, events, sampler, Q=subspace.Q, max_documents=max_documents)
     oracle_factory = None
     if mechanism == "iterative" and private:
         q = next(e for e in events if e.block == "s3_query")
 
         def oracle_factory(W, T3_public, N):
             # s3 has no event under this mechanism: noisy.s3 is the raw (symmetrised) sum
-            return NoisyQueryOracle(whiten3(noisy.s3, W), whiten3(T3_public, W), N, clip.s3, W,
+            s3_sens = block_sensitivities(clip, max_documents=max_documents)["s3"]
+            return NoisyQueryOracle(whiten3(noisy.s3, W), whiten3(T3_public, W), N, s3_sens, W,
                                     q.sigma / q.sensitivity, q.count, sampler)
 
     topic_word, alpha, lambdas, U = decompose_sums(
@@ -242,7 +274,7 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
     privacy = release_report(mechanism=mechanism, events=events,
                              noise_sd=noise_scales(events) if private else {}, clip=clip,
                              split=split, sampler=sampler, power=power,
-                             denoise_threshold=denoise.threshold)
+                             denoise_threshold=denoise.threshold, max_documents=max_documents)
     return TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=lambdas,
                          n_docs=float(noisy.count), privacy=privacy,
                          mechanism=mechanism if private else "none",

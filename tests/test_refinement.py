@@ -24,6 +24,8 @@ from streamdp.privacy.accountant import Accountant, BudgetExhausted
 from streamdp.privacy.conversions import zcdp_rho
 from streamdp.privacy.memory_ledger import MemoryLedger
 from streamdp.synthetic import make_lda_model, sample_documents
+from streamdp.moments.clipping import ClipBounds
+from streamdp.release import block_sensitivities
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +220,8 @@ def test_count_boundary_is_charged_to_the_stream(lda):
     warm = [e for e in snap.privacy["warmup"] if e["block"] == "warmup"][0]
     assert warm["partition"] == "stream"
     # replace sensitivity: twice the add/remove clip of the range finder
-    assert math.isclose(warm["sensitivity"], 2 * snap.privacy["clip_bounds"]["warmup"], rel_tol=1e-9)
+    clip = ClipBounds.from_dict(snap.privacy["clip_bounds"])
+    assert math.isclose(warm["sensitivity"], 2 * block_sensitivities(clip)["warmup"], rel_tol=1e-9)
     with pytest.raises(ValueError, match="either warmup_docs"):
         streamdp.fit(X, 4, warmup_docs=10, timestamps=np.zeros(X.shape[0]), stream_start=1.0)
 

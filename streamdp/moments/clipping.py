@@ -32,9 +32,11 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
+from streamdp.privacy.rounding import CLIP_HEADROOM, gamma
+
 # Floating-point headroom: the norm expansions below can undershoot the true norm
 # by a few ulps; inflating them by this factor keeps the enforced bound a bound.
-_NORM_HEADROOM = 1.0 + 1e-9
+_NORM_HEADROOM = 1.0 + CLIP_HEADROOM
 
 # Warm-up bound that scales every realistic document (‖e2 Ω‖ ≥ 1e-6 needs a
 # vocabulary of ~10^12 words) to the same norm.
@@ -129,7 +131,12 @@ def e3_norm(X: sp.csr_matrix, lengths: np.ndarray) -> np.ndarray:
     pairs = 3 * (row_sums(X, u) * p[2] - row_sums(X, u * c**2))
     same = row_sums(X, (c * (c - 1) * (c - 2)) ** 2)
     sq = distinct + pairs + same
-    return np.sqrt(np.maximum(sq, 0.0)) / (lengths * (lengths - 1) * (lengths - 2))
+    # the expansion cancels (p2³ − 3p2p4 + 2p6): add its worst-case rounding error (every
+    # term passes ≤ nnz + 10 ≤ d + 10 roundings) so the result stays an upper bound
+    magnitude = (p[2] ** 3 + 3 * p[2] * p[4] + 2 * p[6]
+                 + 3 * (row_sums(X, u) * p[2] + row_sums(X, u * c**2)) + same)
+    sq = np.maximum(sq, 0.0) + gamma(X.shape[1] + 10) * magnitude
+    return np.sqrt(sq) / (lengths * (lengths - 1) * (lengths - 2))
 
 
 def projected_e2_norm(X: sp.csr_matrix, lengths: np.ndarray, Y: np.ndarray,
@@ -143,8 +150,28 @@ def projected_e2_norm(X: sp.csr_matrix, lengths: np.ndarray, Y: np.ndarray,
     X2.data = X.data**2
     yy = np.einsum("ij,ij->i", Y, Y)
     cross = np.einsum("ij,ij->i", X2 @ P, Y)
-    sq = np.asarray(X2.sum(axis=1)).ravel() * yy - 2.0 * cross + X2 @ row_norm2
-    return np.sqrt(np.maximum(sq, 0.0)) / (lengths * (lengths - 1))
+    p2 = np.asarray(X2.sum(axis=1)).ravel()
+    sq = p2 * yy - 2.0 * cross + X2 @ row_norm2
+    # the expansion cancels when y ≈ p_i: add its worst-case rounding error (|p_i·y| ≤
+    # ‖p_i‖‖y‖; every term passes ≤ d + k' + 8 roundings) so the result stays an upper bound
+    magnitude = p2 * yy + 2.0 * np.sqrt(yy) * (X2 @ np.sqrt(row_norm2)) + X2 @ row_norm2
+    sq = np.maximum(sq, 0.0) + gamma(X.shape[1] + Y.shape[1] + 8) * magnitude
+    return np.sqrt(sq) / (lengths * (lengths - 1))
+
+
+def projected_e2_magnitude(X: sp.csr_matrix, lengths: np.ndarray, Y: np.ndarray,
+                           row_norm2: np.ndarray) -> np.ndarray:
+    """Pre-cancellation magnitude of e2·P per document (P = Q or Ω, Y = X P).
+
+    The accumulators hold c yᵀ/(l(l−1)) and diag(c) P/(l(l−1)) separately (their difference is
+    e2·P, formed at read time), so rounding scales with the Frobenius norm of the entrywise
+    absolute terms: ≤ (‖c‖‖y‖ + √(Σ c_i²‖p_i‖²)) / (l(l−1)) ≤ (l+1)/(l−1) ≤ 2.
+    """
+    X2 = X.copy()
+    X2.data = X.data**2
+    ynorm = np.sqrt(np.einsum("ij,ij->i", Y, Y))
+    return (np.sqrt(row_sums(X, X.data**2)) * ynorm + np.sqrt(X2 @ row_norm2)) / (
+        lengths * (lengths - 1))
 
 
 def scale_factor(norms: dict[str, np.ndarray], bounds: dict[str, float]) -> np.ndarray:

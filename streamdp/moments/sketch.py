@@ -22,7 +22,13 @@ w3 = scale/(l(l−1)(l−2)):
 and expand only when the sums are read (:meth:`WhitenedSketch.sums`, O(d·k'³)).
 Per document that is O(nnz·k' + k'³) work, all of it BLAS or sparse kernels.
 All accumulators are sums, so sketches of disjoint document sets merge by
-addition, exactly.
+addition.
+
+Rounding (docs/privacy.md, "Floating point"; :mod:`streamdp.privacy.rounding`): each
+product runs over at most BATCH_ROWS_MAX documents (batches are chunked), every accumulator
+is a compensated pair (value, compensation) updated with TwoSum (Sum2), and read-time
+products run over at most READ_CHUNK_MAX words, chunks added compensated — so the rounding
+error of every released sum is ≤ R_b, whatever N ≤ N_max, d and k'.
 """
 from __future__ import annotations
 
@@ -35,6 +41,8 @@ from streamdp import serialization as ser
 from streamdp.documents import as_count_batch, keep_long_documents
 from streamdp.moments import clipping
 from streamdp.moments.clipping import ClipBounds
+from streamdp.privacy import rounding
+from streamdp.privacy.rounding import BATCH_ROWS_MAX, READ_CHUNK_MAX, MAGNITUDE_FACTOR
 from streamdp.whitening.subspace import Subspace
 
 SCHEMA_VERSION = 1
@@ -43,7 +51,10 @@ SCHEMA_VERSION = 1
 _KR_ELEMENTS = 1 << 22
 
 
-@dataclass(frozen=True)
+_BLOCKS = ("count", "m1", "z", "s1", "s2", "s3")
+
+
+@dataclass(frozen=True, eq=False)
 class SketchSums:
     """Closed block sums of a set of documents (what gets noised and released).
 
@@ -55,6 +66,10 @@ class SketchSums:
     s1 : (k',)               Σ scale · Qᵀc/l
     s2 : (k', k')            Σ scale · Qᵀ e2 Q
     s3 : (k', k', k')        Σ scale · e3(Q, Q, Q)
+    n_docs : int             documents offered to the sums (exact; checked against the
+                             premise max_documents_per_sum before noising)
+    lo : dict or None        low parts of a double-double sum (``+`` is compensated: each
+                             block value is the sum rounded once, ``lo`` the remainder)
     """
 
     count: float
@@ -63,28 +78,47 @@ class SketchSums:
     s1: np.ndarray
     s2: np.ndarray
     s3: np.ndarray
+    n_docs: int = 0
+    lo: dict | None = None
 
     def __add__(self, other: "SketchSums") -> "SketchSums":
+        """Compensated (double-double) addition: partition merges and epoch/tree-node sums
+        add only a second-order rounding error (streamdp.privacy.rounding)."""
         if not isinstance(other, SketchSums):
             return NotImplemented
-        return SketchSums(**{f.name: getattr(self, f.name) + getattr(other, f.name)
-                             for f in fields(self)})
+        vals, lo = {}, {}
+        for name in _BLOCKS:
+            a, b = getattr(self, name), getattr(other, name)
+            if name == "count":
+                a, b = float(a), float(b)
+            hi, low = rounding.dd_add(a, (self.lo or {}).get(name), b, (other.lo or {}).get(name))
+            vals[name], lo[name] = (float(hi), float(low)) if name == "count" else (hi, low)
+        return SketchSums(**vals, n_docs=int(self.n_docs) + int(other.n_docs), lo=lo)
 
     def replace(self, **changes) -> "SketchSums":
         vals = {f.name: getattr(self, f.name) for f in fields(self)}
         vals.update(changes)
+        if vals["lo"] is not None and set(changes) & set(_BLOCKS):
+            vals["lo"] = {k: v for k, v in vals["lo"].items() if k not in changes}
         return SketchSums(**vals)
 
     def to_dict(self) -> dict:
-        out = {"count": float(self.count)}
-        out.update({f.name: ser.pack_array(getattr(self, f.name))
-                    for f in fields(self) if f.name != "count"})
+        out = {"count": float(self.count), "n_docs": int(self.n_docs)}
+        out.update({n: ser.pack_array(getattr(self, n)) for n in _BLOCKS if n != "count"})
+        if self.lo:
+            out["lo"] = {n: (float(v) if n == "count" else ser.pack_array(v))
+                         for n, v in self.lo.items()}
         return out
 
     @classmethod
     def from_dict(cls, obj: dict) -> "SketchSums":
+        lo = obj.get("lo")
+        if lo is not None:
+            lo = {n: (float(v) if n == "count" else ser.unpack_array(v, name=f"lo.{n}"))
+                  for n, v in lo.items()}
         return cls(count=float(obj["count"]),
-                   **{n: ser.unpack_array(obj[n], name=n) for n in ("m1", "z", "s1", "s2", "s3")})
+                   **{n: ser.unpack_array(obj[n], name=n) for n in ("m1", "z", "s1", "s2", "s3")},
+                   n_docs=int(obj.get("n_docs", 0)), lo=lo)
 
 
 def khatri_rao_rows(A: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -126,8 +160,10 @@ class WhitenedSketch:
         self.clip = clip or ClipBounds.unclipped()
         d, k = subspace.d, subspace.dim
         self.n_docs = 0
+        self.n_rows = 0            # every row offered (also short documents): the premise count
         self.n_clipped = 0
         self.weight_sum = 0.0
+        self.weight_sum_lo = 0.0
         self.m1 = np.zeros(d)
         self.zacc = np.zeros((d, k))
         self.a2 = np.zeros(d)
@@ -135,14 +171,25 @@ class WhitenedSketch:
         self.a3 = np.zeros(d)
         self._pairs = np.triu_indices(k)
         self.t3 = np.zeros((k, len(self._pairs[0])))
+        # compensation (low) part of every accumulator: value = accumulator + compensation
+        self.comp = {n: np.zeros_like(getattr(self, n)) for n in _ACCUMULATORS}
 
     # ------------------------------------------------------------------ update
     def update(self, X) -> "WhitenedSketch":
         """Add a batch of documents (CSR counts, shape (n, d)). Returns self."""
         X = as_count_batch(X, self.subspace.d)
+        self.n_rows += X.shape[0]
         X, lengths = keep_long_documents(X)
+        for a in range(0, X.shape[0], BATCH_ROWS_MAX):   # ≤ BATCH_ROWS_MAX terms per product
+            self._update_chunk(X[a:a + BATCH_ROWS_MAX], lengths[a:a + BATCH_ROWS_MAX])
+        return self
+
+    def _add(self, name: str, value) -> None:
+        rounding.accumulate(getattr(self, name), self.comp[name], value)
+
+    def _update_chunk(self, X: sp.csr_matrix, lengths: np.ndarray) -> None:
         if X.shape[0] == 0:
-            return self
+            return
         Q = self.subspace.Q
         Y = X @ Q                                    # (n, k') — y = Qᵀc per document
         scale = self.document_scale(X, lengths, Y)
@@ -150,38 +197,62 @@ class WhitenedSketch:
         w2 = w1 / (lengths - 1)
         w3 = w2 / (lengths - 2)
         Xt = X.T.tocsr()
-        self.m1 += Xt @ w1
-        self.zacc += Xt @ (Y * w2[:, None])
-        self.a2 += Xt @ w2
+        self._add("m1", Xt @ w1)
+        self._add("zacc", Xt @ (Y * w2[:, None]))
+        self._add("a2", Xt @ w2)
         W3Y = Y * w3[:, None]
-        self.b3 += Xt @ W3Y
-        self.a3 += Xt @ w3
+        self._add("b3", Xt @ W3Y)
+        self._add("a3", Xt @ w3)
         j, kk = self._pairs
         step = max(1, _KR_ELEMENTS // len(j))
         for s in range(0, Y.shape[0], step):
             Ys = Y[s:s + step]
-            self.t3 += W3Y[s:s + step].T @ (Ys[:, j] * Ys[:, kk])
+            self._add("t3", W3Y[s:s + step].T @ (Ys[:, j] * Ys[:, kk]))
         self.n_docs += X.shape[0]
         self.n_clipped += int(np.count_nonzero(scale < 1.0))
-        self.weight_sum += float(scale.sum())
-        return self
+        self.weight_sum, self.weight_sum_lo = rounding.accumulate_scalar(
+            self.weight_sum, self.weight_sum_lo, float(scale.sum()))
 
     def document_scale(self, X: sp.csr_matrix, lengths: np.ndarray, Y: np.ndarray) -> np.ndarray:
-        """Clipping factor per document (see :mod:`streamdp.moments.clipping`)."""
+        """Clipping factor per document (see :mod:`streamdp.moments.clipping`).
+
+        Besides the block norms (≤ C_b), the pre-cancellation magnitudes P_b of the terms a
+        document adds to the accumulators are bounded by MAGNITUDE_FACTOR·C_b: the rounding
+        bound R_b of :mod:`streamdp.privacy.rounding` scales with them. Every P_b is ≤ 10
+        (s3 at length 3), so bounds C_b ≥ 1 clip nothing.
+
+        ``Y`` is the computed XQ: the contributions are defined with it (z = e2·Q with y = Ŷ
+        exactly), so the bounds below are bounds for the computed ŷ.
+        """
         c = self.clip
         if c.m1 >= 1 and c.z >= 1 and c.s3 >= 1:
-            return np.ones(X.shape[0])   # every block norm is ≤ 1: nothing to clip
+            return np.ones(X.shape[0])   # every block norm is ≤ 1 and every P_b ≤ 10: no clip
         rn2 = self.subspace.row_norm2
+        rn1 = np.sqrt(rn2)
         yy = np.einsum("ij,ij->i", Y, Y)
         ynorm = np.sqrt(yy)
         p2 = clipping.row_sums(X, X.data**2)
         n_m1 = np.sqrt(p2) / lengths
         n_z = clipping.projected_e2_norm(X, lengths, Y, self.subspace.Q, rn2)
-        tri = (yy * ynorm + 3.0 * ynorm * (X @ rn2) + 2.0 * (X @ rn2**1.5)) / (
-            lengths * (lengths - 1) * (lengths - 2))
-        n_s3 = np.minimum(clipping.e3_norm(X, lengths), tri)
-        return clipping.scale_factor({"m1": n_m1, "z": n_z, "s3": n_s3},
-                                     {"m1": c.m1, "z": c.z, "s3": c.s3})
+        l3 = lengths * (lengths - 1) * (lengths - 2)
+        crn2 = X @ rn2
+        a1 = X @ rn1                                   # Σ c_i ‖q_i‖ ≥ ‖Σ c_i |q_i|‖
+        tri = (yy * ynorm + 3.0 * ynorm * crn2 + 2.0 * (X @ rn2**1.5)) / l3
+        # ‖e3‖_F bounds the exact-y tensor; the computed ŷ differs by ‖δ‖ ≤ γ_d·a1 (dot
+        # products of ≤ d terms), which moves the tensor by ≤ 3‖δ‖((‖ŷ‖+‖δ‖)² + Σc_i‖q_i‖²)/l3
+        dy = rounding.gamma(self.subspace.d + 2) * a1
+        e3 = clipping.e3_norm(X, lengths) + 3.0 * dy * ((ynorm + dy) ** 2 + crn2) / l3
+        n_s3 = np.minimum(e3, tri)
+        l2 = lengths * (lengths - 1)
+        # pre-cancellation magnitudes: s1 = Qᵀm1, z = Zacc − a2Q, s2 = Qᵀz, s3 = t3 − P + 2D
+        mag_s1 = a1 / lengths
+        mag_z = np.maximum(clipping.projected_e2_magnitude(X, lengths, Y, rn2),
+                           (a1 * ynorm + crn2) / l2)
+        k = MAGNITUDE_FACTOR
+        return clipping.scale_factor(
+            {"m1": n_m1, "z": n_z, "s3": n_s3, "m1_mag": mag_s1, "z_mag": mag_z, "s3_mag": tri},
+            {"m1": c.m1, "z": c.z, "s3": c.s3,
+             "m1_mag": k * c.m1, "z_mag": k * c.z, "s3_mag": k * c.s3})
 
     # ------------------------------------------------------------------- merge
     def _check_compatible(self, other: "WhitenedSketch") -> None:
@@ -193,13 +264,17 @@ class WhitenedSketch:
                              f"({self.clip} vs {other.clip}): their sensitivities differ")
 
     def merge(self, other: "WhitenedSketch") -> "WhitenedSketch":
-        """Add another sketch (disjoint documents) into this one, exactly."""
+        """Add another sketch (disjoint documents) into this one (compensated)."""
         self._check_compatible(other)
         for name in _ACCUMULATORS:
-            getattr(self, name).__iadd__(getattr(other, name))
+            rounding.merge_into(getattr(self, name), self.comp[name], getattr(other, name),
+                                other.comp[name])
         self.n_docs += other.n_docs
+        self.n_rows += other.n_rows
         self.n_clipped += other.n_clipped
-        self.weight_sum += other.weight_sum
+        self.weight_sum, lo = rounding.accumulate_scalar(self.weight_sum, self.weight_sum_lo,
+                                                         other.weight_sum)
+        self.weight_sum_lo = lo + other.weight_sum_lo
         return self
 
     def copy(self) -> "WhitenedSketch":
@@ -207,45 +282,62 @@ class WhitenedSketch:
         return out.merge(self)
 
     # -------------------------------------------------------------------- read
+    def value(self, name: str) -> np.ndarray:
+        """An accumulator's value: the compensated pair rounded once."""
+        return rounding.collapse(getattr(self, name), self.comp[name])
+
     def sums(self) -> SketchSums:
-        """Expand the accumulators into the block sums (O(d·k'³))."""
+        """Expand the accumulators into the block sums (O(d·k'³)).
+
+        Products over words run on ≤ READ_CHUNK_MAX rows at a time, chunks added compensated.
+        """
         Q = self.subspace.Q
         d, k = Q.shape
-        z = self.zacc - self.a2[:, None] * Q
-        s2 = Q.T @ z
-        s2 = 0.5 * (s2 + s2.T)
-        s1 = Q.T @ self.m1
+        m1, a2, a3 = self.value("m1"), self.value("a2"), self.value("a3")
+        b3 = self.value("b3")
+        z = self.value("zacc") - a2[:, None] * Q
+        s1, s1_lo = np.zeros(k), np.zeros(k)
+        s2, s2_lo = np.zeros((k, k)), np.zeros((k, k))
         # P[a,b,c] = Σ_i Q_ia Q_ib B3_ic and D[a,b,c] = Σ_i a3_i Q_ia Q_ib Q_ic,
         # in chunks of words so the d × k'² Khatri–Rao block stays small.
-        P = np.zeros((k * k, k))
-        D = np.zeros((k * k, k))
-        step = max(1, _KR_ELEMENTS // (k * k))
+        P, P_lo = np.zeros((k * k, k)), np.zeros((k * k, k))
+        D, D_lo = np.zeros((k * k, k)), np.zeros((k * k, k))
+        step = max(1, min(READ_CHUNK_MAX, _KR_ELEMENTS // (k * k)))
         for s in range(0, d, step):
-            kr = khatri_rao_rows(Q[s:s + step], Q[s:s + step])
-            P += kr.T @ self.b3[s:s + step]
-            D += kr.T @ (Q[s:s + step] * self.a3[s:s + step, None])
-        P = P.reshape(k, k, k)
-        D = D.reshape(k, k, k)
+            Qs = Q[s:s + step]
+            rounding.accumulate(s1, s1_lo, Qs.T @ m1[s:s + step])
+            rounding.accumulate(s2, s2_lo, Qs.T @ z[s:s + step])
+            kr = khatri_rao_rows(Qs, Qs)
+            rounding.accumulate(P, P_lo, kr.T @ b3[s:s + step])
+            rounding.accumulate(D, D_lo, kr.T @ (Qs * a3[s:s + step, None]))
+        s1 = rounding.collapse(s1, s1_lo)
+        s2 = rounding.collapse(s2, s2_lo)
+        s2 = 0.5 * (s2 + s2.T)
+        P = rounding.collapse(P, P_lo).reshape(k, k, k)
+        D = rounding.collapse(D, D_lo).reshape(k, k, k)
         # term order: q⊗q⊗B → P[a,b,c]; q⊗B⊗q → P[a,c,b]; B⊗q⊗q → P[b,c,a]
         yyy = np.empty((k, k, k))
         j, kk = self._pairs
-        yyy[:, j, kk] = self.t3
-        yyy[:, kk, j] = self.t3
+        t3 = self.value("t3")
+        yyy[:, j, kk] = t3
+        yyy[:, kk, j] = t3
         s3 = (yyy
               - (P + P.transpose(0, 2, 1) + P.transpose(2, 0, 1)) + 2.0 * D)
-        return SketchSums(count=self.weight_sum, m1=self.m1.copy(), z=z, s1=s1, s2=s2, s3=s3)
+        return SketchSums(count=self.weight_sum + self.weight_sum_lo, m1=m1, z=z, s1=s1, s2=s2,
+                          s3=s3, n_docs=self.n_rows)
 
     @property
     def nbytes(self) -> int:
-        return sum(getattr(self, n).nbytes for n in _ACCUMULATORS)
+        return sum(getattr(self, n).nbytes + self.comp[n].nbytes for n in _ACCUMULATORS)
 
     # --------------------------------------------------------------- serialise
     def to_dict(self) -> dict:
         return {"kind": "whitened_sketch", "v": SCHEMA_VERSION,
                 "subspace_id": self.subspace.id, "clip": self.clip.to_dict(),
-                "n_docs": self.n_docs, "n_clipped": self.n_clipped,
-                "weight_sum": self.weight_sum,
-                "acc": {n: ser.pack_array(getattr(self, n)) for n in _ACCUMULATORS}}
+                "n_docs": self.n_docs, "n_rows": self.n_rows, "n_clipped": self.n_clipped,
+                "weight_sum": self.weight_sum, "weight_sum_lo": self.weight_sum_lo,
+                "acc": {n: ser.pack_array(getattr(self, n)) for n in _ACCUMULATORS},
+                "comp": {n: ser.pack_array(self.comp[n]) for n in _ACCUMULATORS}}
 
     def to_bytes(self) -> bytes:
         return ser.dumps(self.to_dict())
@@ -262,9 +354,17 @@ class WhitenedSketch:
             if a.shape != getattr(out, n).shape:
                 raise ser.SchemaError(f"sketch block {n}: shape {a.shape}, expected {getattr(out, n).shape}")
             setattr(out, n, a.astype(np.float64, copy=False))
+            # states written before compensation existed carry none (their value is exact as is)
+            if "comp" in obj:
+                c = ser.unpack_array(obj["comp"][n], name=f"comp.{n}")
+                if c.shape != a.shape:
+                    raise ser.SchemaError(f"sketch compensation {n}: shape {c.shape}, expected {a.shape}")
+                out.comp[n] = c.astype(np.float64, copy=True)
         out.n_docs = int(obj["n_docs"])
+        out.n_rows = int(obj.get("n_rows", obj["n_docs"]))
         out.n_clipped = int(obj["n_clipped"])
         out.weight_sum = float(obj["weight_sum"])
+        out.weight_sum_lo = float(obj.get("weight_sum_lo", 0.0))
         return out
 
     @classmethod

@@ -17,15 +17,26 @@ from dataclasses import asdict
 from typing import Iterable
 
 from streamdp.privacy.events import GaussianEvent, rho_by_partition
+from streamdp.privacy.rounding import DEFAULT_MAX_DOCUMENTS_PER_SUM
 
 UNIT = "one document"
 NEIGHBOURING = "add/remove one document"
 
 
+def rounding_report(clip, max_documents: int) -> dict:
+    """The float64 premise and what it costs: N_max and Δ_b/C_b − 1 per block (docs/privacy.md)."""
+    from streamdp.release import block_sensitivities, _BLOCK_CLIP
+    sens = block_sensitivities(clip, max_documents=max_documents)
+    return {"max_documents_per_sum": int(max_documents),
+            "sensitivity_inflation": {b: sens[b] / f(clip) - 1.0 for b, f in _BLOCK_CLIP.items()}}
+
+
 def release_report(*, mechanism: str, events: Iterable[GaussianEvent], noise_sd: dict | None,
-                   clip, split, sampler, power, denoise_threshold: float, **extra) -> dict:
+                   clip, split, sampler, power, denoise_threshold: float,
+                   max_documents: int = DEFAULT_MAX_DOCUMENTS_PER_SUM, **extra) -> dict:
     """The per-release part. ``events`` are the draws this release made (for a tree release, the
-    events of one node; the tree's own fields go in ``extra``). Non-private: ``events`` empty."""
+    events of one node; the tree's own fields go in ``extra``). Non-private: ``events`` empty.
+    ``max_documents``: the premise N_max the sensitivities were computed for."""
     events = list(events)
     aggregated = mechanism in ("tree", "blt")     # continual: the aggregator's events in ``extra``
     private = bool(events) or aggregated
@@ -42,6 +53,7 @@ def release_report(*, mechanism: str, events: Iterable[GaussianEvent], noise_sd:
         "sampler": getattr(sampler, "name", None) if private else None,
         "power_method": asdict(power),
         "denoise_threshold": float(denoise_threshold) if private else 0.0,
+        "rounding": rounding_report(clip, max_documents) if private else None,
     }
     if aggregated:
         # a continual release draws nothing itself: the tree's node events / the BLT's

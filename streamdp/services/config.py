@@ -35,6 +35,8 @@ class ServiceConfig:
     Refinement (DESIGN §8): ``refinement`` (default on) folds every stream document into the
     latest released model and releases the k × d refinement sums in the tree with
     ``refinement_share`` of each node's ρ; from epoch 2 on snapshots are ``stage="refined"``.
+    Rounding premise: ``max_documents_per_sum`` (N_max), the most documents in any one noised
+    sum; the sensitivities cover float64 rounding up to it and larger sums are refused.
     Kafka: bootstrap, topic_prefix, group_id.
     """
 
@@ -77,6 +79,7 @@ class ServiceConfig:
     metrics_exact_counts: bool = True
     refinement: bool = True
     refinement_share: float = 0.5
+    max_documents_per_sum: int = 1_000_000_000   # rounding premise N_max (docs/privacy.md)
     kafka: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -137,6 +140,12 @@ class ServiceConfig:
                                     f"spent on the refinement sums; default 0.5), got "
                                     f"{self.refinement_share!r}; to turn refinement off set "
                                     "refinement: false")
+        if (isinstance(self.max_documents_per_sum, bool) or not isinstance(self.max_documents_per_sum, int)
+                or not 1 <= self.max_documents_per_sum <= 10**12):
+            bad("max_documents_per_sum", "must be an integer in [1, 10^12]: the most documents any "
+                                         "one noised sum (a warm-up, a tree node) may hold; choose "
+                                         "it above any realistic total (default 1000000000), got "
+                                         f"{self.max_documents_per_sum!r}")
         if not 0 < self.clip_budget_share < 1:
             bad("clip_budget_share", f"must be in (0, 1), got {self.clip_budget_share!r}")
         try:

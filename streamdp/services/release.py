@@ -79,6 +79,7 @@ from streamdp.privacy.noise import make_sampler
 from streamdp.privacy.report import add_budget_context
 from streamdp.privacy.tree import HorizonExceeded
 from streamdp.release import BudgetSplit, DenoiseConfig
+from streamdp.refinement import RefinementSketch
 from streamdp.services import control
 from streamdp.kafka.connectivity import OutageGuard, check_bootstrap, client_extras
 from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode
@@ -147,8 +148,10 @@ def merge_refine_sums(parts: list[PartitionState], epoch: int, shape: tuple[int,
             raise SketchMismatch(f"partition {st.partition} epoch {epoch}: refinement sums of shape "
                                  f"{rs.sums.shape}, the deployment's model is {tuple(shape)}; "
                                  "refusing to merge")
-        total = rs.sums.copy() if total is None else total + rs.sums
-    return total
+        if total is None:
+            total = RefinementSketch(*rs.sums.shape)
+        total.merge(rs)                       # compensated (streamdp.privacy.rounding)
+    return None if total is None else total.sums
 
 
 class LeaseHeld(ConfigError):
@@ -444,7 +447,8 @@ class ReleaseService:
             rho=self.rho, horizon=self.cfg.horizon, split=split, sampler=self.sampler,
             spender=self.spend, power=PowerMethodConfig(seed=self.cfg.seed),
             denoise=DenoiseConfig(), refinement=self.refinement,
-            aggregator=self.cfg.continual_aggregator)
+            aggregator=self.cfg.continual_aggregator,
+            max_documents=self.cfg.max_documents_per_sum)
 
     # ------------------------------------------------------------ lifecycle
     def stop(self, *_args) -> None:
@@ -637,7 +641,8 @@ class ReleaseService:
             if self.cfg.private:        # spend protocol: reserve (keyed) → draw, here ...
                 hist_rho = self.rho * self.cfg.clip_budget_share
                 clip, _ = merged.clip_bounds(self.cfg.clip_quantile, hist_rho, self.sampler, self.spend)
-                sub = merged.subspace(self.rho - hist_rho, self.sampler, self.spend)
+                sub = merged.subspace(self.rho - hist_rho, self.sampler, self.spend,
+                                      max_documents=self.cfg.max_documents_per_sum)
             else:
                 clip, sub = ClipBounds.unclipped(), merged.subspace(None)
         except BudgetExhausted as exc:

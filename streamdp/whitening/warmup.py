@@ -8,8 +8,11 @@ norm is cheap, see :func:`streamdp.moments.clipping.projected_e2_norm`).
 range(E2) = span(μ), so E2 alone suffices; no M1 and no count are spent here.
 
 The sum has L2 sensitivity C_w (the warm-up clip bound) under add/remove of one
-document; the Gaussian mechanism with σ_w costs ρ = C_w²/(2σ_w²) on the warm-up
-partition only: warm-up documents are never used again (DESIGN §4).
+document, plus twice the rounding bound R_w of the computed sum (chunked, compensated
+accumulation; :mod:`streamdp.privacy.rounding`) — Δ_w from
+:func:`streamdp.release.block_sensitivities`. The Gaussian mechanism with σ_w costs
+ρ = Δ_w²/(2σ_w²) on the warm-up partition only: warm-up documents are never used again
+(DESIGN §4).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from streamdp import serialization as ser
 from streamdp.documents import as_count_batch, keep_long_documents
 from streamdp.moments import clipping
 from streamdp.moments.clipping import ClipBounds
+from streamdp.privacy import rounding
 from streamdp.privacy.events import WARMUP, BudgetSpender, EventLog, GaussianEvent, sigma_for_rho
 from streamdp.privacy.noise import GaussianSampler
 from streamdp.whitening.subspace import Subspace
@@ -71,6 +75,8 @@ class WarmupSketch:
         self._omega_rn2 = np.einsum("ij,ij->i", self.omega, self.omega)
         self.yacc = np.zeros((d, k_prime))
         self.a2 = np.zeros(d)
+        self.yacc_lo = np.zeros((d, k_prime))     # compensation parts (value = acc + lo)
+        self.a2_lo = np.zeros(d)
         # histograms of the full-space norms ‖c‖/l, ‖e2‖_F, ‖e3‖_F (3 × 122 bins)
         self.norm_hist = np.zeros((len(NORM_BLOCKS), len(NORM_BIN_EDGES) + 1))
         self.n_docs = 0
@@ -79,15 +85,23 @@ class WarmupSketch:
     def update(self, X) -> "WarmupSketch":
         X = as_count_batch(X, self.d)
         X, lengths = keep_long_documents(X)
+        for a in range(0, X.shape[0], rounding.BATCH_ROWS_MAX):
+            self._update_chunk(X[a:a + rounding.BATCH_ROWS_MAX], lengths[a:a + rounding.BATCH_ROWS_MAX])
+        return self
+
+    def _update_chunk(self, X, lengths) -> None:
         if X.shape[0] == 0:
-            return self
+            return
         U = X @ self.omega
         norm = clipping.projected_e2_norm(X, lengths, U, self.omega, self._omega_rn2)
-        scale = clipping.scale_factor({"w": norm}, {"w": self.clip})
+        # the pre-cancellation magnitude is bounded too: the rounding bound R_w scales with it
+        mag = clipping.projected_e2_magnitude(X, lengths, U, self._omega_rn2)
+        scale = clipping.scale_factor({"w": norm, "w_mag": mag},
+                                      {"w": self.clip, "w_mag": rounding.MAGNITUDE_FACTOR * self.clip})
         w2 = scale / (lengths * (lengths - 1))
         Xt = X.T.tocsr()
-        self.yacc += Xt @ (U * w2[:, None])
-        self.a2 += Xt @ w2
+        rounding.accumulate(self.yacc, self.yacc_lo, Xt @ (U * w2[:, None]))
+        rounding.accumulate(self.a2, self.a2_lo, Xt @ w2)
         self.n_docs += X.shape[0]
         self.n_clipped += int(np.count_nonzero(scale < 1))
         norms = (np.sqrt(clipping.row_sums(X, X.data**2)) / lengths,
@@ -95,7 +109,6 @@ class WarmupSketch:
         for b, n in enumerate(norms):
             self.norm_hist[b] += np.bincount(np.searchsorted(NORM_BIN_EDGES, n, side="right"),
                                              minlength=self.norm_hist.shape[1])
-        return self
 
     def clip_bounds(self, quantile: float, rho: float | None, sampler: GaussianSampler | None = None,
                     spender: BudgetSpender | None = None, *, partition: str = WARMUP,
@@ -130,8 +143,8 @@ class WarmupSketch:
     def merge(self, other: "WarmupSketch") -> "WarmupSketch":
         if (other.d, other.k_prime, other.clip, other.seed) != (self.d, self.k_prime, self.clip, self.seed):
             raise ValueError("cannot merge warm-up sketches with different d, k', clip or Ω seed")
-        self.yacc += other.yacc
-        self.a2 += other.a2
+        rounding.merge_into(self.yacc, self.yacc_lo, other.yacc, other.yacc_lo)
+        rounding.merge_into(self.a2, self.a2_lo, other.a2, other.a2_lo)
         self.norm_hist += other.norm_hist
         self.n_docs += other.n_docs
         self.n_clipped += other.n_clipped
@@ -139,29 +152,41 @@ class WarmupSketch:
 
     def range_sum(self) -> np.ndarray:
         """Σ_n scale_n e2_n Ω, shape (d, k')."""
-        return self.yacc - self.a2[:, None] * self.omega
+        return (rounding.collapse(self.yacc, self.yacc_lo)
+                - rounding.collapse(self.a2, self.a2_lo)[:, None] * self.omega)
 
     def plan(self, rho: float | None, *, partition: str = WARMUP,
-             sensitivity_factor: float = 1.0) -> list[GaussianEvent]:
+             sensitivity_factor: float = 1.0,
+             max_documents: int = rounding.DEFAULT_MAX_DOCUMENTS_PER_SUM) -> list[GaussianEvent]:
         """The range finder's event. By default the warm-up is its own partition (documents
         routed by a per-document rule: parallel composition with the stream). A boundary
         that can move documents (a row count) charges the stream partition instead, with
-        ``sensitivity_factor=2``: adding one row replaces a warm-up document (docs/privacy.md)."""
+        ``sensitivity_factor=2``: adding one row replaces a warm-up document (docs/privacy.md).
+        ``max_documents``: the premise N_max of the rounding headroom."""
         if rho is None:
             return []
-        sens = self.clip * float(sensitivity_factor)
+        from streamdp.release import block_sensitivities     # (release imports whitening)
+        clip = ClipBounds(m1=1.0, z=1.0, s3=1.0, warmup=self.clip)
+        sens = block_sensitivities(clip, max_documents=max_documents)["warmup"] * float(sensitivity_factor)
         return [GaussianEvent("warmup", sens, sigma_for_rho(sens, rho),
                               partition=partition, mechanism="warmup")]
 
     def subspace(self, rho: float | None, sampler: GaussianSampler | None = None,
                  spender: BudgetSpender | None = None, *, partition: str = WARMUP,
-                 sensitivity_factor: float = 1.0) -> Subspace:
-        """Release Q = orth(Σ clip(e2 Ω) + noise). ``rho=None``: no noise (non-private)."""
+                 sensitivity_factor: float = 1.0,
+                 max_documents: int = rounding.DEFAULT_MAX_DOCUMENTS_PER_SUM) -> Subspace:
+        """Release Q = orth(Σ clip(e2 Ω) + noise). ``rho=None``: no noise (non-private).
+
+        Refuses (DocumentCountExceeded, nothing spent) a warm-up of more than
+        ``max_documents`` documents: the premise of the rounding headroom."""
         if self.n_docs == 0 and rho is None:
             raise ValueError("the warm-up has seen no documents of length >= 3; "
                              "call warmup() with documents before partial_fit()")
+        events = self.plan(rho, partition=partition, sensitivity_factor=sensitivity_factor,
+                           max_documents=max_documents)
+        if events:
+            rounding.require_within_premise(self.n_docs, max_documents, "warm-up range finder")
         Y = self.range_sum()
-        events = self.plan(rho, partition=partition, sensitivity_factor=sensitivity_factor)
         if events:
             if sampler is None:
                 raise ValueError("a private warm-up needs a noise sampler")
@@ -181,6 +206,7 @@ class WarmupSketch:
                           "k_prime": self.k_prime, "clip": self.clip, "seed": self.seed,
                           "n_docs": self.n_docs, "n_clipped": self.n_clipped,
                           "yacc": ser.pack_array(self.yacc), "a2": ser.pack_array(self.a2),
+                          "yacc_lo": ser.pack_array(self.yacc_lo), "a2_lo": ser.pack_array(self.a2_lo),
                           "norm_hist": ser.pack_array(self.norm_hist)})
 
     @classmethod
@@ -190,6 +216,11 @@ class WarmupSketch:
         out = cls(int(obj["d"]), int(obj["k_prime"]), float(obj["clip"]), int(obj["seed"]))
         out.yacc = ser.unpack_array(obj["yacc"], name="yacc")
         out.a2 = ser.unpack_array(obj["a2"], name="a2")
+        if "yacc_lo" in obj:          # states written before compensation existed have none
+            out.yacc_lo = ser.unpack_array(obj["yacc_lo"], name="yacc_lo").copy()
+            out.a2_lo = ser.unpack_array(obj["a2_lo"], name="a2_lo").copy()
+            if out.yacc_lo.shape != out.yacc.shape or out.a2_lo.shape != out.a2.shape:
+                raise ser.SchemaError("warm-up compensation arrays have the wrong shape")
         out.norm_hist = ser.unpack_array(obj["norm_hist"], name="norm_hist")
         out.n_docs, out.n_clipped = int(obj["n_docs"]), int(obj["n_clipped"])
         return out
