@@ -233,6 +233,7 @@ class RefinementSketch:
     """
 
     def __init__(self, k: int, d: int) -> None:
+        rounding.check_vocabulary(d)
         self.sums = np.zeros((int(k), int(d)))
         self.sums_lo = np.zeros((int(k), int(d)))
         self.n_docs = 0

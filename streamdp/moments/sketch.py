@@ -159,6 +159,7 @@ class WhitenedSketch:
         self.subspace = subspace
         self.clip = clip or ClipBounds.unclipped()
         d, k = subspace.d, subspace.dim
+        rounding.check_vocabulary(d)
         self.n_docs = 0
         self.n_rows = 0            # every row offered (also short documents): the premise count
         self.n_clipped = 0
@@ -205,9 +206,13 @@ class WhitenedSketch:
         self._add("a3", Xt @ w3)
         j, kk = self._pairs
         step = max(1, _KR_ELEMENTS // len(j))
+        # sub-chunks summed plainly: a term passes ≤ step + ⌈n/step⌉ ≤ n + 1 additions
+        t3 = None
         for s in range(0, Y.shape[0], step):
             Ys = Y[s:s + step]
-            self._add("t3", W3Y[s:s + step].T @ (Ys[:, j] * Ys[:, kk]))
+            part = W3Y[s:s + step].T @ (Ys[:, j] * Ys[:, kk])
+            t3 = part if t3 is None else t3.__iadd__(part)
+        self._add("t3", t3)
         self.n_docs += X.shape[0]
         self.n_clipped += int(np.count_nonzero(scale < 1.0))
         self.weight_sum, self.weight_sum_lo = rounding.accumulate_scalar(

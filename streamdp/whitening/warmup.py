@@ -70,6 +70,7 @@ class WarmupSketch:
             raise ValueError(f"subspace dimension k' must be in [1, d={d}], got {k_prime}")
         if not clip > 0:
             raise ValueError(f"warm-up clip bound must be > 0, got {clip}")
+        rounding.check_vocabulary(d)
         self.d, self.k_prime, self.clip, self.seed = d, k_prime, float(clip), int(seed)
         self.omega = test_matrix(d, k_prime, seed)
         self._omega_rn2 = np.einsum("ij,ij->i", self.omega, self.omega)
