@@ -385,18 +385,26 @@ def test_premise_refuses_warmup_and_refinement(small_corpus):
         est2.refine(X[200:700])          # 500 refinement documents > 300
 
 
-def test_premise_refuses_tree_node(small_corpus):
+@pytest.mark.parametrize("aggregator", ["tree", "blt"])
+def test_premise_refuses_continual_sums(small_corpus, aggregator):
+    """tree: node [1, 2] is one raw sum of both epochs; blt: each epoch's sum is noised alone."""
     X = small_corpus
     clock = EpochClock(0.0, 10.0)
     est = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast",
                                         epochs=clock, horizon=4, max_documents_per_sum=250,
-                                        refinement=None)
+                                        refinement=None, continual_aggregator=aggregator)
     est.warmup(X[:200])
     est.partial_fit(X[200:400], timestamps=np.full(200, 5.0))     # epoch 1: 200 documents
     est.partial_fit(X[400:500], timestamps=np.full(100, 15.0))    # epoch 2: 100 documents
+    est.partial_fit(X[400:700], timestamps=np.full(300, 25.0))    # epoch 3: 300 documents
     assert len(est.close_epochs(10.0)) == 1
-    with pytest.raises(DocumentCountExceeded):
-        est.close_epochs(20.0)           # node [1, 2] holds 300 > 250
+    if aggregator == "tree":
+        with pytest.raises(DocumentCountExceeded):
+            est.close_epochs(20.0)       # node [1, 2] holds 300 > 250
+    else:
+        assert len(est.close_epochs(20.0)) == 1
+        with pytest.raises(DocumentCountExceeded):
+            est.close_epochs(30.0)       # epoch 3 alone holds 300 > 250
 
 
 def test_service_config_key():
