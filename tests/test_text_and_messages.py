@@ -1,8 +1,6 @@
 """Tokenizer, public vocabulary, input-document messages, batching and DLQ headers."""
 import hashlib
-import math
 import pickle
-import time
 import unicodedata
 from collections import Counter
 
@@ -222,18 +220,21 @@ class TestVocabulary:
             vocab.vectorize(["a b"])
         np.testing.assert_array_equal(vocab.lookup(["b", "x", "a"]), [1, -1, 0])
 
-    def test_vectorize_speed(self):
+    def test_vectorize_large_batch_matches_counter(self):
+        # A large batch (its speed is measured in benchmarks/throughput.py, not here):
+        # every row equals a per-document Counter over the known words.
         rng = np.random.default_rng(0)
         vocab = Vocabulary(f"w{i}" for i in range(20_000))
         pool = np.array([f"w{i}" for i in range(25_000)], dtype=object)
-        docs = [list(pool[rng.integers(0, 25_000, size=50)]) for _ in range(10_000)]
-        best = math.inf
-        for _ in range(3):
-            t0 = time.perf_counter()
-            X, _ = vocab.vectorize(docs)
-            best = min(best, time.perf_counter() - t0)
-        assert X.shape == (10_000, 20_000)
-        assert best < 0.5, f"vectorize took {best:.3f} s"
+        docs = [list(pool[rng.integers(0, 25_000, size=50)]) for _ in range(2_000)]
+        X, unknown = vocab.vectorize(docs)
+        assert X.shape == (2_000, 20_000)
+        for i in rng.choice(len(docs), size=200, replace=False):
+            c = Counter(w for w in docs[i] if w in vocab)
+            row = X.getrow(i)
+            got = {vocab.words[j]: v for j, v in zip(row.indices, row.data)}
+            assert got == c
+            assert unknown[i] == sum(1 for w in docs[i] if w not in vocab)
 
 
 # --------------------------------------------------------------------------- messages
