@@ -38,8 +38,10 @@ from streamdp.privacy.events import STREAM, BudgetSpender, GaussianEvent
 from streamdp.privacy.noise import GaussianSampler
 from streamdp.privacy.blt import BLTAggregator, BLTParams, default_params
 from streamdp.privacy.report import release_report
-from streamdp.privacy.tree import HorizonExceeded, TreeAggregator, covering_levels, tree_depth
-from streamdp.privacy.rounding import DEFAULT_MAX_DOCUMENTS_PER_SUM, dd_add
+from streamdp.privacy.tree import (HorizonExceeded, TreeAggregator, completing_levels,
+                                  covering_levels, tree_depth)
+from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, dd_add,
+                                       require_within_premise)
 from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch,
                                  plan_refinement, refined_topics)
@@ -309,6 +311,9 @@ class ContinualRelease:
                                  self._exact.refine)
             sd = None
         else:
+            # the rounding premise, checked before anything is reserved (noise_sums checks again)
+            require_within_premise(self._largest_raw_sum(sums), self.max_documents,
+                                   f"{self.aggregator} epoch {self.epoch + 1}")
             released = self.tree.add_epoch(sums)
             mult = self.noise_multiplier()
             sd = noise_scales(self.mechanism.plan(STREAM), mult)
@@ -318,6 +323,20 @@ class ContinualRelease:
         if refined and self.refinement is not None:
             self.refined_epochs += 1
         return self._snapshot(released, sd)
+
+    def _largest_raw_sum(self, sums: EpochSums) -> int:
+        """Documents in the largest raw sum closing this epoch would noise: the epoch's own sum
+        (BLT), or the largest tree node completing now (its raw partial plus this epoch)."""
+        n = int(sums.sketch.n_docs)
+        if self.aggregator != "tree":
+            return n
+        t = self.tree.epoch + 1
+        largest = n
+        for level in completing_levels(t, self.horizon):
+            part = self.tree._raw.get(level) if level >= 1 else None
+            if part is not None:
+                largest = max(largest, n + int(part.sketch.n_docs))
+        return largest
 
     def _snapshot(self, released: EpochSums, sd: dict | None) -> TopicSnapshot:
         t = self.epoch

@@ -398,13 +398,15 @@ def test_premise_refuses_continual_sums(small_corpus, aggregator):
     est.partial_fit(X[400:500], timestamps=np.full(100, 15.0))    # epoch 2: 100 documents
     est.partial_fit(X[400:700], timestamps=np.full(300, 25.0))    # epoch 3: 300 documents
     assert len(est.close_epochs(10.0)) == 1
-    if aggregator == "tree":
-        with pytest.raises(DocumentCountExceeded):
-            est.close_epochs(20.0)       # node [1, 2] holds 300 > 250
-    else:
+    if aggregator == "blt":
         assert len(est.close_epochs(20.0)) == 1
-        with pytest.raises(DocumentCountExceeded):
-            est.close_epochs(30.0)       # epoch 3 alone holds 300 > 250
+    spent = est.accountant.report()["rho_worst_case"]
+    epoch = est.continual_.epoch
+    with pytest.raises(DocumentCountExceeded, match="max_documents_per_sum=250"):
+        # tree: node [1, 2] holds 300 > 250; blt: epoch 3 alone holds 300 > 250
+        est.close_epochs(20.0 if aggregator == "tree" else 30.0)
+    assert est.accountant.report()["rho_worst_case"] == spent     # refused before reserving
+    assert est.continual_.epoch == epoch
 
 
 def test_service_config_key():

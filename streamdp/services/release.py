@@ -77,6 +77,7 @@ from streamdp.privacy.ledger import FileLedger, ledger_head
 from streamdp.privacy.spend import SpendSession
 from streamdp.privacy.noise import make_sampler
 from streamdp.privacy.report import add_budget_context
+from streamdp.privacy.rounding import DocumentCountExceeded
 from streamdp.privacy.tree import HorizonExceeded
 from streamdp.release import BudgetSplit, DenoiseConfig
 from streamdp.refinement import RefinementSketch
@@ -645,7 +646,7 @@ class ReleaseService:
                                       max_documents=self.cfg.max_documents_per_sum)
             else:
                 clip, sub = ClipBounds.unclipped(), merged.subspace(None)
-        except BudgetExhausted as exc:
+        except (BudgetExhausted, DocumentCountExceeded) as exc:
             self._refused(exc)
             return
         meta = {"clip": clip.to_dict(), "subspace_id": sub.id, "vocabulary_id": self.vocabulary.id,
@@ -676,7 +677,8 @@ class ReleaseService:
         refined = self.model_epoch is not None and epoch > self.model_epoch
         try:
             snap = self.continual.close_epoch(sums, refined=refined)   # reserve → draw
-        except BudgetExhausted as exc:
+        except (BudgetExhausted, DocumentCountExceeded) as exc:
+            # DocumentCountExceeded: the rounding premise max_documents_per_sum (nothing reserved)
             self._refused(exc)
             return False
         except HorizonExceeded as exc:
@@ -748,7 +750,7 @@ class ReleaseService:
             self.spend.persisted()
         return True
 
-    def _refused(self, exc: BudgetExhausted) -> None:
+    def _refused(self, exc: Exception) -> None:
         self.exhausted = str(exc)
         self.metrics.release_outcome("refused_budget")
         log.error("release refused: %s", exc)
