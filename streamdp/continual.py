@@ -38,6 +38,7 @@ from streamdp.privacy.events import STREAM, BudgetSpender, GaussianEvent
 from streamdp.privacy.noise import GaussianSampler
 from streamdp.privacy.blt import BLTAggregator, BLTParams, default_params
 from streamdp.privacy.report import release_report
+from streamdp.privacy.spend import Codec
 from streamdp.privacy.tree import (HorizonExceeded, TreeAggregator, completing_levels,
                                   covering_levels, tree_depth)
 from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, dd_add,
@@ -182,6 +183,15 @@ class SketchNodeMechanism:
 AGGREGATORS = ("blt", "tree")
 
 
+# an epoch's noised tree nodes, as a spend session's output store keeps them
+NODES_CODEC = Codec(lambda nodes: [n.to_dict() for n in nodes],
+                    lambda data: [EpochSums.from_dict(d) for d in data])
+# a BLT epoch's draw: the released step x_t + w_t and w_t, its correlated noise part (SECRET:
+# with the releases it reveals raw sums, as the BLT's checkpoint buffers do)
+BLT_STEP_CODEC = Codec(lambda sw: {"step": sw[0].to_dict(), "w": ser.pack_array(np.asarray(sw[1]))},
+                       lambda d: (EpochSums.from_dict(d["step"]), ser.unpack_array(d["w"], name="w")))
+
+
 class ContinualRelease:
     """Topic snapshots at every epoch close, under one ρ budget for the whole horizon.
 
@@ -258,9 +268,11 @@ class ContinualRelease:
         self.mechanism = SketchNodeMechanism(self.subspace, self.clip, self.split, self.rho_node,
                                              self.sampler, share, max_documents=self.max_documents)
         if self.aggregator == "tree":
-            self.tree = TreeAggregator(self.horizon, self.mechanism, spender, label=self.label)
+            self.tree = TreeAggregator(self.horizon, self.mechanism, spender, label=self.label,
+                                       codec=NODES_CODEC)
         else:
-            self.tree = BLTAggregator(self.blt_params, self.mechanism, spender, label=self.label)
+            self.tree = BLTAggregator(self.blt_params, self.mechanism, spender, label=self.label,
+                                      codec=BLT_STEP_CODEC)
 
     @property
     def epoch_limit(self) -> float:
@@ -420,7 +432,7 @@ class ContinualRelease:
                              "cannot change mid-way")
         if self.aggregator == "tree":
             self.tree = TreeAggregator.from_state(state, EpochSums.from_dict, self.mechanism,
-                                                  self.tree.spender)
+                                                  self.tree.spender, codec=NODES_CODEC)
             return self
         # the running mechanism's (θ, ω) fix σ and every future reservation: keep them, even if
         # this version would optimise slightly different ones for the horizon
@@ -429,7 +441,7 @@ class ContinualRelease:
             self.blt_params = stored
             self._build(self.tree.spender)
         self.tree = BLTAggregator.from_state(state, EpochSums.from_dict, self.mechanism,
-                                             self.tree.spender)
+                                             self.tree.spender, codec=BLT_STEP_CODEC)
         return self
 
 

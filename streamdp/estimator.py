@@ -19,6 +19,7 @@ from streamdp.privacy.noise import GaussianSampler, make_sampler
 from streamdp.privacy.report import add_budget_context, release_report
 from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, check_max_documents,
                                        require_within_premise)
+from streamdp.privacy.spend import spend
 from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch,
                                  plan_refinement, refined_topics)
@@ -116,6 +117,13 @@ class StreamingSpectralLDA:
                                    include the float64 rounding headroom for sums of that size
                                    (+1.9% σ at the default 10⁹); a larger sum is refused before
                                    anything is noised (docs/privacy.md, "Floating point")
+    run_id : str, optional         names this run in the accountant's ledger: every draw is
+                                   reserved under the key ``"<run_id>:<draw>"`` (spend protocol,
+                                   :mod:`streamdp.privacy.spend`). Required with an accountant on a
+                                   file ledger: its noised outputs are persisted next to the ledger
+                                   (``<ledger>.outputs/``), so re-running the same run after a crash
+                                   returns them and fulfils an unfinished draw, never spending twice.
+                                   Default (in-memory ledger): a fresh random id
 
     Attributes
     ----------
@@ -140,7 +148,8 @@ class StreamingSpectralLDA:
                  warmup_boundary: str = "document",
                  warmup_share: float = COUNT_BOUNDARY_WARMUP_SHARE,
                  continual_aggregator: str = "blt",
-                 max_documents_per_sum: int = DEFAULT_MAX_DOCUMENTS_PER_SUM):
+                 max_documents_per_sum: int = DEFAULT_MAX_DOCUMENTS_PER_SUM,
+                 run_id: str | None = None):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
             raise ValueError(f"seed must be an integer or None, got {seed!r}")
         self.n_topics = _check_positive_int("n_topics", n_topics)
@@ -218,6 +227,8 @@ class StreamingSpectralLDA:
             from streamdp.privacy.memory_ledger import MemoryLedger
             accountant = Accountant(self.epsilon, self.delta, MemoryLedger())
         self.accountant = accountant
+        self._spender = self._spend_session(accountant, run_id)
+        self._draws: dict[str, int] = {}
         # ρ is derived once, by the accountant (a plain EventLog spender has none)
         self.rho_ = None if self.epsilon is None else getattr(
             accountant, "rho_budget", None) or zcdp_rho(self.epsilon, self.delta)
@@ -225,6 +236,31 @@ class StreamingSpectralLDA:
         self.subspace_ = None
         self.sketch_: WhitenedSketch | None = None
         self.snapshot_: TopicSnapshot | None = None
+
+    @staticmethod
+    def _spend_session(accountant, run_id):
+        """The spender every draw goes through: a keyed session on an Accountant."""
+        from streamdp.privacy.accountant import Accountant
+        from streamdp.privacy.spend import SpendSession, output_store_for
+        if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()
+                                   or run_id.startswith("refuse:")):
+            raise ValueError(f"run_id must be a non-empty string, got {run_id!r}")
+        if not isinstance(accountant, Accountant):
+            return accountant          # an EventLog or another BudgetSpender: unkeyed
+        store = output_store_for(accountant)
+        if run_id is None and getattr(accountant.ledger, "path", None) is not None:
+            raise ValueError(
+                f"the accountant's ledger {accountant.ledger!r} is durable: give run_id='...' "
+                "naming this run, so that re-running it after a crash reuses its reservations "
+                "and persisted outputs instead of spending the budget again (a new run_id "
+                "spends anew)")
+        import uuid
+        return SpendSession(accountant, scope=run_id or uuid.uuid4().hex, store=store)
+
+    def _draw_label(self, what: str) -> str:
+        """``release#1``, ``refine#2``, …: the n-th draw of a kind in this run (its key)."""
+        self._draws[what] = self._draws.get(what, 0) + 1
+        return f"{what}#{self._draws[what]}"
 
     # ---------------------------------------------------------------- warm-up
     def _k_prime(self, d: int) -> int:
@@ -268,15 +304,15 @@ class StreamingSpectralLDA:
             hist_rho = None if rho is None else rho * self.clip_budget_share
             rho = None if rho is None else rho - hist_rho
             self.clip, _ = self._warmup.clip_bounds(self.clip_quantile, hist_rho,
-                                                    self.sampler, self.accountant, **where)
-        self.subspace_ = self._warmup.subspace(rho, self.sampler, self.accountant,
+                                                    self.sampler, self._spender, **where)
+        self.subspace_ = self._warmup.subspace(rho, self.sampler, self._spender,
                                                max_documents=self.max_documents_per_sum, **where)
         self.sketch_ = WhitenedSketch(self.subspace_, self.clip)
         if self.epochs is not None:
             self.continual_ = ContinualRelease(
                 self.subspace_, self.clip, n_topics=self.n_topics, alpha0=self.alpha0,
                 rho=self.stream_rho_, horizon=self.horizon, split=self._spectral_split(),
-                sampler=self.sampler, spender=self.accountant, power=self.power,
+                sampler=self.sampler, spender=self._spender, power=self.power,
                 denoise=self.denoise, refinement=self.refinement,
                 aggregator=self.continual_aggregator,
                 max_documents=self.max_documents_per_sum)
@@ -382,9 +418,10 @@ class StreamingSpectralLDA:
         snap = release_topics(self.sketch_.sums(), self.subspace_, n_topics=self.n_topics,
                               alpha0=self.alpha0, rho=rho, clip=self.clip,
                               mechanism=self.mechanism, split=split,
-                              sampler=self.sampler, spender=self.accountant,
+                              sampler=self.sampler, spender=self._spender,
                               power=self.power, denoise=self.denoise, partition=STREAM,
-                              max_documents=self.max_documents_per_sum)
+                              max_documents=self.max_documents_per_sum,
+                              label=self._draw_label("release"))
         return self._finish_snapshot(snap)
 
     def refine(self, X, budget_fraction: float | None = None) -> TopicSnapshot:
@@ -426,10 +463,9 @@ class StreamingSpectralLDA:
                                     max_documents=self.max_documents_per_sum)
             require_within_premise(sketch.n_docs, self.max_documents_per_sum, "refinement")
             events = [event]
-            spender = self.accountant if self.accountant is not None else EventLog()
-            token = spender.reserve(events, label="refine")      # write-ahead, before noise
-            T = self.sampler.add_noise(sketch.sums, event.sigma)
-            spender.commit(token)
+            T = spend(self._spender if self._spender is not None else EventLog(), events,
+                      label=self._draw_label("refine"),
+                      draw=lambda: self.sampler.add_noise(sketch.sums, event.sigma))
             sd = event.sigma
         topic_word, alpha, nts, fold_in_topics = refined_topics(T, sd, self.alpha0)
         prev = self.snapshot_

@@ -31,6 +31,7 @@ from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, check_max_
                                        require_within_premise)
 from streamdp.privacy.rounding import sensitivity as _rounded_sensitivity
 from streamdp.privacy.report import release_report
+from streamdp.privacy.spend import spend
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import ExactOracle, PowerMethodConfig, robust_power_method
 from streamdp.tensor.private import NoisyQueryOracle
@@ -251,32 +252,35 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
     if private:
         require_within_premise(sums.n_docs, max_documents, "release")
     spender = spender if spender is not None else EventLog()
-    # Write-ahead: the accountant records the spend before any noise exists.
-    token = spender.reserve(events, label=label) if events else None
 
-    noisy = noise_sums(sums, events, sampler, Q=subspace.Q, max_documents=max_documents)
-    oracle_factory = None
-    if mechanism == "iterative" and private:
-        q = next(e for e in events if e.block == "s3_query")
+    def draw():
+        # Every draw of this release (the sums' noise and, for the iterative mechanism,
+        # the power-method queries) happens in here, between reserve and persist.
+        noisy = noise_sums(sums, events, sampler, Q=subspace.Q, max_documents=max_documents)
+        oracle_factory = None
+        if mechanism == "iterative" and private:
+            q = next(e for e in events if e.block == "s3_query")
 
-        def oracle_factory(W, T3_public, N):
-            # s3 has no event under this mechanism: noisy.s3 is the raw (symmetrised) sum
-            s3_sens = block_sensitivities(clip, max_documents=max_documents)["s3"]
-            return NoisyQueryOracle(whiten3(noisy.s3, W), whiten3(T3_public, W), N, s3_sens, W,
-                                    q.sigma / q.sensitivity, q.count, sampler)
+            def oracle_factory(W, T3_public, N):
+                # s3 has no event under this mechanism: noisy.s3 is the raw (symmetrised) sum
+                s3_sens = block_sensitivities(clip, max_documents=max_documents)["s3"]
+                return NoisyQueryOracle(whiten3(noisy.s3, W), whiten3(T3_public, W), N, s3_sens,
+                                        W, q.sigma / q.sensitivity, q.count, sampler)
 
-    topic_word, alpha, lambdas, U = decompose_sums(
-        noisy, subspace, n_topics=n_topics, alpha0=alpha0,
-        noise_sd=noise_scales(events) if private else None, power=power, denoise=denoise,
-        oracle_factory=oracle_factory, return_subspace_topics=True)
-    if token is not None:
-        spender.commit(token)
+        return (*decompose_sums(
+            noisy, subspace, n_topics=n_topics, alpha0=alpha0,
+            noise_sd=noise_scales(events) if private else None, power=power, denoise=denoise,
+            oracle_factory=oracle_factory, return_subspace_topics=True), float(noisy.count))
+
+    # reserve → draw → persist → commit (streamdp.privacy.spend); the persisted output
+    # is the release itself, since the iterative mechanism draws during decomposition
+    topic_word, alpha, lambdas, U, n_docs = spend(spender, events, label=label, draw=draw)
     privacy = release_report(mechanism=mechanism, events=events,
                              noise_sd=noise_scales(events) if private else {}, clip=clip,
                              split=split, sampler=sampler, power=power,
                              denoise_threshold=denoise.threshold, max_documents=max_documents)
     return TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=lambdas,
-                         n_docs=float(noisy.count), privacy=privacy,
+                         n_docs=n_docs, privacy=privacy,
                          mechanism=mechanism if private else "none",
                          subspace_id=subspace.id, epoch=epoch, subspace_topics=U)
 

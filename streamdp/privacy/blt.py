@@ -44,6 +44,7 @@ from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
 import numpy as np
 
 from streamdp.privacy.events import STREAM, BudgetSpender, EventLog, GaussianEvent
+from streamdp.privacy.spend import Codec, spend
 
 V = TypeVar("V")
 
@@ -284,14 +285,17 @@ class BLTAggregator(Generic[V]):
     spender : BudgetSpender     where each epoch's events are reserved before any draw
     label : str                 reservation labels are ``f"{label}:epoch={t}"``
     keep_history : bool         keep every release (O(T) values)
+    codec : Codec, optional     encodes an epoch's draw (step, w) for a spend session's
+                                output store; w is secret noise, so is that store
     """
 
     kind = "blt_aggregator"
 
     def __init__(self, params: BLTParams, mechanism: NoiseMechanism[V],
                  spender: BudgetSpender | None = None, *, label: str = "blt",
-                 keep_history: bool = False) -> None:
+                 keep_history: bool = False, codec: Codec | None = None) -> None:
         self.params = params
+        self.codec = codec      # how a spend session's output store persists (step, w)
         self.mechanism = mechanism
         self.spender: BudgetSpender = spender if spender is not None else EventLog()
         self.label = label
@@ -345,15 +349,18 @@ class BLTAggregator(Generic[V]):
 
         Order: reserve (the spender may raise: nothing changes) → x_t − ωᵀS_t through the
         sampler (adds z_t) = x_t + w_t with w_t = (C⁻¹z)_t → S_{t+1} = Θ S_t + 1·w_t (S the
-        buffers, S_1 = 0) → release_t = release_{t−1} + x_t + w_t → commit.
+        buffers, S_1 = 0) → release_t = release_{t−1} + x_t + w_t; reserve, draw and commit
+        are :func:`streamdp.privacy.spend.spend`.
         """
         t = self.epoch + 1
         events = self.epoch_events(t)
         unit = self.unit_events()
-        token = self.spender.reserve(events, label=f"{self.label}:epoch={t}")
         shift = None if self._buffers is None else -(self._omega @ self._buffers)   # −ωᵀS_t
-        # step = x_t + w_t, w_t = (C⁻¹z)_t = z_t − ωᵀS_t (true values through the sampler)
-        step, w = self.mechanism.privatize_shifted(value, shift, unit)
+        # step = x_t + w_t, w_t = (C⁻¹z)_t = z_t − ωᵀS_t (true values through the sampler);
+        # reserve → draw → persist → commit: the one spend protocol (streamdp.privacy.spend)
+        step, w = spend(self.spender, events, label=f"{self.label}:epoch={t}",
+                        draw=lambda: self.mechanism.privatize_shifted(value, shift, unit),
+                        codec=self.codec)
         w = np.asarray(w, dtype=np.float64).ravel()
         if self._buffers is not None and self._buffers.shape[1] != w.size:
             raise ValueError(f"noise size changed from {self._buffers.shape[1]} to {w.size}")
@@ -363,7 +370,6 @@ class BLTAggregator(Generic[V]):
         self._buffers, self._prefix, self.epoch = new_buffers, prefix, t
         if self.keep_history:
             self._history[t] = prefix
-        self.spender.commit(token)
         return prefix
 
     # ------------------------------------------------------------- releasing
@@ -396,13 +402,14 @@ class BLTAggregator(Generic[V]):
 
     @classmethod
     def from_state(cls, state: dict, decode: Callable[[Any], V], mechanism: NoiseMechanism[V],
-                   spender: BudgetSpender | None = None) -> "BLTAggregator[V]":
+                   spender: BudgetSpender | None = None, *,
+                   codec: Codec | None = None) -> "BLTAggregator[V]":
         from streamdp import serialization as ser
         if state.get("kind") != cls.kind or state.get("v") != SCHEMA_VERSION:
             raise ValueError(f"not a v{SCHEMA_VERSION} {cls.kind} state: "
                              f"{state.get('kind')!r} v{state.get('v')!r}")
         out = cls(BLTParams.from_dict(state["params"]), mechanism, spender,
-                  label=str(state["label"]), keep_history=bool(state["keep_history"]))
+                  label=str(state["label"]), keep_history=bool(state["keep_history"]), codec=codec)
         out.epoch = int(state["epoch"])
         if out.epoch < 0:
             raise ValueError(f"blt state: negative epoch {out.epoch}")

@@ -32,16 +32,47 @@ ledger that is not committed is either
   docs/privacy_accounting.md §Crash-safe spending).
 
 A committed key is never drawn again (:class:`~streamdp.privacy.accountant.AlreadySpent`).
+
+One code path for every draw
+----------------------------
+Every noise draw of the engine — the warm-up's clip histogram and range
+finder, a one-shot release (:func:`streamdp.release.release_topics`), a
+refinement pass, a tree node — goes through :func:`spend`, which runs the four
+steps above in that order and is the only caller of ``Accountant.reserve`` and
+``Accountant.commit`` outside tests (``tests/test_spend_protocol.py`` guards
+this). What "persist" is depends on the spender:
+
+* a :class:`SpendSession` *without* an output store (the release service):
+  persisting is the caller's job (the release state on Kafka); ``commit`` waits
+  for :meth:`SpendSession.persisted`;
+* a :class:`SpendSession` *with* an output store (the in-process estimator,
+  ``StreamingSpectralLDA(run_id=...)``): the noised output is written to the
+  store, then committed at once. With a :class:`FileLedger` the store is the
+  directory ``<ledger>.outputs/`` next to it (:class:`FileOutputStore`, one
+  fsync'd file per key), so a re-run of the same ``run_id`` after a crash
+  returns the persisted output of every committed draw (no new draw, no new
+  charge) and fulfils an uncommitted one; with an in-memory ledger persistence
+  is the returned value itself (:class:`InMemoryOutputs`: nothing outlives the
+  process, and neither does the ledger);
+* any other :class:`BudgetSpender` (an ``EventLog``, a bare accountant, a test
+  wrapper): unkeyed reserve → draw → commit, the output living in memory.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
-from typing import Callable, Sequence
+import os
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
+import numpy as np
+
+from streamdp import serialization as ser
 from streamdp.privacy.accountant import Accountant, Reservation
-from streamdp.privacy.events import GaussianEvent
+from streamdp.privacy.events import BudgetSpender, GaussianEvent
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def spend_key(scope: str, label: str) -> str:
@@ -56,14 +87,61 @@ class SpendSession:
     ----------
     accountant : Accountant
     scope : str
-        Prefix of the idempotency keys (``"tree"``, ``"warmup"``); the label
-        the mechanism passes (``"epoch=5"`` … as given) completes the key.
+        Prefix of the idempotency keys (``"tree"``, ``"warmup"``, a run id); the
+        label the mechanism passes (``"epoch=5"`` … as given) completes the key.
+    store : OutputStore, optional
+        Where :meth:`spend` persists each noised output before committing it
+        (module docstring). ``None``: the caller persists and calls
+        :meth:`persisted`.
     """
 
-    def __init__(self, accountant: Accountant, scope: str = "") -> None:
+    def __init__(self, accountant: Accountant, scope: str = "",
+                 store: "OutputStore | None" = None) -> None:
+        if not isinstance(accountant, Accountant):
+            raise TypeError(f"SpendSession needs an Accountant, got {type(accountant).__name__}")
         self.accountant = accountant
         self.scope = scope
+        self.store = store
         self._drawn: list[Reservation] = []
+
+    # ------------------------------------------------------------ the protocol
+    def spend(self, events: Sequence[GaussianEvent], *, label: str, draw: Callable[[], T],
+              codec: "Codec | None" = None) -> T:
+        """reserve (keyed) → draw → persist → commit; see :func:`spend`."""
+        events = tuple(events)
+        key = spend_key(self.scope, label)
+        codec = codec or ARRAY_CODEC
+        if self.store is not None:
+            found = self.store.get(key)
+            if found is not None:
+                return self._persisted_output(key, label, events, found, codec)
+        token = self.reserve(events, label=label)           # 1. durable, keyed
+        out = draw()                                        # 2.
+        if self.store is None:                              # 3-4 by the caller
+            self.commit(token)
+            return out
+        self.store.put(key, {"events": [e.to_dict() for e in events],
+                             "value": codec.encode(out)})   # 3. durable
+        self.accountant.commit(token)                       # 4.
+        return out
+
+    def _persisted_output(self, key: str, label: str, events: tuple[GaussianEvent, ...],
+                          found: dict, codec: "Codec") -> Any:
+        """A re-run: the output of ``key`` was persisted (and maybe committed) before."""
+        if found.get("events") != [e.to_dict() for e in events]:
+            raise ValueError(f"the persisted output of {key!r} in {self.store!r} was drawn for "
+                             "other events: the run's configuration changed; use a new run_id")
+        token = Reservation(key, label, events)
+        try:
+            self.accountant.commit(token)       # idempotent; needed if the crash was before 4
+        except KeyError as exc:
+            raise RuntimeError(
+                f"{self.store!r} holds the noised output of {key!r} but the ledger "
+                f"{self.accountant.ledger!r} has no reservation for it: the ledger is not the one "
+                "this output was paid from (lost or replaced). Restore the ledger; do not "
+                "delete the outputs to spend again") from exc
+        log.info("reusing the persisted output of %r (no new draw, no new charge)", key)
+        return codec.decode(found["value"])
 
     # ------------------------------------------------------------ BudgetSpender
     def reserve(self, events: Sequence[GaussianEvent], *, label: str = "") -> Reservation:
@@ -120,6 +198,33 @@ class SpendSession:
         return left
 
 
+def spend(spender: BudgetSpender | None, events: Sequence[GaussianEvent], *, label: str,
+          draw: Callable[[], T], codec: "Codec | None" = None) -> T:
+    """The spend protocol, the one code path of every noise draw.
+
+    ``events`` are the Gaussian events ``draw`` will realise (all of its noise);
+    ``label`` names the draw (the idempotency key with a :class:`SpendSession`'s
+    scope). Runs reserve → ``draw()`` → persist → commit (module docstring); an
+    exception from ``draw`` leaves the reservation uncommitted (spent, and
+    fulfilled by the next draw of the same key). No events (non-private): just
+    ``draw()``. ``codec`` encodes the output for an output store (default:
+    arrays, numbers and tuples of them).
+    """
+    events = tuple(events)
+    if not events:
+        return draw()
+    if isinstance(spender, SpendSession):
+        return spender.spend(events, label=label, draw=draw, codec=codec)
+    if spender is None:
+        raise ValueError(f"{label!r}: a private draw needs a budget spender (an accountant)")
+    # A spender that keys nothing (EventLog, a bare accountant, a wrapper): the
+    # output is persisted in memory only, so it is committed as soon as it exists.
+    token = spender.reserve(events, label=label)
+    out = draw()
+    spender.commit(token)
+    return out
+
+
 def run_spend(session: SpendSession, draw: Callable[[], object],
               persist: Callable[[object], None]) -> object:
     """reserve (inside ``draw``, by the mechanism) → draw → persist → commit, in that order.
@@ -136,3 +241,117 @@ def run_spend(session: SpendSession, draw: Callable[[], object],
         raise
     session.persisted()
     return out
+
+
+# ------------------------------------------------------------------ output stores
+class Codec:
+    """How an output store encodes a draw's output (msgpack-able values)."""
+
+    def __init__(self, encode: Callable[[Any], Any], decode: Callable[[Any], Any]) -> None:
+        self.encode, self.decode = encode, decode
+
+
+def _encode(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        return {"nd": ser.pack_array(x)}
+    if isinstance(x, (tuple, list)):
+        return {"seq": [_encode(v) for v in x]}
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    raise TypeError(f"the default spend codec stores arrays, numbers and tuples, not "
+                    f"{type(x).__name__}: pass codec=")
+
+
+def _decode(x: Any) -> Any:
+    if isinstance(x, dict) and "nd" in x:
+        return ser.unpack_array(x["nd"], name="persisted output")
+    if isinstance(x, dict) and "seq" in x:
+        return tuple(_decode(v) for v in x["seq"])
+    return x
+
+
+ARRAY_CODEC = Codec(_encode, _decode)
+
+
+class OutputStore(Protocol):
+    """Durable map key → persisted noised output (``get`` returns None when absent)."""
+
+    def get(self, key: str) -> dict | None: ...
+
+    def put(self, key: str, record: dict) -> None: ...
+
+
+class InMemoryOutputs:
+    """Persistence "in memory": the output returned to the caller is all there is.
+
+    For an estimator on an in-memory ledger (which dies with the process too):
+    ``put`` keeps nothing, so holding every noised output costs no memory."""
+
+    def __repr__(self) -> str:
+        return "InMemoryOutputs()"
+
+    def get(self, key: str) -> dict | None:
+        return None
+
+    def put(self, key: str, record: dict) -> None:
+        return None
+
+
+class FileOutputStore:
+    """One msgpack file per key in a directory next to a file ledger.
+
+    Each file is written to a temporary name, fsync'd, renamed into place and
+    the directory fsync'd, so after a crash a key's file is either absent or
+    complete. The files hold noised outputs only (DP releases), but like the
+    ledger they belong to the operator: the directory is created mode 0700.
+    """
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(mode=0o700, exist_ok=True)
+
+    @classmethod
+    def next_to(cls, ledger_path: str | os.PathLike) -> "FileOutputStore":
+        p = Path(ledger_path)
+        return cls(p.parent / (p.name + ".outputs"))
+
+    def __repr__(self) -> str:
+        return f"FileOutputStore({str(self.dir)!r})"
+
+    def _path(self, key: str) -> Path:
+        return self.dir / (hashlib.sha256(key.encode()).hexdigest()[:40] + ".msgpack")
+
+    def get(self, key: str) -> dict | None:
+        try:
+            data = self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        rec = ser.loads(data)
+        ser.check_header(rec, "spend_output", 1)
+        if rec.get("key") != key:
+            raise ValueError(f"{self!r}: file {self._path(key).name} holds {rec.get('key')!r}, "
+                             f"not {key!r}")
+        return rec
+
+    def put(self, key: str, record: dict) -> None:
+        path = self._path(key)
+        tmp = path.with_suffix(".tmp")
+        data = ser.dumps({"kind": "spend_output", "v": 1, "key": key, **record})
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dfd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def output_store_for(accountant: Accountant) -> OutputStore:
+    """A file store next to a file ledger, else persistence in memory."""
+    path = getattr(accountant.ledger, "path", None)
+    return FileOutputStore.next_to(path) if path is not None else InMemoryOutputs()

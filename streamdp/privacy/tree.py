@@ -26,7 +26,8 @@ Order of operations at each epoch (atomic per epoch)
 2. one ``spender.reserve(all those events)`` — if it raises (e.g.
    ``BudgetExhausted``) the aggregator is unchanged and the epoch is not closed;
 3. ``mechanism.privatize(raw node sum, its events)`` for each node;
-4. state update (raw sums of completed nodes dropped), ``spender.commit``.
+4. state update (raw sums of completed nodes dropped); 2-3 plus the commit
+   are :func:`streamdp.privacy.spend.spend`, the one spend protocol.
 A crash or exception after 2 leaves the reservation counted (safe). The
 reservation's label ``f"{label}:epoch={t}"`` names exactly the nodes completing
 at t, so it serves as the idempotency key of the spend protocol
@@ -57,6 +58,7 @@ import numpy as np
 
 from streamdp.privacy.events import BudgetSpender, EventLog, GaussianEvent, epoch_partition
 from streamdp.privacy.noise import GaussianSampler
+from streamdp.privacy.spend import Codec, spend
 
 V = TypeVar("V")
 
@@ -151,6 +153,9 @@ class TreeAggregator(Generic[V]):
         defaults to an :class:`EventLog` that records and enforces nothing.
     label : str
         Prefix of reservation labels (``f"{label}:epoch={t}"``).
+    codec : Codec, optional
+        Encodes the list of noised nodes of an epoch for a spend session's
+        output store (default: arrays).
     keep_history : bool
         Keep every noised node so :meth:`release` can answer any past t
         (memory O(T) values); otherwise only the latest node per level.
@@ -158,13 +163,14 @@ class TreeAggregator(Generic[V]):
 
     def __init__(self, horizon: int, mechanism: NodeMechanism[V],
                  spender: BudgetSpender | None = None, *, label: str = "tree",
-                 keep_history: bool = False) -> None:
+                 keep_history: bool = False, codec: Codec | None = None) -> None:
         self.horizon = int(horizon)
         self.depth = tree_depth(horizon)
         self.mechanism = mechanism
         self.spender: BudgetSpender = spender if spender is not None else EventLog()
         self.label = label
         self.keep_history = bool(keep_history)
+        self.codec = codec      # how an output store persists a list of noised nodes
         self.epoch = 0                                     # epochs closed so far
         self._raw: dict[int, V] = {}                       # level ≥ 1 → raw partial sum
         self._latest: dict[int, tuple[int, int, V]] = {}   # level → (first, last, noised)
@@ -226,10 +232,12 @@ class TreeAggregator(Generic[V]):
         nodes = [(level, *node_range(level, t), value if level == 0 else raw[level])
                  for level in done]
         plans = [self.node_events(a, b) for _, a, b, _ in nodes]
-        token = self.spender.reserve([e for p in plans for e in p],
-                                     label=f"{self.label}:epoch={t}")
-        noised = [(level, a, b, self.mechanism.privatize(v, ev))
-                  for (level, a, b, v), ev in zip(nodes, plans)]
+        # the spend protocol (streamdp.privacy.spend): reserve → draw → persist → commit
+        values = spend(self.spender, [e for p in plans for e in p], label=f"{self.label}:epoch={t}",
+                       draw=lambda: [self.mechanism.privatize(v, ev)
+                                     for (_, _, _, v), ev in zip(nodes, plans)],
+                       codec=self.codec)
+        noised = [(level, a, b, nv) for (level, a, b, _), nv in zip(nodes, values)]
         for level, a, b, nv in noised:
             raw.pop(level, None)                 # raw sum of a noised node: dropped
             self._latest[level] = (a, b, nv)
@@ -237,7 +245,6 @@ class TreeAggregator(Generic[V]):
                 self._history[(a, b)] = nv
         self._raw = raw
         self.epoch = t
-        self.spender.commit(token)
         return self.prefix()
 
     # ------------------------------------------------------------- releasing
@@ -291,13 +298,14 @@ class TreeAggregator(Generic[V]):
 
     @classmethod
     def from_state(cls, state: dict, decode: Callable[[Any], V], mechanism: NodeMechanism[V],
-                   spender: BudgetSpender | None = None) -> "TreeAggregator[V]":
-        """Rebuild from :meth:`state_dict` (mechanism and spender are not serialised)."""
+                   spender: BudgetSpender | None = None, *,
+                   codec: Codec | None = None) -> "TreeAggregator[V]":
+        """Rebuild from :meth:`state_dict` (mechanism, spender and codec are not serialised)."""
         if state.get("kind") != "tree_aggregator" or state.get("v") != SCHEMA_VERSION:
             raise ValueError(f"not a v{SCHEMA_VERSION} tree_aggregator state: "
                              f"{state.get('kind')!r} v{state.get('v')!r}")
         out = cls(int(state["horizon"]), mechanism, spender, label=str(state["label"]),
-                  keep_history=bool(state["keep_history"]))
+                  keep_history=bool(state["keep_history"]), codec=codec)
         out.epoch = int(state["epoch"])
         if not 0 <= out.epoch <= out.horizon:
             raise ValueError(f"tree state: epoch {out.epoch} outside 0..{out.horizon}")

@@ -25,6 +25,7 @@ from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy import rounding
 from streamdp.privacy.events import WARMUP, BudgetSpender, EventLog, GaussianEvent, sigma_for_rho
 from streamdp.privacy.noise import GaussianSampler
+from streamdp.privacy.spend import spend
 from streamdp.whitening.subspace import Subspace
 
 SCHEMA_VERSION = 1
@@ -134,10 +135,12 @@ class WarmupSketch:
             e = GaussianEvent("clip_histogram", sens, sigma_for_rho(sens, rho),
                               partition=partition, mechanism="warmup")
             events.append(e)
-            spender = spender if spender is not None else EventLog()
-            token = spender.reserve(events, label="warmup-clip-histogram")
-            hist = sampler.add_noise(hist, e.sigma)
-            spender.commit(token)
+            if sampler is None:
+                raise ValueError("a private clip histogram needs a noise sampler")
+            noisy = hist
+            hist = spend(spender if spender is not None else EventLog(), events,
+                         label="warmup-clip-histogram",
+                         draw=lambda: sampler.add_noise(noisy, e.sigma))
         m1, e2, e3 = (quantile_from_histogram(h, quantile) for h in hist)
         return ClipBounds(m1=m1, z=e2, s3=e3, warmup=self.clip), events
 
@@ -191,10 +194,9 @@ class WarmupSketch:
         if events:
             if sampler is None:
                 raise ValueError("a private warm-up needs a noise sampler")
-            spender = spender if spender is not None else EventLog()
-            token = spender.reserve(events, label="warmup")
-            Y = sampler.add_noise(Y, events[0].sigma)
-            spender.commit(token)
+            raw = Y
+            Y = spend(spender if spender is not None else EventLog(), events, label="warmup",
+                      draw=lambda: sampler.add_noise(raw, events[0].sigma))
         Q, R = np.linalg.qr(Y)
         Q = Q * np.where(np.diag(R) < 0, -1.0, 1.0)
         return Subspace(Q, provenance={
