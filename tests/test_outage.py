@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from streamdp.kafka.broker import EmbeddedBroker, free_port
+from tcp_proxy import TcpProxy
 from streamdp.kafka.topics import TopicNames, ensure_topics
 from streamdp.services.config import ServiceConfig
 from streamdp.text.vocabulary import Vocabulary
@@ -38,7 +39,15 @@ def test_service_rides_out_a_broker_outage(tmp_path, role):
     from streamdp.services.release import ReleaseService
     from streamdp.services.sketcher import Sketcher
     port = free_port()
-    broker = EmbeddedBroker(port=port).start()
+    proxy = None
+    if role == "release":
+        # The release service's transactional writer must survive the outage, so the
+        # broker (and its transactional state) stays up and the network goes down: the
+        # broker advertises a forwarder's port, which the test cuts and restores.
+        proxy = TcpProxy(free_port(), port).start()
+        broker = EmbeddedBroker(port=port, advertised_port=proxy.listen_port).start()
+    else:
+        broker = EmbeddedBroker(port=port).start()
     names = TopicNames.from_prefix(f"outage.{uuid.uuid4().hex[:8]}")
     ensure_topics(broker.bootstrap, names, partitions=1)
     Vocabulary([f"w{i}" for i in range(30)]).save(tmp_path / "v.txt")
@@ -66,7 +75,13 @@ def test_service_rides_out_a_broker_outage(tmp_path, role):
     try:
         wait(lambda: svc.health.is_ready(), 30, f"the {role} to be ready")
         n_before = len(cap.records)
-        broker.stop()
+        epoch_before = getattr(svc, "writer_epoch", None)
+        if proxy is not None:
+            proxy.cut()
+        else:
+            broker.stop()
+        if proxy is not None:
+            proxy.close()
         wait(lambda: "Kafka unreachable" in svc.health.readiness()[1]["reason"] or errors, 30,
              "the service to go not ready")
         assert not errors, errors
@@ -79,20 +94,27 @@ def test_service_rides_out_a_broker_outage(tmp_path, role):
         assert len(during) < 40, [r.getMessage()[:120] for r in during]
         starts = [r for r in during if "Kafka unreachable" in r.getMessage()]
         assert len(starts) == 1, [r.getMessage()[:160] for r in during]
-        if role == "release":
-            # Recovery of the release service needs its transactional writer to survive the
-            # outage; the memory-only embedded broker comes back as a NEW cluster (new
-            # ClusterId, no transactional state), which a real Kafka outage does not do.
-            return
-        # the broker comes back (memory-only: recreate the topics)
-        broker = EmbeddedBroker(port=port).start()
-        ensure_topics(broker.bootstrap, names, partitions=1)
+        if proxy is not None:
+            proxy.restore()                 # the network comes back; the broker never left
+        else:
+            # the broker comes back (memory-only: a new cluster, recreate the topics)
+            broker = EmbeddedBroker(port=port).start()
+            ensure_topics(broker.bootstrap, names, partitions=1)
         wait(lambda: svc.health.is_ready(), 60, "the service to be ready again")
         assert any("reachable again" in r.getMessage() for r in cap.records[n_before:])
         assert t.is_alive() and not errors, errors
+        if role == "release":
+            # the transactional writer is usable again, under a writer epoch that never
+            # went backwards (and no other writer got in)
+            svc.store.write("release/outage-probe", b"after the outage", meta={})
+            assert svc.fenced is None and svc.writer_epoch >= epoch_before
+            rec = svc.store.read_latest("release/writer")
+            assert int(rec.meta["writer_epoch"]) == svc.writer_epoch
     finally:
         root.removeHandler(cap)
         root.setLevel(old_level)
         svc.stop()
         t.join(30)
         broker.stop()
+        if proxy is not None:
+            proxy.close()

@@ -164,8 +164,10 @@ class EmbeddedBroker:
 
     ``port=None`` picks a free port (retrying if another process grabs it first).
     ``host`` is the listen address; ``advertised_host`` (default: ``host``, or
-    127.0.0.1 for a wildcard listener) is what the broker tells clients to connect
-    to and what :attr:`bootstrap` contains. ``log_path=None`` captures the log to a
+    127.0.0.1 for a wildcard listener) and ``advertised_port`` (default: the
+    listen port) are what the broker tells clients to connect to and what
+    :attr:`bootstrap` contains — another port when clients reach the broker
+    through a forwarder (tests/tcp_proxy.py simulates network outages so). ``log_path=None`` captures the log to a
     temporary file that :meth:`stop` removes (``keep_log=True`` keeps it).
 
     The broker process is stopped by :meth:`stop`, by the context manager, when
@@ -177,12 +179,16 @@ class EmbeddedBroker:
                  advertised_host: str | None = None, binary: str | os.PathLike[str] | None = None,
                  log_path: str | os.PathLike[str] | None = None, keep_log: bool = False,
                  startup_timeout: float = 20.0, cluster_id: str | None = None,
-                 env: dict[str, str] | None = None, storage: str = STORAGE_MEMORY):
+                 env: dict[str, str] | None = None, storage: str = STORAGE_MEMORY,
+                 advertised_port: int | None = None):
         if port is not None and not (0 < int(port) < 65536):
             raise ValueError(f"port must be in 1..65535, got {port}")
         self._requested_port = None if port is None else int(port)
         self.host = host
         self.advertised_host = advertised_host or _local_host(host)
+        if advertised_port is not None and not (0 < int(advertised_port) < 65536):
+            raise ValueError(f"advertised_port must be in 1..65535, got {advertised_port}")
+        self.advertised_port = None if advertised_port is None else int(advertised_port)
         self._binary_arg = binary
         self._log_arg = None if log_path is None else Path(log_path)
         self.keep_log = keep_log
@@ -202,10 +208,10 @@ class EmbeddedBroker:
     # ------------------------------------------------------------------ state
     @property
     def bootstrap(self) -> str:
-        """``"HOST:PORT"`` for ``bootstrap.servers``."""
+        """``"HOST:PORT"`` for ``bootstrap.servers`` (the advertised address)."""
         if self.port is None:
             raise BrokerError("the broker has not been started")
-        return _hostport(self.advertised_host, self.port)
+        return _hostport(self.advertised_host, self.advertised_port or self.port)
 
     @property
     def pid(self) -> int | None:
@@ -225,7 +231,8 @@ class EmbeddedBroker:
         return [binary, "broker",
                 "--cluster-id", self.cluster_id,
                 "--listener-url", f"tcp://{_hostport(self.host, port)}",
-                "--advertised-listener-url", f"tcp://{_hostport(self.advertised_host, port)}",
+                "--advertised-listener-url",
+                f"tcp://{_hostport(self.advertised_host, self.advertised_port or port)}",
                 "--storage-engine", self.storage]
 
     def log_tail(self, max_bytes: int = 4000) -> str:
