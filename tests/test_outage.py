@@ -118,3 +118,61 @@ def test_service_rides_out_a_broker_outage(tmp_path, role):
         broker.stop()
         if proxy is not None:
             proxy.close()
+
+
+@pytest.mark.slow
+def test_release_after_an_outage_is_published_without_overspend(tmp_path):
+    """The whole pipeline behind a forwarder: the network to the broker goes down after the
+    warm-up release and comes back; the release service recovers with its transactional
+    writer (same transactional.id, writer epoch unchanged), the stream is released, and
+    the ledger holds exactly one committed reservation per release within ε."""
+    from service_helpers import Pipeline, make_config, make_corpus, send_control, wait_for
+    from streamdp.privacy.accountant import Accountant
+    from streamdp.privacy.ledger import FileLedger
+    from streamdp.services.produce import produce
+
+    port = free_port()
+    proxy = TcpProxy(free_port(), port).start()
+    broker = EmbeddedBroker(port=port, advertised_port=proxy.listen_port).start()
+    try:
+        names = TopicNames.from_prefix(f"outage.{uuid.uuid4().hex[:8]}")
+        ensure_topics(broker.bootstrap, names, partitions=1)
+        corpus = make_corpus(400, 600, 2, seed=5)
+        cfg = make_config(tmp_path, broker.bootstrap, names, corpus, epsilon=1.0)
+        pipe = Pipeline(cfg, sketchers=1)
+        for store in [pipe.release.store] + [s.store for s in pipe.sketchers]:
+            store.read_timeout = store.flush_timeout = 3.0
+        pipe.start()
+        rel = pipe.release
+        try:
+            produce(broker.bootstrap, names.documents,
+                    [corpus.record(i) for i in range(corpus.n_warm)])
+            send_control(broker.bootstrap, names, "close", through=0)
+            wait_for(lambda: rel.subspace is not None, 90, "the warm-up release", check=pipe.check)
+            epoch_before = rel.writer_epoch
+
+            proxy.cut()
+            wait(lambda: not rel.health.is_ready(), 30, "the release service to go not ready")
+            time.sleep(8)
+            pipe.check()
+            proxy.restore()
+            wait(lambda: rel.health.is_ready(), 60, "the release service to be ready again")
+
+            produce(broker.bootstrap, names.documents,
+                    [corpus.record(i) for i in range(corpus.n_warm, len(corpus.texts))])
+            send_control(broker.bootstrap, names, "flush")     # the last epoch is still open
+            snap = pipe.wait_released(2, timeout=120)
+            assert snap.epoch == 2 and rel.fenced is None
+            assert rel.writer_epoch == epoch_before          # the same writer, never re-registered
+            assert int(rel.store.read_latest("release/writer").meta["writer_epoch"]) == epoch_before
+        finally:
+            pipe.stop()
+        rep = Accountant(cfg.epsilon, cfg.delta, cfg.ledger).report()
+        keys = sorted({r.key for r in FileLedger(cfg.ledger).read() if r.kind == "reserve"})
+        assert keys == sorted(["warmup-clip-histogram", "warmup", "tree:epoch=1", "tree:epoch=2"]) \
+            or keys == sorted(["warmup", "tree:epoch=1", "tree:epoch=2"]), keys
+        assert rep["uncommitted"] == 0 and rep["refusals"] == 0
+        assert rep["epsilon_worst_case"] <= cfg.epsilon * (1 + 1e-9)
+    finally:
+        proxy.close()
+        broker.stop()

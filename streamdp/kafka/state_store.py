@@ -136,6 +136,13 @@ class WriterFenced(StateWriteError):
     """A newer writer with the same ``transactional.id`` fenced this one: stop writing."""
 
 
+class WriterReinitialised(StateWriteError):
+    """The transactional producer hit a fatal error that is not fencing: it was re-created
+    with the same ``transactional.id`` (``init_transactions`` bumps the producer epoch and
+    aborts whatever the old one left open). Nothing of the failed write is committed; the
+    caller re-validates its state against Kafka before writing again."""
+
+
 _FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
                  KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
 
@@ -369,7 +376,8 @@ class StateStore:
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, flush_timeout: float = 30.0,
                  read_timeout: float = 60.0, consumer_overrides: dict[str, Any] | None = None,
                  clock: Callable[[], int] = time.time_ns, owns_producer: bool | None = None,
-                 transactional: bool = False):
+                 transactional: bool = False,
+                 producer_factory: Callable[[], Producer] | None = None):
         if not (1 <= int(chunk_bytes) <= MAX_RECORD_BYTES // 2):
             raise ValueError(f"chunk_bytes must be in 1..{MAX_RECORD_BYTES // 2}, got {chunk_bytes}")
         self.topic = topic
@@ -398,6 +406,12 @@ class StateStore:
         # called; every write is a transaction and a fenced writer gets WriterFenced
         self.transactional = bool(transactional)
         self.fenced: str | None = None
+        # transactional: re-creates the producer after a fatal, non-fencing error (it must
+        # call init_transactions with the same transactional.id, and may raise WriterFenced
+        # when a newer writer registered meanwhile: then this one must not fence it)
+        self.producer_factory = producer_factory
+        self.reinitialisations = 0
+        self._abort_pending = False          # a failed transaction whose abort did not get through
         self._known: dict[str, _Known] = {}
         self._n_partitions: int | None = None
 
@@ -467,25 +481,26 @@ class StateStore:
             return self._write(key, payload, meta)
         if self.fenced:
             raise WriterFenced(self.fenced)
+        if self._abort_pending:              # an outage interrupted the last abort: finish it
+            self._abort(key, None)
         try:
             self.producer.begin_transaction()
             generation = self._write(key, payload, meta, gc=False)
             self.producer.commit_transaction(self.flush_timeout)
         except Exception as exc:
             err = _kafka_error(exc)
-            fenced = isinstance(exc, WriterFenced) or (err is not None and (
-                err.code() in _FENCED_CODES or err.fatal()))
-            if not fenced:
-                # confluent-kafka may report a fatal error raised inside a delivery callback
-                # as a bare SystemError: the abort tells (a fenced producer cannot abort)
+            fenced = isinstance(exc, WriterFenced) or (err is not None and err.code() in _FENCED_CODES)
+            fatal = not fenced and err is not None and err.fatal()
+            if not fenced and not fatal:
+                # abortable (or an outage): abort, so the next write starts a clean transaction
+                fenced, fatal, err = self._abort(key, err)
+            if fatal and self.producer_factory is not None:
                 try:
-                    self.producer.abort_transaction(self.flush_timeout)
-                except Exception as abort_exc:       # noqa: BLE001
-                    aerr = _kafka_error(abort_exc)
-                    fenced = (aerr is not None and (aerr.code() in _FENCED_CODES or aerr.fatal())) \
-                        or "fenced" in str(abort_exc).lower()
-                    err = aerr if fenced else err
-            if fenced:
+                    self._reinitialise(key, err if err is not None else exc)
+                except WriterFenced as fexc:        # a newer writer registered: do not fence it
+                    self.fenced = str(fexc)
+                    raise
+            if fenced or fatal:
                 self.fenced = (f"state {key!r}: this writer was fenced by a newer one with the same "
                                f"transactional.id ({err if err is not None else exc}); nothing of "
                                "this write is committed")
@@ -504,6 +519,42 @@ class StateStore:
             except Exception:       # noqa: BLE001
                 pass
         return generation
+
+    def _abort(self, key: str, err: KafkaError | None) -> tuple[bool, bool, KafkaError | None]:
+        """Abort the open transaction: (fenced, fatal, error). An abort that cannot reach the
+        broker is retried before the next write (``_abort_pending``)."""
+        try:
+            self.producer.abort_transaction(self.flush_timeout)
+        except Exception as abort_exc:       # noqa: BLE001
+            aerr = _kafka_error(abort_exc)
+            fenced = (aerr is not None and aerr.code() in _FENCED_CODES) \
+                or "fenced" in str(abort_exc).lower()
+            fatal = not fenced and aerr is not None and aerr.fatal()
+            if fenced or fatal:
+                self._abort_pending = False
+                return fenced, fatal, aerr
+            self._abort_pending = True
+            raise StateWriteError(f"state {key!r}: the failed transaction could not be aborted "
+                                  f"yet ({abort_exc}); retried before the next write") from abort_exc
+        self._abort_pending = False
+        return False, False, err
+
+    def _reinitialise(self, key: str, why) -> None:
+        """Fatal, not fenced: a new producer with the same transactional.id (epoch bumped)."""
+        log.warning("state %r: the transactional producer hit a fatal error (%s); re-creating it "
+                    "with the same transactional.id", key, why)
+        old = self.producer
+        self.producer = self.producer_factory()      # may raise WriterFenced: stays fenced
+        self.reinitialisations += 1
+        self._abort_pending = False
+        self._n_partitions = None
+        try:
+            old.flush(0)
+        except Exception:                            # noqa: BLE001 - the old one is dead anyway
+            pass
+        raise WriterReinitialised(
+            f"state {key!r}: transactional producer re-created after a fatal error ({why}); "
+            "nothing of this write is committed; re-validate before writing again")
 
     def _write(self, key: str, payload: bytes, meta: dict | None = None, gc: bool = True) -> int:
         check_key(key)

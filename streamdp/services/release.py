@@ -70,7 +70,8 @@ from streamdp import serialization as ser
 from streamdp.continual import ContinualRelease, EpochSums
 from streamdp.moments.clipping import ClipBounds
 from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
-from streamdp.kafka.state_store import StateStore, StateStoreError, WriterFenced
+from streamdp.kafka.state_store import (StateStore, StateStoreError, WriterFenced,
+                                        WriterReinitialised)
 from streamdp.moments.sketch import SketchSums
 from streamdp.privacy.accountant import Accountant, BudgetExhausted, LedgerMismatch
 from streamdp.privacy.ledger import FileLedger, ledger_head
@@ -210,14 +211,11 @@ class ReleaseService:
             # Release records go through the deployment's one transactional producer:
             # init_transactions() fences every older release service of this deployment.
             self.transactional_id = writer_transactional_id(cfg.topic_prefix)
-            writer = Producer(cfg.client("producer", **{
-                "transactional.id": self.transactional_id, "enable.idempotence": True,
-                "acks": "all", "linger.ms": 5}))
-            writer.init_transactions(30)
-            self.store = StateStore(writer, cfg.bootstrap, self.topics.state,
+            self.writer_epoch = None
+            self.store = StateStore(self._new_writer(), cfg.bootstrap, self.topics.state,
                                     consumer_overrides={**client_extras(cfg.bootstrap), **cfg.kafka},
-                                    owns_producer=True,
-                                    transactional=True)
+                                    owns_producer=True, transactional=True,
+                                    producer_factory=self._new_writer)
             self.writer_epoch = self._register_writer()
             if self.accountant is not None:      # Kafka may have moved since the first check
                 self._check_ledger(self.accountant, self._release_records())
@@ -267,6 +265,34 @@ class ReleaseService:
             raise
 
     # ------------------------------------------------------------ fencing, ledger binding
+    def _new_writer(self) -> Producer:
+        """The deployment's transactional producer; ``init_transactions`` fences older ones.
+
+        Also called by the state store to replace a producer that hit a fatal error
+        (docs/operations.md §Outages): then, first, a newer registered writer means this
+        one was taken over, and it must not fence the new one by re-initialising."""
+        if self.writer_epoch is not None:
+            rec = self.store.read_latest(WRITER_KEY)
+            newest = 0 if rec is None else int(rec.meta.get("writer_epoch", 0))
+            if newest > self.writer_epoch:
+                raise WriterFenced(f"writer epoch {newest} registered after this one's "
+                                   f"({self.writer_epoch}): not re-initialising the producer")
+        writer = Producer(self.cfg.client("producer", **{
+            "transactional.id": self.transactional_id, "enable.idempotence": True,
+            "acks": "all", "linger.ms": 5}))
+        writer.init_transactions(30)
+        return writer
+
+    def _resync(self) -> None:
+        """After an outage or a re-created producer: re-validate against Kafka, then reload
+        the durable state exactly as at a restart (an interrupted release is redone from
+        its persisted state, its reservation fulfilled, never re-charged)."""
+        if not self._check_writer():
+            return
+        if self.accountant is not None:
+            self._check_ledger(self.accountant, self._release_records())
+        self._restore()
+
     def _release_records(self) -> dict:
         return self.store.read_all_latest(prefix="release/")
 
@@ -466,7 +492,7 @@ class ReleaseService:
         self.health.set_ready(True, "serving")
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         guard = OutageGuard(self.health, self.cfg.client("admin"), self._stop, name="release",
-                            resync=self._restore, logger=log)     # outages: alive, not ready, retry
+                            resync=self._resync, logger=log)     # outages: alive, not ready, retry
         try:
             while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 guard.run(self.step)
@@ -741,6 +767,14 @@ class ReleaseService:
         except WriterFenced as exc:
             self._set_fenced(f"release writer epoch {self.writer_epoch} was fenced at Kafka while "
                              f"persisting {key!r} ({exc}); nothing of it was published")
+            return False
+        except WriterReinitialised as exc:
+            # nothing was committed; the new producer (same transactional.id, epoch bumped)
+            # writes only after the state is re-validated and reloaded from Kafka
+            log.warning("%s", exc)
+            if self.spend is not None:
+                self.spend.discard()     # uncommitted: fulfilled by the retried release
+            self._resync()
             return False
         except BaseException:
             if self.spend is not None:
