@@ -339,11 +339,14 @@ class _Deliveries:
         self.ok = 0
         self.errors: list[str] = []
         self.fenced = False
+        self.fatal: KafkaError | None = None     # fatal, but not a fencing error
 
     def callback(self, err, msg) -> None:
         if err is not None:
-            if err.code() in _FENCED_CODES or err.fatal():
+            if err.code() in _FENCED_CODES:
                 self.fenced = True
+            elif err.fatal():
+                self.fatal = err
             key = msg.key() if msg is not None else None
             self.errors.append(f"{key!r}: {err}")
         else:
@@ -458,15 +461,22 @@ class StateStore:
             remaining = self.producer.flush(self.flush_timeout)
         except Exception as exc:     # a fatal (e.g. fenced) producer error surfaces here
             err = _kafka_error(exc)
-            if err is not None and (err.code() in _FENCED_CODES or err.fatal()):
+            # a transactional writer tells fencing from other fatal errors (write() re-creates
+            # the producer for the latter); a plain idempotent producer is dead either way
+            if err is not None and (err.code() in _FENCED_CODES
+                                    or (err.fatal() and not self.transactional)):
                 raise WriterFenced(f"{what}: {err}") from exc
             raise
         if deliveries.errors or deliveries.pending:
-            raise (WriterFenced if deliveries.fenced else StateWriteError)(
+            fenced = deliveries.fenced or (deliveries.fatal is not None and not self.transactional)
+            error = (WriterFenced if fenced else StateWriteError)(
                 f"{what}: {deliveries.ok}/{deliveries.expected} delivered, "
                 f"{len(deliveries.errors)} failed, {deliveries.pending} unconfirmed "
                 f"({remaining} messages still queued after {self.flush_timeout:.0f} s)"
                 + (f"; first error {deliveries.errors[0]}" if deliveries.errors else ""))
+            if deliveries.fatal is not None and not fenced:
+                raise error from KafkaException(deliveries.fatal)    # write() sees it is fatal
+            raise error
 
     # ---------------------------------------------------------------- write
     def write(self, key: str, payload: bytes, meta: dict | None = None) -> int:
