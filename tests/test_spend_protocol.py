@@ -259,3 +259,35 @@ def test_the_guard_sees_a_hand_written_protocol(tmp_path):
     bad.write_text("def f(accountant, ev):\n    t = accountant.reserve(ev)\n"
                    "    accountant.commit(t)\n")
     assert len(_direct_spend_calls(bad)) == 2
+
+
+def test_continual_estimator_on_a_file_ledger_reruns_from_its_persisted_tree_nodes(tmp_path):
+    """Continual mode: the tree's noised nodes (EpochSums) go to the output store too, so a
+    re-run of the same run returns the same snapshots and spends nothing more."""
+    from streamdp.synthetic import make_lda_model, sample_documents
+
+    model = make_lda_model(40, 3, alpha0=1.0, beta=0.1, seed=3)
+    X = sample_documents(model, 2400, mean_length=30, seed=4)
+    ledger = tmp_path / "ledger.jsonl"
+
+    def run():
+        acc = Accountant(EPS, DELTA, ledger)
+        est = streamdp.StreamingSpectralLDA(3, epsilon=EPS, delta=DELTA, seed=0, sampler="fast",
+                                            epochs=streamdp.EpochClock(0.0, 10.0), horizon=3,
+                                            accountant=acc, run_id="continual-1")
+        est.warmup(X[:800])
+        snaps = []
+        for t in range(3):
+            rows = slice(800 + 500 * t, 1300 + 500 * t)
+            est.partial_fit(X[rows], np.full(500, 10.0 * t + 5.0))
+            snaps += est.close_epochs(10.0 * (t + 1))
+        return snaps, acc.report()
+
+    first, rep1 = run()
+    n_records = len(FileLedger(ledger).read())
+    second, rep2 = run()
+    assert len(first) == len(second) == 3
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a.topic_word, b.topic_word)
+    assert len(FileLedger(ledger).read()) == n_records
+    assert _accounting(rep1) == _accounting(rep2) and rep2["uncommitted"] == 0
