@@ -1,16 +1,17 @@
 """The spend protocol, written once: reserve → draw noise → persist → commit.
 
-Every private release of the services goes through :class:`SpendSession`, a
-:class:`~streamdp.privacy.events.BudgetSpender` handed to the code that draws
-noise (the tree mechanism, the warm-up's clip histogram and range finder, a
-one-shot release):
+Every private release of the release service and of the estimator goes through
+a :class:`SpendSession`, a :class:`~streamdp.privacy.events.BudgetSpender`
+handed to the code that draws noise (the tree mechanism, the warm-up's clip
+histogram and range finder, a one-shot release, a refinement pass), which calls
+:func:`spend`:
 
-1. **reserve** — ``reserve(events, label)`` is forwarded to
-   :meth:`Accountant.reserve` with an *idempotency key*
-   ``f"{scope}:{label}"`` naming exactly what is released (``"tree:epoch=5"``
-   is the reservation of the tree nodes completing at epoch 5;
-   ``"warmup:warmup"`` the warm-up range finder). The ledger line is durable
-   (fsync'd) before it returns.
+1. **reserve** — forwarded to :meth:`Accountant.reserve` with an *idempotency
+   key* ``f"{scope}:{label}"`` (just the label with no scope) naming exactly
+   what is released: the service's ``"tree:epoch=5"`` is the reservation of the
+   tree nodes completing at epoch 5, ``"warmup"`` the warm-up range finder; an
+   estimator run's ``"<run_id>:release#1"`` its first one-shot release. The
+   ledger line is durable (fsync'd) before it returns.
 2. **draw** — the caller draws the noise and computes the noised output.
 3. **persist** — the caller stores the noised output durably (the release
    service: the release state on Kafka, which holds the noised tree nodes; the
