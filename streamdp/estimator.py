@@ -626,7 +626,9 @@ def _fit_selecting_vocabulary(documents, n_topics, config, candidates, *, epsilo
                                 delta=delta, config=cfg,
                                 candidates=candidates if candidates is not None
                                 else default_candidates(),
-                                spender=accountant, sampler=sel_sampler)
+                                spender=StreamingSpectralLDA._spend_session(
+                                    accountant, kwargs.get("run_id")),   # keyed, as fit's draws
+                                sampler=sel_sampler)
     rest = np.flatnonzero(~in_slice)
     X, _ = sel.vocabulary.vectorize([docs[i] for i in rest])
     snap = fit(X, n_topics, epsilon=epsilon, delta=delta, timestamps=ts[rest],

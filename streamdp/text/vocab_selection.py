@@ -43,6 +43,7 @@ import numpy as np
 from streamdp.privacy.conversions import zcdp_epsilon, zcdp_rho
 from streamdp.privacy.events import VOCABULARY, BudgetSpender, GaussianEvent, sigma_for_rho
 from streamdp.privacy.noise import GaussianSampler
+from streamdp.privacy.spend import spend
 from streamdp.text.vocabulary import Vocabulary
 
 BLOCK_CANDIDATES = "vocabulary"
@@ -374,39 +375,45 @@ def select_vocabulary(histogram: CandidateHistogram, plan: SelectionPlan, *,
         raise ValueError("the histogram was counted with other clip parameters (m, m', new_words) "
                          "than the plan's config: the sensitivity would not hold")
     cands = histogram.candidates
-    token = spender.reserve(list(plan.events), label=label)
-    # ---- draws (after the reservation is durable)
-    kept_candidates: list[str] = []
-    noisy_above = 0
-    if cfg.candidates == "noisy":
-        noisy = np.asarray(sampler.add_noise(histogram.counts.astype(np.float64),
-                                             plan.sigma_candidates), dtype=np.float64)
-        cut = cut_sd * plan.sigma_candidates
-        above = np.flatnonzero(noisy > cut)
-        noisy_above = int(above.size)
-        order = above[np.lexsort((above, -noisy[above]))][:cfg.size]
-        kept_candidates = [cands[int(j)] for j in order]
-        n_private = len(kept_candidates)
-        if cfg.fill_from_public and len(kept_candidates) < cfg.size:
-            chosen = set(kept_candidates)
-            for w in cands.words:
-                if len(kept_candidates) >= cfg.size:
-                    break
-                if w not in chosen:
-                    kept_candidates.append(w)
-    else:
-        kept_candidates = list(cands.words[:cfg.size])
-        n_private = 0
-    new_words: list[str] = []
-    if cfg.new_words:
-        meas = _threshold_measurement(plan.sigma_new_words, plan.threshold_new_words)
-        released = meas({w: float(c) for w, c in histogram.new_counts.items()}) \
-            if histogram.new_counts else {}
-        ranked = sorted(released.items(), key=lambda kv: (-kv[1], kv[0]))
-        if cfg.max_new_words is not None:
-            ranked = ranked[:cfg.max_new_words]
-        new_words = [w for w, _ in ranked]
-    spender.commit(token)
+
+    def draw():
+        # every draw of the selection (after the reservation is durable)
+        kept_candidates: list[str] = []
+        noisy_above = 0
+        if cfg.candidates == "noisy":
+            noisy = np.asarray(sampler.add_noise(histogram.counts.astype(np.float64),
+                                                 plan.sigma_candidates), dtype=np.float64)
+            cut = cut_sd * plan.sigma_candidates
+            above = np.flatnonzero(noisy > cut)
+            noisy_above = int(above.size)
+            order = above[np.lexsort((above, -noisy[above]))][:cfg.size]
+            kept_candidates = [cands[int(j)] for j in order]
+            n_private = len(kept_candidates)
+            if cfg.fill_from_public and len(kept_candidates) < cfg.size:
+                chosen = set(kept_candidates)
+                for w in cands.words:
+                    if len(kept_candidates) >= cfg.size:
+                        break
+                    if w not in chosen:
+                        kept_candidates.append(w)
+        else:
+            kept_candidates = list(cands.words[:cfg.size])
+            n_private = 0
+        new_words: list[str] = []
+        if cfg.new_words:
+            meas = _threshold_measurement(plan.sigma_new_words, plan.threshold_new_words)
+            released = meas({w: float(c) for w, c in histogram.new_counts.items()}) \
+                if histogram.new_counts else {}
+            ranked = sorted(released.items(), key=lambda kv: (-kv[1], kv[0]))
+            if cfg.max_new_words is not None:
+                ranked = ranked[:cfg.max_new_words]
+            new_words = [w for w, _ in ranked]
+        return kept_candidates, n_private, noisy_above, new_words
+
+    # reserve → draw → persist → commit: the one spend protocol (streamdp.privacy.spend)
+    kept_candidates, n_private, noisy_above, new_words = spend(
+        spender, plan.events, label=label, draw=draw)
+    kept_candidates, new_words = list(kept_candidates), list(new_words)
     # ---- post-processing
     words = kept_candidates + [w for w in new_words if w not in set(kept_candidates)]
     if n_private + len(new_words) < cfg.min_words:
