@@ -261,9 +261,11 @@ def test_the_guard_sees_a_hand_written_protocol(tmp_path):
     assert len(_direct_spend_calls(bad)) == 2
 
 
-def test_continual_estimator_on_a_file_ledger_reruns_from_its_persisted_tree_nodes(tmp_path):
-    """Continual mode: the tree's noised nodes (EpochSums) go to the output store too, so a
-    re-run of the same run returns the same snapshots and spends nothing more."""
+@pytest.mark.parametrize("aggregator", ["tree", "blt"])
+def test_continual_estimator_on_a_file_ledger_reruns_from_its_persisted_draws(tmp_path, aggregator):
+    """Continual mode: each epoch's draw (the tree's noised nodes; the BLT's step and its
+    noise part) goes to the output store too, so a re-run of the same run returns the same
+    snapshots and spends nothing more."""
     from streamdp.synthetic import make_lda_model, sample_documents
 
     model = make_lda_model(40, 3, alpha0=1.0, beta=0.1, seed=3)
@@ -274,7 +276,8 @@ def test_continual_estimator_on_a_file_ledger_reruns_from_its_persisted_tree_nod
         acc = Accountant(EPS, DELTA, ledger)
         est = streamdp.StreamingSpectralLDA(3, epsilon=EPS, delta=DELTA, seed=0, sampler="fast",
                                             epochs=streamdp.EpochClock(0.0, 10.0), horizon=3,
-                                            accountant=acc, run_id="continual-1")
+                                            accountant=acc, run_id="continual-1",
+                                            continual_aggregator=aggregator)
         est.warmup(X[:800])
         snaps = []
         for t in range(3):
