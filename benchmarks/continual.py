@@ -151,8 +151,9 @@ def run(model, sub, clip, epoch_sums, k, eps, delta, seed, mechanisms, all_steps
     if "blt" in mechanisms:
         acct = Accountant(eps, delta, MemoryLedger())
         params = default_params(R)
-        mech = SketchNodeMechanism(sub, clip, BudgetSplit(), rho / params.sensitivity_squared(),
-                                   sampler)
+        probe = SketchNodeMechanism(sub, clip, BudgetSplit(), rho, sampler)
+        weight = BLTAggregator(params, probe).charge_weight()     # ‖c‖² + rounding over T_max
+        mech = SketchNodeMechanism(sub, clip, BudgetSplit(), rho / weight, sampler)
         blt = BLTAggregator(params, mech, acct, label="blt")
         for t, s in enumerate(epoch_sums, start=1):
             out = blt.add_epoch(s)

@@ -1,13 +1,16 @@
 """Continual release of topics over timestamp epochs: BLT matrix factorization (default) or
 the binary tree mechanism.
 
-``aggregator="blt"`` (default): each closed epoch's sums are added, with correlated noise
-(C⁻¹z)_t, to the running noised prefix of a :class:`~streamdp.privacy.blt.BLTAggregator`;
-σ is set from the infinite-horizon column norm ‖c‖² of the BLT strategy matrix, so a
-document costs at most ρ_stream however many epochs are closed, and the accountant is
-charged, epoch by epoch, exactly the worst document's loss so far (docs/privacy.md §BLT).
-State: the noised prefix and ``nbuf`` (4) secret noise buffers, each the size of one
-epoch's sums; no raw sums once an epoch is closed.
+``aggregator="blt"`` (default): each closed epoch's sums enter y_t = (Cx)_t + z_t of a
+:class:`~streamdp.privacy.blt.BLTAggregator` (one Gaussian mechanism on a data value); the
+release is the prefix of x̃ = C⁻¹y (post-processing). σ is set for ρ_stream/W, W ≥
+Σ_{j<T_max}(c_j + ε)² (‖c‖² of the strategy matrix plus its float rounding term ε over the
+public T_max = 10⁶ epochs), so a document costs at most ρ_stream through T_max epochs, the
+accountant is charged, epoch by epoch, the worst document's loss so far, and epoch
+T_max + 1 is refused (docs/privacy.md §BLT, §Floating point).
+State: the noised prefix, ``nbuf`` (4) public buffers and ``nbuf`` SECRET raw buffers
+(double-double: exponentially weighted raw epoch sums — protect like raw data), each the
+size of one epoch's noised sums.
 
 ``aggregator="tree"``: each closed epoch's sketch sums are a leaf of a :class:`~streamdp.privacy.tree.TreeAggregator`;
 a dyadic node of epochs is noised once, when complete, with the per-block Gaussian
@@ -41,8 +44,8 @@ from streamdp.privacy.report import release_report
 from streamdp.privacy.spend import Codec
 from streamdp.privacy.tree import (HorizonExceeded, TreeAggregator, completing_levels,
                                   covering_levels, tree_depth)
-from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, dd_add,
-                                       require_within_premise)
+from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, dd_add, per_document_magnitude,
+                                       require_within_premise, rounding_bound)
 from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch,
                                  plan_refinement, refined_topics)
@@ -139,45 +142,91 @@ class SketchNodeMechanism:
         return EpochSums(noised, refine)
 
     # ---- the BLT's noise interface (streamdp/privacy/blt.py: NoiseMechanism)
-    def privatize_shifted(self, value: EpochSums | SketchSums, shift: np.ndarray | None,
-                          events) -> tuple[EpochSums, np.ndarray]:
-        """Release value + shift + fresh noise; return it and its noise part (flat, the noised
-        blocks in event order). The shift (the BLT's −ωᵀS_t, secret noise) is added to the true
-        values *before* they pass through the sampler, so the released floats come out of the
-        vetted mechanism exactly as in a one-shot release; derived and withheld blocks as in
-        :func:`~streamdp.release.noise_sums`."""
+    def _raw_blocks(self, value: EpochSums | SketchSums, events) -> dict[str, np.ndarray]:
         if isinstance(value, SketchSums):
             value = EpochSums(value)
-        events = list(events)
-        sk = value.sketch
-        raw = {e.block: (np.asarray(value.refine, dtype=np.float64) if e.block == REFINE_BLOCK
-                         else np.atleast_1d(np.asarray(getattr(sk, e.block), dtype=np.float64)))
-               for e in events}
-        if shift is None:
-            shift = np.zeros(sum(v.size for v in raw.values()))
-        pieces, at = {}, 0
-        for e in events:
-            size = raw[e.block].size
-            pieces[e.block] = shift[at:at + size].reshape(raw[e.block].shape)
+        return {e.block: (np.asarray(value.refine, dtype=np.float64) if e.block == REFINE_BLOCK
+                          else np.atleast_1d(np.asarray(getattr(value.sketch, e.block),
+                                                        dtype=np.float64)))
+                for e in events}
+
+    def layout(self, value: EpochSums | SketchSums, events) -> list:
+        """Public (block, shape) of the noised blocks, in event order."""
+        return [(b, list(v.shape)) for b, v in self._raw_blocks(value, events).items()]
+
+    def flatten(self, value: EpochSums | SketchSums, events) -> np.ndarray:
+        """The raw noised blocks (those with an event) as one flat vector: SECRET."""
+        return np.concatenate([v.ravel() for v in self._raw_blocks(value, events).values()])
+
+    def noise(self, value: EpochSums | SketchSums, flat: np.ndarray, events) -> np.ndarray:
+        """Each block of ``flat`` (the BLT's (Cx)_t, secret data) through the sampler with its
+        σ_b, after refusing (before any draw) an epoch of more than max_documents documents."""
+        sk = value.sketch if isinstance(value, EpochSums) else value
+        require_within_premise(sk.n_docs, self.max_documents, "continual epoch")
+        raw = self._raw_blocks(value, events)
+        where, at = {}, 0
+        for b, v in raw.items():
+            where[b] = (at, v.shape)
+            at += v.size
+        if at != flat.size:
+            raise ValueError(f"flat value of size {flat.size}, the plan needs {at}")
+        out = np.empty_like(flat)
+        # draw in noise_sums' block order (then refinement), as a one-shot release does
+        for e in sorted(events, key=lambda e: _DRAW_ORDER.index(e.block)):
+            a, shape = where[e.block]
+            size = int(np.prod(shape))
+            out[a:a + size] = np.asarray(self.sampler.add_noise(flat[a:a + size].reshape(shape),
+                                                                e.sigma), dtype=np.float64).ravel()
+        return out
+
+    def assemble(self, flat: np.ndarray, layout: list, events) -> EpochSums:
+        """The released EpochSums from the flat noised blocks (post-processing): blocks without
+        an event are derived (s1 = Qᵀm1, s2 = Qᵀz from the noised m1/z) or withheld (zero),
+        s2 and s3 symmetrised — exactly as :func:`~streamdp.release.noise_sums` treats them."""
+        blocks, at = {}, 0
+        for b, shape in layout:
+            size = int(np.prod(shape))
+            blocks[b] = np.asarray(flat[at:at + size], dtype=np.float64).reshape(shape)
             at += size
-        if at != shift.size:
-            raise ValueError(f"shift of size {shift.size}, the plan needs {at}")
         spectral = [e for e in events if e.block != REFINE_BLOCK]
-        shifted = sk.replace(**{e.block: (float(sk.count) + float(pieces["count"][0])
-                                          if e.block == "count"
-                                          else raw[e.block] + pieces[e.block])
-                                for e in spectral})
-        noised = noise_sums(shifted, spectral, self.sampler, self.subspace.Q,
-                            max_documents=self.max_documents)
-        refine = None
-        if self.refine_share:
-            e = next(e for e in events if e.block == REFINE_BLOCK)
-            refine = self.sampler.add_noise(raw[REFINE_BLOCK] + pieces[REFINE_BLOCK], e.sigma)
-        out = EpochSums(noised, refine)
-        noise = [((refine if e.block == REFINE_BLOCK
-                   else np.atleast_1d(np.asarray(getattr(noised, e.block), dtype=np.float64)))
-                  - raw[e.block]).ravel() for e in events]
-        return out, np.concatenate(noise)
+        base = zero_sums(self.subspace)
+        sk = base.replace(**{b: (float(v[0]) if b == "count" else v)
+                             for b, v in blocks.items() if b != REFINE_BLOCK})
+        # noise_sums with no draws for the given blocks: reuse its derived/withheld rules
+        out = noise_sums(sk, [_Given(e.block) for e in spectral], _NO_DRAW, self.subspace.Q,
+                         max_documents=10 ** 12)
+        return EpochSums(out, blocks.get(REFINE_BLOCK))
+
+    def magnitudes(self, events) -> list[float]:
+        """X_b = N_max·M_b + R_b ≥ ‖computed epoch sum of block b‖_F (rounding.py)."""
+        from streamdp.release import _BLOCK_CLIP
+        out = []
+        for e in events:
+            c = _BLOCK_CLIP[e.block](self.clip)
+            out.append(self.max_documents * per_document_magnitude(e.block, c)
+                       + rounding_bound(e.block, c, self.max_documents))
+        return out
+
+
+_DRAW_ORDER = ("count", "m1", "z", "s1", "s2", "s3", REFINE_BLOCK)
+
+
+@dataclass(frozen=True)
+class _Given:
+    """An 'event' for :func:`noise_sums` on already noised values (block name only)."""
+
+    block: str
+    sigma: float = 0.0
+
+
+class _NoDraw:
+    """A sampler that adds nothing: the values handed to it are already noised outputs."""
+
+    def add_noise(self, value, sigma):
+        return np.asarray(value, dtype=np.float64)
+
+
+_NO_DRAW = _NoDraw()
 
 
 AGGREGATORS = ("blt", "tree")
@@ -186,10 +235,7 @@ AGGREGATORS = ("blt", "tree")
 # an epoch's noised tree nodes, as a spend session's output store keeps them
 NODES_CODEC = Codec(lambda nodes: [n.to_dict() for n in nodes],
                     lambda data: [EpochSums.from_dict(d) for d in data])
-# a BLT epoch's draw: the released step x_t + w_t and w_t, its correlated noise part (SECRET:
-# with the releases it reveals raw sums, as the BLT's checkpoint buffers do)
-BLT_STEP_CODEC = Codec(lambda sw: {"step": sw[0].to_dict(), "w": ser.pack_array(np.asarray(sw[1]))},
-                       lambda d: (EpochSums.from_dict(d["step"]), ser.unpack_array(d["w"], name="w")))
+# (a BLT epoch's draw is y_t, a flat public array: the default array codec)
 
 
 class ContinualRelease:
@@ -264,19 +310,22 @@ class ContinualRelease:
         if self.aggregator == "tree":
             self.rho_node = self.rho / self.depth
         else:
-            self.rho_node = self.rho / self.blt_params.sensitivity_squared()
+            # ρ_unit = ρ/W, W ≥ Σ_{j<T_max}(c_j + ε)² (ε: the BLT's rounding term; the
+            # sensitivities Δ_b, hence ε, do not depend on ρ_node)
+            probe = SketchNodeMechanism(self.subspace, self.clip, self.split, self.rho, self.sampler,
+                                        share, max_documents=self.max_documents)
+            self.rho_node = self.rho / BLTAggregator(self.blt_params, probe).charge_weight()
         self.mechanism = SketchNodeMechanism(self.subspace, self.clip, self.split, self.rho_node,
                                              self.sampler, share, max_documents=self.max_documents)
         if self.aggregator == "tree":
             self.tree = TreeAggregator(self.horizon, self.mechanism, spender, label=self.label,
                                        codec=NODES_CODEC)
         else:
-            self.tree = BLTAggregator(self.blt_params, self.mechanism, spender, label=self.label,
-                                      codec=BLT_STEP_CODEC)
+            self.tree = BLTAggregator(self.blt_params, self.mechanism, spender, label=self.label)
 
     @property
     def epoch_limit(self) -> float:
-        return self.horizon if self.aggregator == "tree" else math.inf
+        return self.horizon if self.aggregator == "tree" else self.tree.max_epochs if self.tree else math.inf
 
     def noise_multiplier(self) -> float:
         """sd of the current release's noise / σ of one draw (tree: √nodes summed)."""
@@ -373,9 +422,12 @@ class ContinualRelease:
             aggregator_fields = {
                 "blt": {**self.blt_params.to_dict(), "nbuf": self.blt_params.nbuf,
                         "column_norm_squared": self.blt_params.sensitivity_squared(),
+                        "rounding_ratio": self.tree.rounding_ratio(),
+                        "charge_weight": self.tree.charge_weight(),
+                        "max_epochs": self.tree.max_epochs,
                         "noise_multiplier": self.noise_multiplier()},
-                # the unit plan (sensitivity Δ_b, Σρ = rho_node), named as the tree's node plan;
-                # epoch t reserved it at sensitivity c_{t−1}·Δ_b
+                # the unit plan (sensitivity Δ_b, Σρ = rho_node = ρ/charge_weight), named as the
+                # tree's node plan; epoch t reserved it at sensitivity Δ_b·(c_{t−1} + ε)
                 "node_events": [e.to_dict() for e in node_events],
                 "rho_spent_per_document": self.tree.rho_per_document(t),
                 "rho_per_document": self.tree.rho_per_document()}
@@ -441,7 +493,7 @@ class ContinualRelease:
             self.blt_params = stored
             self._build(self.tree.spender)
         self.tree = BLTAggregator.from_state(state, EpochSums.from_dict, self.mechanism,
-                                             self.tree.spender, codec=BLT_STEP_CODEC)
+                                             self.tree.spender)
         return self
 
 

@@ -2,6 +2,7 @@
 accounting against the factorization's sensitivity, checkpoints and the spend protocol."""
 import json
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -10,9 +11,12 @@ import streamdp.serialization as ser
 from streamdp import ClipBounds, WhitenedSketch
 from streamdp.continual import ContinualRelease
 from streamdp.privacy.accountant import Accountant, AlreadySpent, BudgetExhausted, LoadTally
-from streamdp.privacy.blt import (BLTAggregator, BLTParams, GaussianArrayMechanism,
-                                  _PARAMS_FILE, default_params, optimize_blt,
-                                  sqrt_toeplitz_error_profile, tree_error_profile)
+from streamdp.privacy.blt import (DEFAULT_MAX_EPOCHS, BLTAggregator, BLTParams,
+                                  GaussianArrayMechanism, _PARAMS_FILE, charged_weight,
+                                  default_params, optimize_blt, sqrt_toeplitz_error_profile,
+                                  strategy_rounding_bound, tree_error_profile)
+from streamdp.privacy.rounding import UNIT_ROUNDOFF
+from streamdp.privacy.tree import HorizonExceeded
 from streamdp.privacy.events import parse_partition, sigma_for_rho
 from streamdp.privacy.memory_ledger import MemoryLedger
 from streamdp.privacy.noise import CSPRNGGaussianSampler
@@ -43,6 +47,7 @@ class Recording:
     def __init__(self, seed):
         self.inner = CSPRNGGaussianSampler(seed)
         self.draws = []
+        self.inputs = []          # the data values handed to the sampler: (C x)_t
 
     def sample(self, sigma, shape):
         x = self.inner.sample(sigma, shape)
@@ -51,7 +56,27 @@ class Recording:
 
     def add_noise(self, value, sigma):
         x = np.asarray(value, dtype=np.float64)
+        self.inputs.append(np.array(x))
         return x + self.sample(sigma, x.shape)
+
+
+def eps_of(agg) -> float:
+    """ε = 2F/Δ recomputed from the documented formula (independently of rounding_ratio)."""
+    (e,) = agg.unit_events()
+    X = agg.mechanism.magnitudes([e])[0]
+    u = UNIT_ROUNDOFF
+    th, om = np.array(agg.params.theta), np.array(agg.params.omega)
+    D = 14 * u * u * X / (1 - th) ** 2
+    K = 1.01 * (3 * len(th) * (len(th) + 2) + 3)
+    t_abs = X + (1 + 2 * u) * np.sum(om * (X / (1 - th) + D))
+    F = (u + 2 * K * u * u) * t_abs + np.sum(om * D) + 2.0 ** -1000 * (1 + np.sum(om / (1 - th)))
+    return 2 * F / e.sensitivity
+
+
+def calibrated_sigma(p, sens, rho, max_epochs=DEFAULT_MAX_EPOCHS):
+    """σ for ρ_unit = ρ/W (W from the closed form, for a magnitude of 10⁹·sens)."""
+    probe = BLTAggregator(p, GaussianArrayMechanism(sens, 1.0, None), max_epochs=max_epochs)
+    return sigma_for_rho(sens, rho / probe.charge_weight())
 
 
 # ------------------------------------------------------------------ the factorization
@@ -88,8 +113,95 @@ def test_release_noise_is_exactly_B_times_the_draws():
     expected = np.cumsum(xs.reshape(n, -1), axis=0) + B @ Z
     got = np.stack([agg.release(t).reshape(-1) for t in range(1, n + 1)])
     np.testing.assert_allclose(got, expected, atol=1e-10)
-    assert agg.raw_partials == 0
+    assert agg.raw_partials == PARAMS.nbuf
     assert agg.noise_multiplier(n) == pytest.approx(math.sqrt((B[-1] ** 2).sum()))
+
+
+def test_raw_and_public_buffers_match_explicit_matrices():
+    """What the sampler sees is (C x)_t (raw buffers, data only); the released increments are
+    C⁻¹ of the sampler's outputs (public buffers); the raw buffers are Σ_s θ^{t−1−s} x_s."""
+    n, shape = 30, (4,)
+    sampler = Recording(7)
+    agg = BLTAggregator(PARAMS, GaussianArrayMechanism(1.0, 0.9, sampler), keep_history=True)
+    xs = np.random.default_rng(1).normal(size=(n,) + shape)
+    for x in xs:
+        agg.add_epoch(x)
+    C = explicit_C(PARAMS, n)
+    V = np.stack(sampler.inputs)                              # inputs of the sampler
+    np.testing.assert_allclose(V, C @ xs, rtol=1e-13, atol=1e-13)
+    Y = V + np.stack(sampler.draws)                           # its outputs (public)
+    steps = np.diff(np.stack([np.zeros(shape)] + [agg.release(t) for t in range(1, n + 1)]), axis=0)
+    np.testing.assert_allclose(C @ steps, Y, atol=1e-11)
+    th = np.array(PARAMS.theta)
+    R = np.stack([sum(th ** (n - 1 - s) * xs[s][0] for s in range(n))])[0]   # R_{i,n+1}, coordinate 0
+    np.testing.assert_allclose(agg._raw_hi[:, 0] + agg._raw_lo[:, 0], R, rtol=1e-14)
+    P = sum(th ** (n - 1 - s) * steps[s][0] for s in range(n))
+    np.testing.assert_allclose(agg._public[:, 0], P, rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------ rounding
+def _exact_strategy(p: BLTParams, xs: np.ndarray) -> list[list[Fraction]]:
+    """(C x)_t in exact rational arithmetic from the float inputs and float θ, ω."""
+    th, om = [Fraction(v) for v in p.theta], [Fraction(v) for v in p.omega]
+    c = [Fraction(1)] + [sum(w * a ** (j - 1) for a, w in zip(th, om)) for j in range(1, len(xs))]
+    return [[sum(c[t - s] * Fraction(float(xs[s][k])) for s in range(t + 1))
+             for k in range(xs.shape[1])] for t in range(len(xs))]
+
+
+def _dist(v: np.ndarray, exact: list[Fraction]) -> float:
+    return math.sqrt(sum(float(Fraction(float(a)) - b) ** 2 for a, b in zip(v, exact)))
+
+
+def _naive_strategy(p: BLTParams, xs: np.ndarray) -> list[np.ndarray]:
+    """Plain float64 buffers (what the bound must NOT be claimed for)."""
+    th, om = np.array(p.theta), np.array(p.omega)
+    R, out = np.zeros((p.nbuf, xs.shape[1])), []
+    for x in xs:
+        out.append(x + om @ R)
+        R = th[:, None] * R + x[None, :]
+    return out
+
+
+@pytest.mark.parametrize("s0", [1, 4, 17])
+def test_neighbouring_epoch_sequences_move_each_step_within_the_declared_sensitivity(s0):
+    """Adversarial rounding: large cancelling epoch sums (±10¹⁰, the magnitude of 10⁹ documents),
+    one document added in epoch s0. Against exact rationals, every computed (C x)_t is within F
+    of the exact value; neighbours differ by ≤ c_{t−s0}·‖x'_{s0} − x_{s0}‖ + 2F, i.e. ≤ the
+    charged Δ·(c_{t−1} + ε) at the worst s0 = 1; nothing before s0. Plain float64 buffers break F."""
+    n, M = 40, 1e10
+    rng = np.random.default_rng(s0)
+    signs = np.array([1.0, -1.0, 1.0, -1.0])
+    xs = np.stack([M * (1 + rng.integers(0, 2 ** 20, size=4) / 2 ** 20 * 1e-3) * signs
+                   + rng.normal(size=4) for _ in range(n)])
+    doc = np.array([0.6, -0.8, 0.0, 0.0]) * (1 - 1e-12)      # one document, norm ≤ Δ = 1
+    xs2 = xs.copy()
+    xs2[s0 - 1] = xs[s0 - 1] + doc
+    X = max(max(np.linalg.norm(x) for x in xs), max(np.linalg.norm(x) for x in xs2))
+    F = strategy_rounding_bound(PARAMS, X)
+    inputs = []
+    for seq in (xs, xs2):
+        rec = Recording(0)
+        agg = BLTAggregator(PARAMS, GaussianArrayMechanism(1.0, 1.0, rec, magnitude=X))
+        for x in seq:
+            agg.add_epoch(x)
+        inputs.append(np.stack(rec.inputs))
+        exact = _exact_strategy(PARAMS, seq)
+        errors = [_dist(v, e) for v, e in zip(rec.inputs, exact)]
+        assert max(errors) <= F, (max(errors), F)
+    eps = agg.rounding_ratio()
+    assert eps == pytest.approx(2 * F / 1.0, rel=1e-12)
+    c = PARAMS.coefs(n)
+    moved = np.linalg.norm(xs2[s0 - 1] - xs[s0 - 1])
+    for t in range(1, n + 1):
+        diff = np.linalg.norm(inputs[1][t - 1] - inputs[0][t - 1])
+        if t < s0:
+            assert diff == 0.0
+        else:
+            assert diff <= c[t - s0] * moved + 2 * F, t
+            assert diff <= agg.step_factor(t - s0 + 1) * 1.0   # Δ·(c_{t−s0} + ε)
+    # the bound is needed: plain float64 buffers exceed it on the same input
+    naive = _naive_strategy(PARAMS, xs)
+    assert max(_dist(v, e) for v, e in zip(naive, _exact_strategy(PARAMS, xs))) > F
 
 
 def test_release_variance_matches_the_profile():
@@ -107,14 +219,15 @@ def test_release_variance_matches_the_profile():
 
 # ------------------------------------------------------------------ accounting
 @pytest.mark.parametrize("n", [1, 5, 16])
-def test_accounting_equals_the_factorizations_sensitivity(n):
-    """After n epochs the accountant holds exactly ρ_unit × (max column norm of C_n)², the
-    sensitivity of the factorization over n steps computed from the explicit matrix; every
-    epoch's atom (whole-stream partition) carries the worst document's loss."""
+def test_accounting_equals_the_factorizations_sensitivity_plus_rounding(n):
+    """After n epochs the accountant holds exactly ρ_unit·Σ_t (C[t,0] + ε)², the column norm of
+    the explicit matrix with the per-step rounding term ε = 2F/Δ added to every step; every
+    epoch's atom (whole-stream partition) carries at least each document's loss."""
     acc = Accountant(1.0, 1e-6, MemoryLedger())
     rho = acc.rho_budget
     p = PARAMS
-    sens, sigma = 1.3, sigma_for_rho(1.3, rho / p.sensitivity_squared())   # ρ_unit = ρ/‖c‖²
+    sens = 1.3
+    sigma = calibrated_sigma(p, sens, rho)
     seen = []
 
     class Spy:
@@ -126,58 +239,74 @@ def test_accounting_equals_the_factorizations_sensitivity(n):
             acc.commit(token)
 
     agg = BLTAggregator(p, GaussianArrayMechanism(sens, sigma, CSPRNGGaussianSampler(0)), Spy())
+    eps = eps_of(agg)
+    assert agg.rounding_ratio() == pytest.approx(eps, rel=1e-12)
+    assert 1e-7 < eps < 1e-5          # u·‖c‖₁·10⁹·2: small, but charged
     for _ in range(n):
         agg.add_epoch(np.zeros(4))
     C = explicit_C(p, n)
     rho_unit = sens ** 2 / (2 * sigma ** 2)
-    direct = rho_unit * np.max((C ** 2).sum(axis=0))
+    direct = rho_unit * float(np.sum((C[:, 0] + eps) ** 2))
     assert acc.report()["rho_worst_case"] == pytest.approx(direct, rel=1e-9)
     assert agg.rho_per_document(n) == pytest.approx(direct, rel=1e-12)
-    # per document, brute force: a document of epoch s is in y_t with weight C[t, s]
+    # per document, brute force: a document of epoch s moves step t by ≤ Δ·(C[t, s] + ε)
     tally = LoadTally()
     for evs in seen:
         for e in evs:
             tally.add(parse_partition(e.partition), e.rho)
     for s in range(n):
-        doc_loss = rho_unit * float((C[:, s] ** 2).sum())
+        doc_loss = rho_unit * float(np.sum((C[s:, s] + eps) ** 2))
         assert doc_loss <= tally.atom(epoch=s + 1) * (1 + 1e-12)
-    assert tally.atom(epoch=1) == pytest.approx(rho_unit * float((C[:, 0] ** 2).sum()), rel=1e-12)
-    # the infinite-horizon limit is the stream budget, never exceeded
-    assert rho_unit * p.sensitivity_squared() == pytest.approx(rho, rel=1e-12)
-    assert acc.report()["rho_worst_case"] <= rho
+    # calibration: through T_max epochs the charge stays within ρ (closed form ≥ exact sum)
+    W = charged_weight(p, eps, DEFAULT_MAX_EPOCHS)
+    assert rho_unit * W == pytest.approx(rho, rel=1e-12)
+    c = p.coefs(DEFAULT_MAX_EPOCHS)
+    assert float(np.sum((c + eps) ** 2)) <= W
+    assert agg.rho_per_document() == pytest.approx(rho, rel=1e-12)
+    # its cost: W/‖c‖² − 1 (σ grows by √ of this)
+    assert 0 < W / p.sensitivity_squared() - 1 < 1e-3
 
 
-def test_an_unbounded_stream_stays_within_the_budget():
-    """Far past the optimisation horizon, the accounted ρ tends to (never exceeds) the budget."""
+def test_a_long_stream_stays_within_the_budget_and_stops_at_max_epochs():
+    """σ calibrated for T_max: the accounted ρ after T_max epochs is ≤ the budget, and epoch
+    T_max + 1 is refused before anything is reserved (data-independent)."""
     acc = Accountant(1.0, 1e-6, MemoryLedger())
     p = default_params(16)
-    sigma = sigma_for_rho(1.0, acc.rho_budget / p.sensitivity_squared())
-    agg = BLTAggregator(p, GaussianArrayMechanism(1.0, sigma, CSPRNGGaussianSampler(0)), acc)
-    n = 4000
-    for _ in range(n):
+    T = 3000
+    sigma = calibrated_sigma(p, 1.0, acc.rho_budget, max_epochs=T)
+    agg = BLTAggregator(p, GaussianArrayMechanism(1.0, sigma, CSPRNGGaussianSampler(0)), acc,
+                        max_epochs=T)
+    for _ in range(T):
         agg.add_epoch(np.zeros(1))
     rep = acc.report()
     assert rep["rho_worst_case"] <= acc.rho_budget * (1 + 1e-9)
-    assert rep["rho_worst_case"] == pytest.approx(acc.rho_budget * p.sensitivity_squared(n)
-                                                  / p.sensitivity_squared(), rel=1e-9)
     assert rep["rho_worst_case"] > 0.999 * acc.rho_budget
+    eps = agg.rounding_ratio()
+    assert rep["rho_worst_case"] == pytest.approx(
+        acc.rho_budget * float(np.sum((p.coefs(T) + eps) ** 2)) / agg.charge_weight(), rel=1e-9)
+    state = agg.state_dict()
+    with pytest.raises(HorizonExceeded, match="max_epochs"):
+        agg.add_epoch(np.zeros(1))
+    assert agg.state_dict() == state and acc.report()["reservations"] == T
 
 
 def test_a_refused_epoch_changes_nothing():
     acc = Accountant(1.0, 1e-6, MemoryLedger())
-    # planned as if the budget were 1.2× larger: refused once Σ c_j² passes ‖c‖²/1.2
-    sigma = sigma_for_rho(1.0, 1.2 * acc.rho_budget / PARAMS.sensitivity_squared())
+    # planned as if the budget were 1.2× larger: refused once Σ(c_j + ε)² passes W/1.2
+    sigma = calibrated_sigma(PARAMS, 1.0, 1.2 * acc.rho_budget)
     agg = BLTAggregator(PARAMS, GaussianArrayMechanism(1.0, sigma, CSPRNGGaussianSampler(0)), acc)
     with pytest.raises(BudgetExhausted):
         for _ in range(10_000):
             agg.add_epoch(np.ones(2))
     t = agg.epoch
-    state = agg.state_dict(lambda v: v.tolist())
-    assert PARAMS.sensitivity_squared(t) <= PARAMS.sensitivity_squared() / 1.2 < \
-        PARAMS.sensitivity_squared(t + 1)
+    state = agg.state_dict()
+    eps = agg.rounding_ratio()
+    W = agg.charge_weight()
+    assert float(np.sum((PARAMS.coefs(t) + eps) ** 2)) <= W / 1.2 < \
+        float(np.sum((PARAMS.coefs(t + 1) + eps) ** 2))
     with pytest.raises(BudgetExhausted):
         agg.add_epoch(np.ones(2))
-    assert agg.state_dict(lambda v: v.tolist()) == state
+    assert agg.state_dict() == state
 
 
 # ------------------------------------------------------------------ checkpoints and crashes
@@ -190,11 +319,19 @@ def test_checkpoint_round_trip_continues_identically():
     state = ser.loads(ser.dumps(a.state_dict(lambda v: v.tolist())))
     b = BLTAggregator.from_state(state, np.asarray,
                                  GaussianArrayMechanism(1.0, 0.5, CSPRNGGaussianSampler(2)))
+    np.testing.assert_array_equal(b.prefix(), a.prefix())
     a.mechanism = GaussianArrayMechanism(1.0, 0.5, CSPRNGGaussianSampler(2))
     for t in range(7, 12):
         np.testing.assert_array_equal(a.add_epoch(np.full(5, 1.0 * t)), b.add_epoch(np.full(5, 1.0 * t)))
     with pytest.raises(ValueError, match="blt_aggregator"):
         BLTAggregator.from_state({**state, "kind": "tree_aggregator"}, np.asarray, mech)
+    # a v1 state (secret noise buffers) is refused with what to do
+    old = {"kind": "blt_aggregator", "v": 1, "params": p.to_dict(), "epoch": 3, "label": "blt",
+           "keep_history": False, "buffers": state["raw_hi"], "prefix": [0.0] * 5, "history": []}
+    with pytest.raises(ValueError, match="schema v1.*start a new stream"):
+        BLTAggregator.from_state(old, np.asarray, mech)
+    with pytest.raises(ValueError, match="raw_lo of shape"):
+        BLTAggregator.from_state({**state, "raw_lo": ser.pack_array(np.zeros((2, 5)))}, np.asarray, mech)
 
 
 def test_spend_protocol_fulfils_a_lost_draw_and_never_recharges(tmp_path):
@@ -204,7 +341,7 @@ def test_spend_protocol_fulfils_a_lost_draw_and_never_recharges(tmp_path):
     p = default_params(16)
     path = tmp_path / "ledger.jsonl"
     acc = Accountant(1.0, 1e-6, path)
-    sigma = sigma_for_rho(1.0, acc.rho_budget / p.sensitivity_squared())
+    sigma = calibrated_sigma(p, 1.0, acc.rho_budget)
 
     def mech(seed):
         return GaussianArrayMechanism(1.0, sigma, CSPRNGGaussianSampler(seed))
@@ -231,7 +368,10 @@ def test_spend_protocol_fulfils_a_lost_draw_and_never_recharges(tmp_path):
         s2.persisted()
     rep = acc2.report()
     assert rep["uncommitted"] == 0 and rep["reservations"] == 6
-    assert loaded_at_crash == pytest.approx(acc.rho_budget * p.sensitivity_squared(4) / p.sensitivity_squared())
+    probe = mech(0)
+    eps = BLTAggregator(p, probe).rounding_ratio()
+    W = BLTAggregator(p, probe).charge_weight()
+    assert loaded_at_crash == pytest.approx(acc.rho_budget * float(np.sum((p.coefs(4) + eps) ** 2)) / W)
     clean = Accountant(1.0, 1e-6, MemoryLedger())
     ref = BLTAggregator(p, mech(2), clean)
     for _ in range(6):
@@ -259,7 +399,7 @@ def test_continual_release_on_sketches_noise_and_derived_blocks(corpus):
     acc = Accountant(1.0, 1e-6, MemoryLedger())
     cr = ContinualRelease(sub, clip, n_topics=3, alpha0=1.0, rho=acc.rho_budget, horizon=4,
                           sampler=CSPRNGGaussianSampler(4), spender=acc)
-    assert cr.aggregator == "blt" and cr.epoch_limit == math.inf
+    assert cr.aggregator == "blt" and cr.epoch_limit == DEFAULT_MAX_EPOCHS
     sigma_z = {e.block: e.sigma for e in cr.mechanism.plan("stream")}["z"]
     exact = None
     for t, s in enumerate(sums, start=1):            # 6 epochs: past the horizon of 4

@@ -459,9 +459,11 @@ def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, poin
         for p in ("stream:epochs=1-1", "stream:epochs=1-2", "stream:epochs=2-2"):
             assert parts[p] == pytest.approx(B / 2, rel=1e-9)
     else:
-        # BLT: epochs 1 and 2 charged c_0² + c_1² of the infinite-horizon ‖c‖² = ρ, once each
-        blt = release.continual.blt_params
-        expected = B * blt.sensitivity_squared(2) / blt.sensitivity_squared()
+        # BLT: epochs 1 and 2 charged (c_0 + ε)² + (c_1 + ε)² of W = ρ (ε: the rounding
+        # term, W ≥ Σ_{j<T_max}(c_j + ε)²), once each
+        blt, agg = release.continual.blt_params, release.continual.tree
+        eps = agg.rounding_ratio()
+        expected = B * float(np.sum((blt.coefs(2) + eps) ** 2)) / agg.charge_weight()
         assert sorted(parts) == ["stream", "warmup"]
         assert parts["stream"] == pytest.approx(expected, rel=1e-9)
         assert rep["rho_by_atom"]["stream_worst_epoch_rho"] == pytest.approx(expected, rel=1e-9)

@@ -5,32 +5,36 @@ Prefix sums A·x (A lower-triangular ones) are released as B·(C·x + z) with A 
 B = A·C⁻¹, z_t i.i.d. N(0, σ²) per coordinate. C is lower-triangular Toeplitz with
 coefficients c_0 = 1, c_j = Σ_i ω_i θ_i^{j−1} (j ≥ 1), 0 < θ_i < 1, ω_i > 0. Hence
 
-* the release at epoch t is Σ_{s≤t} x_s + Σ_{s≤t} w_s with w = C⁻¹z; C⁻¹ is again a
-  (buffered) Toeplitz matrix, computed online with ``nbuf`` noise buffers
-  (w_t = z_t − ωᵀS_t, S_{t+1} = Θ·S_t + 1·w_t: :meth:`BLTAggregator.add_epoch`);
+* the mechanism is y = Cx + z, one Gaussian mechanism per epoch on the data value (Cx)_t =
+  x_t + Σ_i ω_i R_{i,t}, R_{i,t+1} = θ_i R_{i,t} + x_t (raw buffers: secret data arithmetic,
+  double-double, rounding bound :func:`strategy_rounding_bound`); the release is
+  post-processing of y only: x̃_t = y_t − Σ_i ω_i P_{i,t}, P_{i,t+1} = θ_i P_{i,t} + x̃_t
+  (public buffers; C x̃ = y), release_t = Σ_{s≤t} x̃_s = Σ_{s≤t} x_s + Σ_{s≤t} (C⁻¹z)_s
+  (:meth:`BLTAggregator.add_epoch`);
 * the release noise at t has variance σ²·Σ_{m<t} P_m² per coordinate, P_m = Σ_{i≤m} ĉ_i
   (ĉ the coefficients of C⁻¹) — :meth:`BLTParams.noise_variance`;
-* ‖c‖² = Σ_j c_j² = 1 + Σ_{i,k} ω_i ω_k / (1 − θ_i θ_k) is finite over an infinite
-  horizon, so the privacy guarantee holds for an unbounded number of epochs.
+* ‖c‖² = Σ_j c_j² = 1 + Σ_{i,k} ω_i ω_k / (1 − θ_i θ_k) is finite over an infinite horizon.
 
-Accounting (proof in docs/privacy.md §BLT)
-------------------------------------------
+Accounting (proof in docs/privacy.md §BLT and §Floating point)
+---------------------------------------------------------------
 y_t = (C x)_t + z_t is an adaptive sequence of Gaussian mechanisms with independent noise
 (Denisov et al. 2022: adaptivity is free for lower-triangular C with Gaussian noise); the
-release is post-processing of y. A document of epoch s changes y_t (t ≥ s) by at most
-c_{t−s}·Δ, so through epoch t it costs κ·Σ_{j=0}^{t−s} c_j² (κ = Δ²/2σ²), at most
-κ·Σ_{j=0}^{t−1} c_j² (s = 1). At epoch t the aggregator therefore reserves, for each block
-of the unit plan, one event of sensitivity c_{t−1}·Δ_b on the whole-stream partition: the
-accountant's load after t epochs is exactly the worst document's loss, and it tends to
-κ‖c‖² = the stream's ρ as t → ∞ (σ is set from ‖c‖² over the infinite horizon).
+release is post-processing of y. A document of epoch s changes the *computed* y_t (t ≥ s) by
+at most Δ·(c_{t−s} + ε): c_{t−s}·Δ from its epoch sum (Δ includes that sum's rounding) plus
+2F for the strategy step's own rounding, ε = 2F/Δ (:func:`rounding_ratio`). At epoch t the
+aggregator reserves, for each block of the unit plan, one event of sensitivity
+Δ_b·(c_{t−1} + ε) on the whole-stream partition: the accountant's load after t epochs is the
+worst document's loss bound. The rounding term does not decay, so the stream has a public
+horizon T_max (``max_epochs``, default 10⁶): σ is set for ρ/W, W ≥ Σ_{j<T_max}(c_j + ε)²
+(:func:`charged_weight`), and epoch T_max + 1 is refused before reserving.
 
 The parameters (θ, ω) are optimised for a horizon n (max or mean prefix-sum error over
 epochs 1..n times the infinite-horizon ‖c‖²) by :func:`optimize_blt`; past n the error
 keeps growing (linearly in t, slowly) but the privacy guarantee is unchanged.
 
-State: the running noised prefix (a DP output) and ``nbuf`` noise buffers — *secret*:
-with the releases they reveal the raw prefix sums; protect checkpoints like raw data. No
-raw epoch sum is kept once its epoch is closed.
+State (schema v2): the noised prefix (a DP output), ``nbuf`` public buffers and ``nbuf`` raw
+buffers in double-double — *secret* (exponentially weighted raw epoch sums): protect
+checkpoints like raw data.
 """
 from __future__ import annotations
 
@@ -43,12 +47,14 @@ from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
 
 import numpy as np
 
+from streamdp.privacy import rounding
 from streamdp.privacy.events import STREAM, BudgetSpender, EventLog, GaussianEvent
 from streamdp.privacy.spend import Codec, spend
+from streamdp.privacy.tree import HorizonExceeded
 
 V = TypeVar("V")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2     # v2: raw + public buffers (v1: secret noise buffers)
 _PARAMS_FILE = Path(__file__).with_name("blt_params.json")
 
 
@@ -88,6 +94,11 @@ class BLTParams:
         if n > 1:
             out[1:] = (th[None, :] ** np.arange(n - 1)[:, None]) @ om
         return out
+
+    def coefs_l1(self) -> float:
+        """‖c‖₁ = Σ_j c_j = 1 + Σ_i ω_i/(1 − θ_i) (every c_j > 0)."""
+        th, om = np.asarray(self.theta), np.asarray(self.omega)
+        return float(1.0 + np.sum(om / (1.0 - th)))
 
     def sensitivity_squared(self, n: int | None = None) -> float:
         """Σ_{j<n} c_j² (n=None: the infinite sum, 1 + Σ ω_iω_k/(1 − θ_iθ_k))."""
@@ -225,44 +236,146 @@ def _optimize_cached(n: int, nbuf: int, objective: str) -> BLTParams:
     return optimize_blt(n, nbuf, objective)
 
 
+# ---------------------------------------------------------------------------- rounding
+#: the largest number of epochs a BLT stream may close (public; σ is calibrated for it, the
+#: aggregator refuses epoch T_max + 1 before reserving): the per-step rounding term of the
+#: sensitivity does not decay, so Σ_t (per-step sensitivity)² grows without bound
+DEFAULT_MAX_EPOCHS = 10 ** 6
+#: absolute underflow allowance (Frobenius) of one computed (Cx)_t: every float operation has
+#: absolute error ≤ 2⁻¹⁰⁷⁴ on top of its relative one; ≤ 16 such per entry per step, amplified
+#: by ≤ ‖c‖₁, over ≤ 2⁶⁴ entries: ≤ 2⁻¹⁰⁰⁶·‖c‖₁ < this·‖c‖₁
+_UNDERFLOW = 2.0 ** -1000
+
+
+def strategy_rounding_bound(params: BLTParams, magnitude: float) -> float:
+    """F: bound on ‖v̂_t − (C·x̂)_t‖_F, the float error of the BLT's own arithmetic.
+
+    x̂_1, x̂_2, … are the computed epoch sums (float64) with ‖x̂_s‖_F ≤ ``magnitude`` =: X
+    (X = N_max·M_b + R_b for a block, :mod:`streamdp.privacy.rounding`), (C·x̂)_t the exact
+    value and v̂_t what :meth:`BLTAggregator.add_epoch` computes (raw buffers in
+    double-double, one final rounding). Proof: docs/privacy.md §"Floating point", step BLT:
+
+    * buffer i: R̂_{t+1} = θR̂_t + x̂_t + δ with |δ| ≤ 7u²(θ|R̂_t| + |x̂_t|) entrywise
+      (TwoProd/TwoSum exact, 3 roundings of second-order terms); the errors decay with θ, so
+      ‖R̂_{i,t} − R_{i,t}‖_F ≤ D_i = 14u²X/(1 − θ_i)² (valid while 7u²θ/(1 − θ) ≤ ½, always);
+    * output: x̂_t + Σ ω_i R̂_i in double-double (error ≤ K·u²·T_abs, K = 1.01(3n(n+2)+3),
+      n = nbuf) then rounded once (≤ u·(1 + K u²)·T_abs), T_abs ≤ X + (1+2u)Σω_i(X/(1−θ_i) + D_i)
+      = ‖c‖₁X + O(u²);
+
+    F = (u + 2Ku²)·T_abs + Σ ω_i D_i + 2⁻¹⁰⁰⁰‖c‖₁ (underflow). Dominant term: u·‖c‖₁·X.
+    """
+    u = rounding.UNIT_ROUNDOFF
+    th, om = np.asarray(params.theta, float), np.asarray(params.omega, float)
+    X = float(magnitude)
+    if not (X >= 0 and math.isfinite(X)):
+        raise ValueError(f"magnitude bound must be finite and >= 0, got {magnitude!r}")
+    if np.any(7 * u * u * th / (1 - th) > 0.5):
+        raise ValueError("BLT θ too close to 1 for the rounding analysis")
+    D = 14 * u * u * X / (1 - th) ** 2
+    n = params.nbuf
+    K = 1.01 * (3 * n * (n + 2) + 3)
+    t_abs = X + (1 + 2 * u) * float(np.sum(om * (X / (1 - th) + D)))
+    return (u + 2 * K * u * u) * t_abs + float(np.sum(om * D)) + _UNDERFLOW * params.coefs_l1()
+
+
+def rounding_ratio(params: BLTParams, unit: Sequence[GaussianEvent],
+                   magnitudes: Sequence[float]) -> float:
+    """ε = max_b 2F_b/Δ_b: epoch t charges every block at sensitivity Δ_b·(c_{t−1} + ε) ≥
+    c_{t−1}·Δ_b + 2F_b (one ε for all blocks: the unit plan's ρ split stays as planned)."""
+    eps = 0.0
+    for e, X in zip(unit, magnitudes, strict=True):
+        eps = max(eps, 2.0 * strategy_rounding_bound(params, X) / float(e.sensitivity))
+    return eps
+
+
+def charged_weight(params: BLTParams, eps: float, max_epochs: int) -> float:
+    """W ≥ Σ_{j<T_max} (c_j + ε)²: ‖c‖²_∞ + 2ε‖c‖₁ + T_max·ε² (c_j > 0). σ of the unit plan
+    is set for ρ_unit = ρ/W, so T_max epochs cost ≤ ρ."""
+    return params.sensitivity_squared() + 2.0 * eps * params.coefs_l1() + int(max_epochs) * eps * eps
+
+
+def _split(a):
+    """Dekker's split: a = hi + lo with hi, lo of ≤ 26 significant bits (|a| < 2⁹⁹⁶)."""
+    c = 134217729.0 * a          # 2²⁷ + 1
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def two_prod(a, b):
+    """Dekker's TwoProduct: p = fl(a·b) and e with a·b = p + e exactly (no under/overflow)."""
+    p = a * b
+    ah, al = _split(a)
+    bh, bl = _split(b)
+    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+    return p, e
+
+
+def _renorm(s, t):
+    return rounding.two_sum(s, t)
+
+
 # ---------------------------------------------------------------------------- mechanism
 class NoiseMechanism(Protocol[V]):
-    """How a value is released with externally correlated Gaussian noise.
+    """How a value's noised blocks are laid out, noised and reassembled.
 
-    ``plan(partition)`` is the unit plan (events at sensitivity Δ_b, σ_b: what one
-    independently noised value would cost). ``privatize_shifted(value, shift, events)``
-    returns (value + shift + z, the noise part shift + z as one flat vector of the noised
-    coordinates, block by block in event order), z fresh i.i.d. N(0, σ_b²) drawn through the
-    sampler *on the shifted true values* (so the released floats come out of the vetted
-    mechanism); ``shift=None`` means zero.
+    ``plan(partition)``: the unit plan (events at sensitivity Δ_b, σ_b: what one
+    independently noised value would cost). ``layout(value, events)``: the public
+    [(block, shape)] of the noised blocks, in event order. ``flatten(value, events)``: their
+    raw values, one flat float64 vector (secret). ``noise(value, flat, events)``: refuse a
+    value outside the premise (before any draw), then pass each block of ``flat`` through the
+    sampler with its σ_b and return the flat outputs. ``assemble(flat, layout, events)``: the
+    released value from a flat vector of noised blocks (derived blocks from it, withheld
+    blocks zero: post-processing). ``magnitudes(events)``: per event, X_b ≥ ‖computed epoch
+    sum of that block‖_F.
     """
 
     def plan(self, partition: str) -> Sequence[GaussianEvent]: ...
 
-    def privatize_shifted(self, value: V, shift: np.ndarray | None,
-                          events: Sequence[GaussianEvent]) -> tuple[V, np.ndarray]: ...
+    def layout(self, value: V, events: Sequence[GaussianEvent]) -> list: ...
+
+    def flatten(self, value: V, events: Sequence[GaussianEvent]) -> np.ndarray: ...
+
+    def noise(self, value: V, flat: np.ndarray, events: Sequence[GaussianEvent]) -> np.ndarray: ...
+
+    def assemble(self, flat: np.ndarray, layout: list, events: Sequence[GaussianEvent]) -> V: ...
+
+    def magnitudes(self, events: Sequence[GaussianEvent]) -> list[float]: ...
 
 
 @dataclass(frozen=True)
 class GaussianArrayMechanism:
-    """N(0, σ²) noise on every coordinate of an array value."""
+    """N(0, σ²) noise on every coordinate of an array value; ``magnitude`` bounds the
+    Frobenius norm of any one epoch's value (default: 10⁹ contributions of norm ≤ sensitivity)."""
 
     sensitivity: float
     sigma: float
     sampler: Any
     block: str = "blt"
     mechanism: str = "tensor"
+    magnitude: float | None = None
 
     def plan(self, partition: str) -> tuple[GaussianEvent, ...]:
         return (GaussianEvent(self.block, self.sensitivity, self.sigma, partition=partition,
                               mechanism=self.mechanism),)
 
-    def privatize_shifted(self, value, shift, events):
+    def layout(self, value, events):
+        return [(self.block, list(np.shape(value)))]
+
+    def flatten(self, value, events):
+        return np.asarray(value, dtype=np.float64).ravel().copy()
+
+    def noise(self, value, flat, events):
         (e,) = events
-        x = np.asarray(value, dtype=np.float64)
-        shifted = x if shift is None else x + shift.reshape(x.shape)
-        out = np.asarray(self.sampler.add_noise(shifted, e.sigma), dtype=np.float64)
-        return out, (out - x).ravel()
+        return np.asarray(self.sampler.add_noise(flat, e.sigma), dtype=np.float64).ravel()
+
+    def assemble(self, flat, layout, events):
+        ((_, shape),) = layout
+        return np.asarray(flat, dtype=np.float64).reshape(shape)
+
+    def magnitudes(self, events):
+        m = (self.sensitivity * rounding.DEFAULT_MAX_DOCUMENTS_PER_SUM if self.magnitude is None
+             else self.magnitude)
+        return [float(m) for _ in events]
 
 
 def scaled_events(unit: Sequence[GaussianEvent], c: float) -> list[GaussianEvent]:
@@ -278,6 +391,13 @@ class BLTAggregator(Generic[V]):
     ``prefix``, ``release(t)`` (past t with ``keep_history``), ``state_dict``/``from_state``,
     ``planned_events(n)``, ``rho_per_document()``.
 
+    Epoch t: v_t = (C x̂)_t = x̂_t + Σ_i ω_i R_{i,t} from RAW buffers R_{i,t+1} = θ_i R_{i,t} +
+    x̂_t (R_{i,1} = 0; double-double, pure data arithmetic with a proven rounding bound), y_t =
+    v_t + z_t through the sampler (one Gaussian mechanism on a data value), then — post-
+    processing of public outputs only — x̃_t = y_t − Σ_i ω_i P_{i,t} with PUBLIC buffers
+    P_{i,t+1} = θ_i P_{i,t} + x̃_t (so C x̃ = y, x̃ = x̂ + C⁻¹z) and release_t = release_{t−1}
+    + x̃_t. The noise never enters a secret computation.
+
     Parameters
     ----------
     params : BLTParams
@@ -285,27 +405,38 @@ class BLTAggregator(Generic[V]):
     spender : BudgetSpender     where each epoch's events are reserved before any draw
     label : str                 reservation labels are ``f"{label}:epoch={t}"``
     keep_history : bool         keep every release (O(T) values)
-    codec : Codec, optional     encodes an epoch's draw (step, w) for a spend session's
-                                output store; w is secret noise, so is that store
+    max_epochs : int            T_max, public: σ must be calibrated for ρ/:meth:`charge_weight`;
+                                epoch T_max + 1 is refused (HorizonExceeded) before reserving
+    codec : Codec, optional     encodes an epoch's draw — y_t, the sampler's flat output, a
+                                public DP output — for a spend session's output store
+                                (default: arrays)
     """
 
     kind = "blt_aggregator"
 
     def __init__(self, params: BLTParams, mechanism: NoiseMechanism[V],
                  spender: BudgetSpender | None = None, *, label: str = "blt",
-                 keep_history: bool = False, codec: Codec | None = None) -> None:
+                 keep_history: bool = False, max_epochs: int = DEFAULT_MAX_EPOCHS,
+                 codec: Codec | None = None) -> None:
+        if isinstance(max_epochs, bool) or not isinstance(max_epochs, (int, np.integer)) or max_epochs < 1:
+            raise ValueError(f"max_epochs must be an integer >= 1, got {max_epochs!r}")
         self.params = params
-        self.codec = codec      # how a spend session's output store persists (step, w)
+        self.codec = codec      # how a spend session's output store persists y_t (public)
         self.mechanism = mechanism
         self.spender: BudgetSpender = spender if spender is not None else EventLog()
         self.label = label
         self.keep_history = bool(keep_history)
+        self.max_epochs = int(max_epochs)
         self.epoch = 0
         self._theta = np.asarray(params.theta)
         self._omega = np.asarray(params.omega)
-        self._buffers: np.ndarray | None = None     # nbuf × noise size: SECRET
-        self._prefix: V | None = None               # the current release (DP output)
-        self._history: dict[int, V] = {}
+        self._raw_hi: np.ndarray | None = None      # nbuf × size: R (double-double) — SECRET
+        self._raw_lo: np.ndarray | None = None
+        self._public: np.ndarray | None = None      # nbuf × size: P (public, post-processing)
+        self._prefix_flat: np.ndarray | None = None  # the current release, flat (DP output)
+        self._layout: list | None = None
+        self._prefix: V | None = None
+        self._history: dict[int, np.ndarray] = {}
 
     # ------------------------------------------------------------- planning
     def unit_events(self) -> tuple[GaussianEvent, ...]:
@@ -317,21 +448,40 @@ class BLTAggregator(Generic[V]):
                 raise ValueError(f"mechanism.plan({STREAM!r}) returned {e!r}")
         return events
 
-    def epoch_events(self, t: int) -> list[GaussianEvent]:
-        """Events reserved when closing epoch t: the unit plan at sensitivity c_{t−1}·Δ_b."""
+    def rounding_ratio(self) -> float:
+        """ε: the per-step rounding term of every block's sensitivity, relative to Δ_b."""
+        unit = self.unit_events()
+        return rounding_ratio(self.params, unit, self.mechanism.magnitudes(unit))
+
+    def charge_weight(self) -> float:
+        """W ≥ Σ_{j<T_max}(c_j + ε)²: the unit plan must be calibrated at ρ_stream/W."""
+        return charged_weight(self.params, self.rounding_ratio(), self.max_epochs)
+
+    def step_factor(self, t: int) -> float:
+        """c_{t−1} + ε: epoch t's sensitivity relative to the unit plan's Δ_b."""
         if t < 1:
             raise ValueError(f"epochs are 1-based, got {t}")
-        c = float(self.params.coefs(t)[t - 1])
-        return scaled_events(self.unit_events(), c)
+        c = 1.0 if t == 1 else float(self._omega @ self._theta ** (t - 2))   # c_{t−1}, O(nbuf)
+        return c + self.rounding_ratio()
+
+    def epoch_events(self, t: int) -> list[GaussianEvent]:
+        """Events reserved when closing epoch t: the unit plan at sensitivity Δ_b·(c_{t−1} + ε)
+        ≥ c_{t−1}Δ_b + 2F_b (data change of a document of epoch 1, the worst, plus rounding)."""
+        return scaled_events(self.unit_events(), self.step_factor(t))
 
     def planned_events(self, n: int) -> list[GaussianEvent]:
         """Every event of epochs 1 … n (the stream is unbounded: n must be given)."""
-        unit = self.unit_events()
-        return [e for c in self.params.coefs(int(n)) for e in scaled_events(unit, float(c))]
+        unit, eps = self.unit_events(), self.rounding_ratio()
+        return [e for c in self.params.coefs(int(n)) for e in scaled_events(unit, float(c) + eps)]
 
     def rho_per_document(self, n: int | None = None) -> float:
-        """What one document can cost through epoch n (None: ever), ρ_unit·Σ_{j<n} c_j²."""
-        return sum(e.rho for e in self.unit_events()) * self.params.sensitivity_squared(n)
+        """What one document can cost through epoch n: ρ_unit·Σ_{j<n}(c_j + ε)²; None: through
+        T_max, the bound ρ_unit·W (= ρ_stream when calibrated as :meth:`charge_weight` says)."""
+        rho_unit = sum(e.rho for e in self.unit_events())
+        if n is None:
+            return rho_unit * self.charge_weight()
+        c = self.params.coefs(int(n)) + self.rounding_ratio()
+        return rho_unit * float(np.sum(c * c))
 
     def noise_multiplier(self, t: int | None = None) -> float:
         """√(Var_t/σ²): the sd of the release noise at t relative to one draw's σ."""
@@ -341,36 +491,76 @@ class BLTAggregator(Generic[V]):
     # ------------------------------------------------------------- updating
     @property
     def raw_partials(self) -> int:
-        """Raw (un-noised) sums held: none (each epoch's sum is added to the noised prefix)."""
-        return 0
+        """Raw (un-noised) data held: the nbuf raw buffers R_i (secret, like the tree's partials)."""
+        return 0 if self._raw_hi is None else self.params.nbuf
 
     def add_epoch(self, value: V) -> V:
         """Close epoch t = self.epoch + 1 with its raw sum; return the release for [1, t].
 
-        Order: reserve (the spender may raise: nothing changes) → x_t − ωᵀS_t through the
-        sampler (adds z_t) = x_t + w_t with w_t = (C⁻¹z)_t → S_{t+1} = Θ S_t + 1·w_t (S the
-        buffers, S_1 = 0) → release_t = release_{t−1} + x_t + w_t; reserve, draw and commit
-        are :func:`streamdp.privacy.spend.spend`.
+        Order: refuse past T_max → v_t = x̂_t + Σω_i R_{i,t} (data only; double-double,
+        rounded once) → reserve (the spender may raise: nothing changes) → y_t = sampler(v_t)
+        (the mechanism refuses a value outside the premise before any draw) → persist → commit
+        (reserve, draw, persist, commit: :func:`streamdp.privacy.spend.spend`; a re-run reuses
+        a persisted y_t, a public output) → x̃_t = y_t − Σω_i P_{i,t}, R_{t+1} = ΘR_t + x̂_t,
+        P_{t+1} = ΘP_t + x̃_t, release_t = release_{t−1} + x̃_t.
         """
         t = self.epoch + 1
+        if t > self.max_epochs:
+            raise HorizonExceeded(f"{self.label}: epoch {t} is past max_epochs={self.max_epochs}, "
+                                  "the public horizon the BLT's σ is calibrated for (its "
+                                  "rounding term does not decay); nothing was spent")
         events = self.epoch_events(t)
         unit = self.unit_events()
-        shift = None if self._buffers is None else -(self._omega @ self._buffers)   # −ωᵀS_t
-        # step = x_t + w_t, w_t = (C⁻¹z)_t = z_t − ωᵀS_t (true values through the sampler);
+        layout = [(str(b), [int(s) for s in shape]) for b, shape in self.mechanism.layout(value, unit)]
+        if self._layout is not None and layout != self._layout:
+            raise ValueError(f"{self.label}: value layout changed from {self._layout} to {layout}")
+        x = np.asarray(self.mechanism.flatten(value, unit), dtype=np.float64).ravel()
+        if not np.all(np.isfinite(x)):
+            raise ValueError(f"{self.label}: epoch sums must be finite")
+        nb = self.params.nbuf
+        zeros = np.zeros((nb, x.size))
+        hi = zeros if self._raw_hi is None else self._raw_hi
+        lo = zeros if self._raw_lo is None else self._raw_lo
+        pub = zeros if self._public is None else self._public
+        if hi.shape[1] != x.size:
+            raise ValueError(f"{self.label}: value size changed from {hi.shape[1]} to {x.size}")
+        v = self._strategy_value(x, hi, lo)                    # (C x̂)_t: secret data only
         # reserve → draw → persist → commit: the one spend protocol (streamdp.privacy.spend)
-        step, w = spend(self.spender, events, label=f"{self.label}:epoch={t}",
-                        draw=lambda: self.mechanism.privatize_shifted(value, shift, unit),
-                        codec=self.codec)
-        w = np.asarray(w, dtype=np.float64).ravel()
-        if self._buffers is not None and self._buffers.shape[1] != w.size:
-            raise ValueError(f"noise size changed from {self._buffers.shape[1]} to {w.size}")
-        buffers = self._buffers if self._buffers is not None else np.zeros((self.params.nbuf, w.size))
-        new_buffers = self._theta[:, None] * buffers + w[None, :]   # S_{t+1} = Θ S_t + 1 w_t
-        prefix = step if self._prefix is None else self._prefix + step
-        self._buffers, self._prefix, self.epoch = new_buffers, prefix, t
+        y = spend(self.spender, events, label=f"{self.label}:epoch={t}",
+                  draw=lambda: np.asarray(self.mechanism.noise(value, v, unit), dtype=np.float64),
+                  codec=self.codec)
+        y = np.asarray(y, dtype=np.float64).ravel()
+        if y.shape != x.shape:
+            raise ValueError(f"mechanism returned {y.size} noised values for {x.size}")
+        # ---- public from here: y, P, the prefix
+        step = y - self._omega @ pub                          # x̃_t = y_t − Σ ω_i P_{i,t}
+        new_pub = self._theta[:, None] * pub + step[None, :]
+        new_hi, new_lo = self._raw_update(x, hi, lo)
+        prefix = step if self._prefix_flat is None else self._prefix_flat + step
+        released = self.mechanism.assemble(prefix, layout, unit)
+        (self._raw_hi, self._raw_lo, self._public, self._prefix_flat, self._layout,
+         self._prefix, self.epoch) = new_hi, new_lo, new_pub, prefix, layout, released, t
         if self.keep_history:
             self._history[t] = prefix
-        return prefix
+        return released
+
+    def _strategy_value(self, x: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        """x̂_t + Σ_i ω_i (hi_i + lo_i) in double-double, rounded once (error: see
+        :func:`strategy_rounding_bound`)."""
+        s, acc = x.copy(), np.zeros_like(x)
+        for i, w in enumerate(self._omega):
+            p, e = two_prod(w, hi[i])
+            s, e2 = rounding.two_sum(s, p)
+            acc = acc + (e2 + (e + w * lo[i]))
+        return s + acc
+
+    def _raw_update(self, x: np.ndarray, hi: np.ndarray, lo: np.ndarray):
+        """R ← ΘR + 1·x̂ in double-double, renormalised (|lo| ≤ u|hi + lo|)."""
+        th = self._theta[:, None]
+        p, e1 = two_prod(th, hi)
+        s, e2 = rounding.two_sum(p, x[None, :])
+        t = (e1 + th * lo) + e2
+        return _renorm(s, t)
 
     # ------------------------------------------------------------- releasing
     def prefix(self) -> V:
@@ -385,41 +575,61 @@ class BLTAggregator(Generic[V]):
             return self.prefix()
         if not self.keep_history:
             raise ValueError(f"{self.label}: past releases need keep_history=True")
-        return self._history[t]
+        return self.mechanism.assemble(self._history[t], self._layout, self.unit_events())
 
     # ------------------------------------------------------------- checkpoint
-    def state_dict(self, encode: Callable[[V], Any]) -> dict:
-        """msgpack-friendly checkpoint. The noise buffers are SECRET (with the releases they
-        reveal raw prefix sums): protect checkpoints like raw data."""
+    def state_dict(self, encode: Callable[[V], Any] | None = None) -> dict:
+        """msgpack-friendly checkpoint (``encode`` is unused: values are kept as flat vectors).
+        The raw buffers are SECRET (exponentially weighted raw sums): protect checkpoints like
+        raw data."""
         from streamdp import serialization as ser
+
+        def pack(a):
+            return None if a is None else ser.pack_array(a)
+
         return {
             "kind": self.kind, "v": SCHEMA_VERSION, "params": self.params.to_dict(),
             "epoch": self.epoch, "label": self.label, "keep_history": self.keep_history,
-            "buffers": None if self._buffers is None else ser.pack_array(self._buffers),
-            "prefix": None if self._prefix is None else encode(self._prefix),
-            "history": [[t, encode(v)] for t, v in sorted(self._history.items())],
+            "max_epochs": self.max_epochs, "layout": self._layout,
+            "raw_hi": pack(self._raw_hi), "raw_lo": pack(self._raw_lo),
+            "public": pack(self._public), "prefix": pack(self._prefix_flat),
+            "history": [[t, ser.pack_array(v)] for t, v in sorted(self._history.items())],
         }
 
     @classmethod
-    def from_state(cls, state: dict, decode: Callable[[Any], V], mechanism: NoiseMechanism[V],
+    def from_state(cls, state: dict, decode: Callable[[Any], V] | None, mechanism: NoiseMechanism[V],
                    spender: BudgetSpender | None = None, *,
                    codec: Codec | None = None) -> "BLTAggregator[V]":
+        """Restore a checkpoint (``decode`` is unused, kept for the tree's signature)."""
         from streamdp import serialization as ser
-        if state.get("kind") != cls.kind or state.get("v") != SCHEMA_VERSION:
-            raise ValueError(f"not a v{SCHEMA_VERSION} {cls.kind} state: "
-                             f"{state.get('kind')!r} v{state.get('v')!r}")
+        if state.get("kind") != cls.kind:
+            raise ValueError(f"not a {cls.kind} state: {state.get('kind')!r}")
+        if state.get("v") != SCHEMA_VERSION:
+            raise ValueError(
+                f"{cls.kind} state has schema v{state.get('v')!r}; this version reads "
+                f"v{SCHEMA_VERSION} only. v1 states kept secret noise buffers from which the "
+                "raw buffers of v2 cannot be rebuilt: finish that stream with the version "
+                "that started it, or start a new stream (new ledger label)")
         out = cls(BLTParams.from_dict(state["params"]), mechanism, spender,
-                  label=str(state["label"]), keep_history=bool(state["keep_history"]), codec=codec)
+                  label=str(state["label"]), keep_history=bool(state["keep_history"]),
+                  max_epochs=int(state["max_epochs"]), codec=codec)
         out.epoch = int(state["epoch"])
         if out.epoch < 0:
             raise ValueError(f"blt state: negative epoch {out.epoch}")
-        if (state["buffers"] is None) != (out.epoch == 0) or (state["prefix"] is None) != (out.epoch == 0):
+        names = ("raw_hi", "raw_lo", "public", "prefix", "layout")
+        if any((state[k] is None) != (out.epoch == 0) for k in names):
             raise ValueError("blt state: buffers/prefix missing for a started stream")
         if out.epoch:
-            out._buffers = ser.unpack_array(state["buffers"], name="blt buffers")
-            if out._buffers.ndim != 2 or out._buffers.shape[0] != out.params.nbuf:
-                raise ValueError(f"blt state: buffers of shape {out._buffers.shape}, "
-                                 f"expected ({out.params.nbuf}, ·)")
-            out._prefix = decode(state["prefix"])
-        out._history = {int(t): decode(v) for t, v in state["history"]}
+            arrays = {k: ser.unpack_array(state[k], name=f"blt {k}") for k in names[:4]}
+            size = arrays["prefix"].size
+            for k in names[:3]:
+                if arrays[k].shape != (out.params.nbuf, size):
+                    raise ValueError(f"blt state: {k} of shape {arrays[k].shape}, expected "
+                                     f"({out.params.nbuf}, {size})")
+            out._raw_hi, out._raw_lo, out._public = arrays["raw_hi"], arrays["raw_lo"], arrays["public"]
+            out._prefix_flat = arrays["prefix"].ravel()
+            out._layout = [(str(b), [int(s) for s in shape]) for b, shape in state["layout"]]
+            out._prefix = mechanism.assemble(out._prefix_flat, out._layout, out.unit_events())
+        out._history = {int(t): ser.unpack_array(v, name="blt history").ravel()
+                        for t, v in state["history"]}
         return out
