@@ -263,8 +263,7 @@ def test_the_guard_sees_a_hand_written_protocol(tmp_path):
 
 @pytest.mark.parametrize("aggregator", ["tree", "blt"])
 def test_continual_estimator_on_a_file_ledger_reruns_from_its_persisted_draws(tmp_path, aggregator):
-    """Continual mode: each epoch's draw (the tree's noised nodes; the BLT's step and its
-    noise part) goes to the output store too, so a re-run of the same run returns the same
+    """Continual mode: each epoch's draw (the tree's noised nodes; the BLT's y_t) goes to the output store too, so a re-run of the same run returns the same
     snapshots and spends nothing more."""
     from streamdp.synthetic import make_lda_model, sample_documents
 

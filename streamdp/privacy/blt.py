@@ -30,7 +30,7 @@ horizon T_max (``max_epochs``, default 10⁶): σ is set for ρ/W, W ≥ Σ_{j<T
 
 The parameters (θ, ω) are optimised for a horizon n (max or mean prefix-sum error over
 epochs 1..n times the infinite-horizon ‖c‖²) by :func:`optimize_blt`; past n the error
-keeps growing (linearly in t, slowly) but the privacy guarantee is unchanged.
+keeps growing (linearly in t, slowly) but the privacy guarantee is unchanged (up to T_max).
 
 State (schema v2): the noised prefix (a DP output), ``nbuf`` public buffers and ``nbuf`` raw
 buffers in double-double — *secret* (exponentially weighted raw epoch sums): protect

@@ -305,10 +305,9 @@ class FileOutputStore:
 
     Each file is written to a temporary name, fsync'd, renamed into place and
     the directory fsync'd, so after a crash a key's file is either absent or
-    complete. The files hold noised outputs (DP releases) and, for the BLT
-    aggregator, each epoch's correlated noise part, which is secret (with the
-    releases it reveals raw sums, like the BLT's checkpoint buffers): protect the
-    directory like the raw data. It is created mode 0700, its files 0600.
+    complete. The files hold noised outputs (DP releases; for the BLT aggregator
+    each epoch's y_t = (Cx)_t + z_t, also public). It is created mode 0700, its
+    files 0600.
     """
 
     def __init__(self, directory: str | os.PathLike) -> None:
