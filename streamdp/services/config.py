@@ -18,6 +18,9 @@ from streamdp.privacy.epochs import EpochClock
 from streamdp.services.partition_state import Routing
 
 
+VOCABULARY_MODES = ("file", "public", "private")
+
+
 class ConfigError(ValueError):
     """A configuration value is invalid; the message says which and how to fix it."""
 
@@ -27,6 +30,11 @@ class ServiceConfig:
     """Everything a streamdp deployment must agree on (sketchers and release service).
 
     Model (public): vocabulary, n_topics, alpha0, oversampling, seed.
+    Vocabulary (issue 11, docs/configuration.md §The vocabulary): ``vocabulary_mode`` ``file``
+    (a file whose header/sidecar says it is public or DP-selected, or any file with
+    ``vocabulary_public_by_assumption: true``), ``public`` (wordfreq, built by the release
+    service at start-up) or ``private`` (DP selection over the public candidates from the
+    documents with ts < ``selection_end``, before the warm-up).
     Privacy: epsilon, delta, horizon, continual_aggregator, sampler, ledger. Non-private only when asked for in so
     many words: ``non_private=True`` together with ``epsilon=None``. Reproducible noise
     (``noise_seed``) only with ``insecure_reproducible_noise=True`` and ``non_production=True``.
@@ -44,6 +52,14 @@ class ServiceConfig:
     topic_prefix: str = "streamdp"
     group_id: str = "streamdp-sketchers"
     vocabulary: str = ""
+    vocabulary_mode: str = "file"                # file | public | private (docs/configuration.md)
+    vocabulary_public_by_assumption: bool = False  # a corpus-built file, knowingly (benchmarks)
+    vocabulary_size: int = 5000                  # d of a public / privately selected vocabulary
+    vocabulary_lang: str = "en"
+    vocabulary_candidates: int = 50_000          # public candidate list of the private selection
+    vocabulary_max_words_per_document: int = 64  # m: distinct words one document contributes
+    vocabulary_out_of_list: bool = False         # also DP partition selection outside the list
+    selection_end: float | None = None           # private: ts < selection_end selects the words
     tokenizer: dict = field(default_factory=dict)
     n_topics: int = 10
     alpha0: float = 1.0
@@ -94,6 +110,7 @@ class ServiceConfig:
             bad("topic_prefix", str(exc))
         if not (isinstance(self.n_topics, int) and self.n_topics >= 1):
             bad("n_topics", f"must be an integer >= 1, got {self.n_topics!r}")
+        self._check_vocabulary_fields(bad)
         if not (self.alpha0 > 0 and math.isfinite(self.alpha0)):
             bad("alpha0", f"must be a finite number > 0, got {self.alpha0!r}")
         for name in ("non_private", "insecure_reproducible_noise", "non_production",
@@ -175,6 +192,64 @@ class ServiceConfig:
         if not (isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535):
             bad("metrics_port", f"must be a TCP port 0..65535 (0 = any free port), got {self.metrics_port!r}")
 
+    def _check_vocabulary_fields(self, bad) -> None:
+        mode = self.vocabulary_mode
+        if mode not in VOCABULARY_MODES:
+            bad("vocabulary_mode", f"must be one of {', '.join(VOCABULARY_MODES)}, got {mode!r}: "
+                                   "'public' (a wordfreq list, no budget), 'private' (selected with "
+                                   "DP from the documents before selection_end) or 'file'")
+        for name in ("vocabulary_public_by_assumption", "vocabulary_out_of_list"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, f"must be true or false, got {getattr(self, name)!r}")
+        for name in ("vocabulary_size", "vocabulary_candidates", "vocabulary_max_words_per_document"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                bad(name, f"must be an integer >= 1, got {v!r}")
+        if not (isinstance(self.vocabulary_lang, str) and self.vocabulary_lang):
+            bad("vocabulary_lang", f"must be a wordfreq language code such as 'en', got "
+                                   f"{self.vocabulary_lang!r}")
+        if mode == "file":
+            if self.selection_end is not None:
+                bad("selection_end", "is set but vocabulary_mode is 'file': the selection window is "
+                                     "used only by vocabulary_mode: private - remove selection_end "
+                                     "or set vocabulary_mode: private")
+            return
+        if self.vocabulary:
+            bad("vocabulary", f"is set ({self.vocabulary!r}) but vocabulary_mode is {mode!r}, which "
+                              "builds the vocabulary itself: remove 'vocabulary', or set "
+                              "vocabulary_mode: file to use that file")
+        if self.vocabulary_public_by_assumption:
+            bad("vocabulary_public_by_assumption", f"only applies to vocabulary_mode: file (a file "
+                                                   f"you declare public); the mode is {mode!r}")
+        if self.n_topics > self.vocabulary_size:
+            bad("vocabulary_size", f"is {self.vocabulary_size}, smaller than n_topics="
+                                   f"{self.n_topics}: a vocabulary needs at least n_topics words")
+        if mode == "public":
+            if self.selection_end is not None:
+                bad("selection_end", "is set but vocabulary_mode is 'public' (no selection "
+                                     "window): remove it, or set vocabulary_mode: private")
+            return
+        # private
+        if self.vocabulary_candidates < self.vocabulary_size:
+            bad("vocabulary_candidates", f"is {self.vocabulary_candidates}, below vocabulary_size="
+                                         f"{self.vocabulary_size}: the selection picks "
+                                         "vocabulary_size words out of the candidates; raise it "
+                                         "(e.g. 10 x vocabulary_size)")
+        se = self.selection_end
+        if se is None or isinstance(se, bool) or not isinstance(se, (int, float)) or not math.isfinite(se):
+            bad("selection_end", f"vocabulary_mode: private needs selection_end, the unix time (s) "
+                                 f"that ends the selection window: documents with ts < "
+                                 f"selection_end choose the words, those in [selection_end, "
+                                 f"stream_start) are the warm-up; got {se!r}")
+        try:
+            start = float(self.stream_start)
+        except (TypeError, ValueError):
+            return                        # reported by the stream_start check below
+        if not se < start:
+            bad("selection_end", f"must be before stream_start ({start!r}), got {se!r}: the "
+                                 "warm-up window [selection_end, stream_start) would be empty; "
+                                 "set selection_end earlier (e.g. stream_start - 86400)")
+
     # ------------------------------------------------------------- derived
     @property
     def private(self) -> bool:
@@ -228,7 +303,9 @@ class ServiceConfig:
     @property
     def routing(self) -> Routing:
         return Routing(EpochClock(float(self.stream_start), float(self.epoch_seconds)),
-                       float(self.lateness), float(self.max_future_seconds))
+                       float(self.lateness), float(self.max_future_seconds),
+                       selection_end=(None if self.selection_end is None
+                                      else float(self.selection_end)))
 
     @property
     def broker_time_required(self) -> bool:

@@ -13,6 +13,9 @@ Kafka record timestamp ``rt`` — and on the service's own clock ``now``:
 
 * ``ts`` or ``rt`` later than ``now + max_future_seconds``, or ``ts`` later than
   ``rt + max_future_seconds``                            → FUTURE: dead-lettered, never routed;
+* with a selection window (``vocabulary_mode: private``): ``ts < selection_end`` and
+  ``rt < selection_end``                                  → SELECTION (vocabulary selection only);
+  ``ts < selection_end`` and ``rt ≥ selection_end``        → late;
 * ``ts < stream_start`` and ``rt < stream_start``          → warm-up;
 * ``ts ≥ stream_start`` with epoch e = clock.epoch(ts) and
   ``rt < clock.epoch_end(e) + lateness``                   → stream epoch e;
@@ -58,6 +61,7 @@ KIND = "partition_state"
 VERSION = 1
 LATE = -1          # route code for late documents
 FUTURE = -2        # route code for documents dead-lettered for a time in the future
+SELECTION = -3     # route code for documents of the vocabulary-selection window
 
 #: Dead-letter error classes of the routing rule (record-level, not document decoding).
 FUTURE_TIMESTAMP = "future_timestamp"
@@ -82,8 +86,13 @@ class Routing:
     clock: EpochClock
     lateness: float = 0.0
     max_future_seconds: float = 300.0
+    selection_end: float | None = None      # vocabulary selection window: ts < selection_end
 
     def __post_init__(self) -> None:
+        if self.selection_end is not None and not (
+                math.isfinite(self.selection_end) and self.selection_end < self.clock.stream_start):
+            raise ValueError(f"selection_end must be a finite time before stream_start "
+                             f"({self.clock.stream_start!r}), got {self.selection_end!r}")
         if not (math.isfinite(self.lateness) and self.lateness >= 0):
             raise ValueError(f"lateness must be a finite number of seconds >= 0, got {self.lateness!r}")
         if not (math.isfinite(self.max_future_seconds) and self.max_future_seconds > 0):
@@ -91,14 +100,20 @@ class Routing:
                              f"got {self.max_future_seconds!r}")
 
     def close_time(self, epoch: int) -> float:
-        """Record time after which no on-time document of ``epoch`` (0 = warm-up) can arrive."""
+        """Record time after which no on-time document of ``epoch`` (0 = warm-up,
+        SELECTION = the vocabulary-selection window) can arrive."""
+        if epoch == SELECTION:
+            if self.selection_end is None:
+                raise ValueError("this deployment has no selection window (selection_end)")
+            return self.selection_end
         if epoch == WARMUP_EPOCH:
             return self.clock.stream_start
         return self.clock.epoch_end(epoch) + self.lateness
 
     def route(self, ts: np.ndarray, rt: np.ndarray, now: float | None = None) -> np.ndarray:
-        """THE routing rule: 0 = warm-up, e ≥ 1 = stream epoch e, LATE = dropped,
-        FUTURE = dead-letter (a time beyond the service clock ``now`` + max_future_seconds).
+        """THE routing rule: SELECTION = vocabulary-selection window, 0 = warm-up, e ≥ 1 =
+        stream epoch e, LATE = dropped, FUTURE = dead-letter (a time beyond the service clock
+        ``now`` + max_future_seconds).
 
         Per document, from its own ``ts`` and ``rt`` and the service clock only: no other
         document, however it is stamped, changes this document's route.
@@ -111,7 +126,12 @@ class Routing:
         epochs = self.clock.epochs(np.where(future, self.clock.stream_start, ts))
         close = np.where(epochs == WARMUP_EPOCH, self.clock.stream_start,
                          self.clock.stream_start + epochs * self.clock.epoch_seconds + self.lateness)
-        return np.where(future, FUTURE, np.where(rt < close, epochs, LATE))
+        out = np.where(future, FUTURE, np.where(rt < close, epochs, LATE))
+        if self.selection_end is not None:
+            # the selection window is cut out of the warm-up by the document's own ts
+            sel = ~future & (ts < self.selection_end)
+            out = np.where(sel, np.where(rt < self.selection_end, SELECTION, LATE), out)
+        return out
 
     def is_future(self, ts: float, rt: float, now: float) -> bool:
         """Scalar twin of :meth:`route`'s FUTURE test (same three comparisons), for the
