@@ -113,7 +113,13 @@ def make_config(tmp: Path, bootstrap: str, names: TopicNames, corpus: Corpus, **
     # first release, so none could be folded into a model, and they compare against the
     # engine's spectral path (tests/test_service_refinement.py runs the refined path).
     values["refinement"] = False
+    # the synthetic corpus's own word list: public by assumption (the tests of
+    # vocabulary_mode public/private say so by passing vocabulary_mode)
+    values["vocabulary_public_by_assumption"] = True
     values.update(changes)
+    if values.get("vocabulary_mode", "file") != "file":
+        values.pop("vocabulary")
+        values.pop("vocabulary_public_by_assumption")
     # the test harness opts in to non-private runs and reproducible noise in so many words
     values.setdefault("non_private", values.get("epsilon") is None)
     if values.get("noise_seed") is not None:

@@ -172,7 +172,7 @@ def test_wrong_bootstrap_fails_within_15_s_naming_bootstrap(tmp_path):
     ledger = tmp_path / "ledger.jsonl"
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"bootstrap": f"127.0.0.1:{closed_port()}", "vocabulary": str(vocab),
-                               "n_topics": 3, "ledger": str(ledger),
+                               "vocabulary_public_by_assumption": True, "n_topics": 3, "ledger": str(ledger),
                                "snapshot_dir": str(tmp_path / "snaps")}))
     for cmd in (["release"], ["sketcher"], ["control", "flush"]):
         t0 = time.monotonic()

@@ -57,7 +57,8 @@ N_TOPICS = 5                              # k' = 10
 
 def make_cfg(bootstrap, names, vocab_path, corpus, **kw) -> ServiceConfig:
     base = dict(bootstrap=bootstrap, topic_prefix=names.documents.rsplit(".", 1)[0],
-                vocabulary=str(vocab_path), n_topics=N_TOPICS, epsilon=1.0,
+                vocabulary=str(vocab_path), vocabulary_public_by_assumption=True,
+                n_topics=N_TOPICS, epsilon=1.0,
                 stream_start=corpus.stream_start, epoch_seconds=corpus.epoch_seconds,
                 checkpoint_seconds=0.4, batch_size=16, poll_seconds=0.2,
                 non_production=True)      # embedded broker (CreateTime records)

@@ -580,7 +580,7 @@ def test_exact_counts_switch_reaches_the_sketcher(kafka_broker, kafka_topics, tm
     from streamdp.text.vocabulary import Vocabulary
     Vocabulary([f"w{i}" for i in range(30)]).save(tmp_path / "v.txt")
     cfg = from_mapping({"bootstrap": kafka_broker.bootstrap, "vocabulary": str(tmp_path / "v.txt"),
-                        "topic_prefix": kafka_topics.documents.rsplit(".", 1)[0], "n_topics": 2,
+                        "vocabulary_public_by_assumption": True, "topic_prefix": kafka_topics.documents.rsplit(".", 1)[0], "n_topics": 2,
                         "non_production": True},
                        env={"STREAMDP_METRICS_EXACT_COUNTS": "false"})
     sk = Sketcher(cfg)

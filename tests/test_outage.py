@@ -52,7 +52,8 @@ def test_service_rides_out_a_broker_outage(tmp_path, role):
     ensure_topics(broker.bootstrap, names, partitions=1)
     Vocabulary([f"w{i}" for i in range(30)]).save(tmp_path / "v.txt")
     cfg = ServiceConfig(bootstrap=broker.bootstrap, topic_prefix=names.documents.rsplit(".", 1)[0],
-                        vocabulary=str(tmp_path / "v.txt"), n_topics=2, epsilon=1.0, sampler="fast",
+                        vocabulary=str(tmp_path / "v.txt"), vocabulary_public_by_assumption=True,
+                        n_topics=2, epsilon=1.0, sampler="fast",
                         ledger=str(tmp_path / "ledger.jsonl"), snapshot_dir=str(tmp_path / "s"),
                         poll_seconds=0.2, liveness_seconds=20.0, non_production=True)
     cap = Capture()

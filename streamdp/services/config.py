@@ -230,6 +230,9 @@ class ServiceConfig:
                                      "window): remove it, or set vocabulary_mode: private")
             return
         # private
+        if self.epsilon is None:
+            bad("vocabulary_mode", "is 'private' but the deployment is non-private (epsilon null): "
+                                   "a DP selection needs a budget; use vocabulary_mode: public")
         if self.vocabulary_candidates < self.vocabulary_size:
             bad("vocabulary_candidates", f"is {self.vocabulary_candidates}, below vocabulary_size="
                                          f"{self.vocabulary_size}: the selection picks "
@@ -326,13 +329,45 @@ class ServiceConfig:
         return WARMUP_NORMALISING_CLIP if self.private else ClipBounds.unclipped().warmup
 
     def load_vocabulary(self):
+        """``vocabulary_mode: file``: the vocabulary file, refused unless it says it is public
+        (a sidecar from ``streamdp vocab public``/``private``) or the configuration declares it
+        public (``vocabulary_public_by_assumption: true``)."""
+        return self.load_vocabulary_file()[0]
+
+    def load_vocabulary_file(self):
+        """(Vocabulary, provenance dict) of ``vocabulary_mode: file`` (see load_vocabulary)."""
+        from streamdp.services.vocabulary import VocabularyError, file_provenance
         from streamdp.text.vocabulary import Vocabulary
+        if self.vocabulary_mode != "file":
+            raise ConfigError(f"configuration field 'vocabulary_mode' is {self.vocabulary_mode!r}: "
+                              "the vocabulary comes from the deployment's vocabulary record, not "
+                              "a file")
         if not self.vocabulary:
             raise ConfigError("configuration field 'vocabulary': set the path of the public "
-                              "vocabulary file (one word per line; see docs/schemas.md)")
+                              "vocabulary file (one word per line; see docs/schemas.md), or use "
+                              "vocabulary_mode: public or private (docs/configuration.md)")
         if not Path(self.vocabulary).is_file():
             raise ConfigError(f"configuration field 'vocabulary': no file at {self.vocabulary!r}")
-        return Vocabulary.load(self.vocabulary)
+        vocab = Vocabulary.load(self.vocabulary)
+        try:
+            prov = file_provenance(self.vocabulary, vocab)
+        except VocabularyError as exc:
+            raise ConfigError(f"configuration field 'vocabulary': {exc}") from None
+        if prov is not None:
+            return vocab, {"mode": "file", "vocabulary_id": vocab.id,
+                           "selection": prov.get("selection"), "source": prov.get("source"),
+                           **({"privacy_cost": prov["privacy_cost"]} if "privacy_cost" in prov else {})}
+        if not self.vocabulary_public_by_assumption:
+            raise ConfigError(
+                f"configuration field 'vocabulary': {self.vocabulary!r} (vocabulary {vocab.id}) "
+                f"does not say it is public: no sidecar {self.vocabulary + '.json'!r} from "
+                "`streamdp vocab public` / `streamdp vocab private` describes it. A word list "
+                "taken from the protected documents leaks which words they contain. Fix: use "
+                "vocabulary_mode: public (a wordfreq list, no budget) or private (DP selection), "
+                "build the file with `streamdp vocab public`, or - only for a list that really is "
+                "public, or a benchmark that assumes so - set vocabulary_public_by_assumption: true")
+        return vocab, {"mode": "file", "vocabulary_id": vocab.id, "selection": "public by assumption",
+                       "public_by_assumption": True}
 
     def tokenizer_(self):
         from streamdp.text.tokenizer import Tokenizer

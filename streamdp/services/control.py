@@ -2,6 +2,8 @@
 
 ``{"v": 1, "kind": "control", "type": T, "at": unix seconds, ..., "mac": hex}`` with T one of
 
+* ``vocabulary_ready`` (release → sketchers) ``vocabulary_id``: the deployment's vocabulary
+  (``vocabulary_mode`` public or private) is in the state store under :data:`VOCABULARY_KEY`;
 * ``subspace_ready``  (release → sketchers) ``subspace_id``: the warm-up is closed,
   the subspace and clip bounds are in the state store under :data:`SUBSPACE_KEY`;
 * ``epochs_closed``   (release → sketchers) ``through``: epochs ≤ through are
@@ -38,8 +40,10 @@ log = logging.getLogger("streamdp.control")
 
 VERSION = 1
 KIND = "control"
-TYPES = ("subspace_ready", "epochs_closed", "flush", "close", "release")
-RELEASE_TYPES = ("subspace_ready", "epochs_closed")        # written only by the release service
+TYPES = ("vocabulary_ready", "subspace_ready", "epochs_closed", "flush", "close", "release")
+# written only by the release service
+RELEASE_TYPES = ("vocabulary_ready", "subspace_ready", "epochs_closed")
+VOCABULARY_KEY = "release/vocabulary"
 SUBSPACE_KEY = "release/subspace"
 RELEASE_STATE_KEY = "release/tree"
 MIN_KEY_BYTES = 32

@@ -189,6 +189,10 @@ class PartitionState:
     topic, partition      the input partition
     next_offset : int     first input offset NOT yet in the sketches
     progress : float      largest record timestamp consumed (seconds); -inf before any
+    selection : object | None  the vocabulary-selection histogram of this partition's
+                          selection-window documents (each one's clipped set of distinct
+                          words; :mod:`streamdp.services.vocabulary`); None once the
+                          vocabulary is published
     warmup : WarmupSketch | None       warm-up sums (None once the subspace is out)
     epochs : dict[int, WhitenedSketch] open stream epochs not yet released
     refine : dict[int, RefinementSketch] refinement sums (k × d) of the open epochs' documents
@@ -203,12 +207,13 @@ class PartitionState:
     partition: int
     next_offset: int = 0
     progress: float = -math.inf
+    selection: object | None = None
     warmup: WarmupSketch | None = None
     epochs: dict[int, WhitenedSketch] = field(default_factory=dict)
     refine: dict[int, RefinementSketch] = field(default_factory=dict)
     closed_through: int = 0
     counters: dict[str, int] = field(default_factory=lambda: {
-        "documents": 0, "warmup_documents": 0, "tokens": 0, "unknown_tokens": 0, "late": 0,
+        "documents": 0, "warmup_documents": 0, "selection_documents": 0, "tokens": 0, "unknown_tokens": 0, "late": 0,
         "empty": 0, "dlq": 0})
     fence: int = 0
 
@@ -230,6 +235,8 @@ class PartitionState:
         the release service already closed are late.
         """
         routes = np.where((routes > 0) & (routes <= self.closed_through), LATE, routes)
+        # with a vocabulary to count over, the selection window is closed: its documents are late
+        routes = np.where(routes == SELECTION, LATE, routes)
         if np.any(routes == FUTURE):
             raise ValueError("FUTURE-routed documents must be dead-lettered, not added")
         out = {"warmup": 0, "stream": 0, "late": int(np.sum(routes == LATE)), "short": 0}
@@ -266,6 +273,21 @@ class PartitionState:
         self.counters["documents"] += out["stream"]
         return out
 
+    def add_selection(self, token_lists, factory, candidates) -> int:
+        """Add selection-window documents (token lists, already validated) to the partition's
+        vocabulary-selection histogram; returns how many were added."""
+        if not token_lists:
+            return 0
+        if self.selection is None:
+            self.selection = factory()
+        self.selection.add(token_lists, candidates)
+        self.counters["selection_documents"] = self.counters.get("selection_documents", 0) + len(token_lists)
+        return len(token_lists)
+
+    def forget_selection(self) -> None:
+        """The vocabulary is published: the selection histogram is consumed."""
+        self.selection = None
+
     def forget_closed(self, closed_through: int, warmup_closed: bool) -> None:
         """Drop sketches the release service has consumed (raw state lives no longer)."""
         self.closed_through = max(self.closed_through, int(closed_through))
@@ -282,6 +304,7 @@ class PartitionState:
             "kind": KIND, "v": VERSION, "topic": self.topic, "partition": self.partition,
             "next_offset": self.next_offset,
             "progress": None if self.progress == -math.inf else self.progress,
+            "selection": None if self.selection is None else self.selection.to_bytes(),
             "warmup": None if self.warmup is None else self.warmup.to_bytes(),
             "epochs": [[e, sk.to_bytes()] for e, sk in sorted(self.epochs.items())],
             # k × d float64 per open epoch (chunked by the state store like the sketches)
@@ -296,9 +319,14 @@ class PartitionState:
         ser.check_header(obj, KIND, VERSION)
         if obj["epochs"] and subspace is None:
             raise ser.SchemaError("partition state holds stream sketches but no subspace is known")
+        selection = None
+        if obj.get("selection") is not None:
+            from streamdp.services.vocabulary import SelectionHistogram
+            selection = SelectionHistogram.from_bytes(obj["selection"])
         return cls(topic=obj["topic"], partition=int(obj["partition"]),
                    next_offset=int(obj["next_offset"]),
                    progress=-math.inf if obj["progress"] is None else float(obj["progress"]),
+                   selection=selection,
                    warmup=None if obj["warmup"] is None else WarmupSketch.from_bytes(obj["warmup"]),
                    epochs={int(e): WhitenedSketch.from_bytes(b, subspace) for e, b in obj["epochs"]},
                    refine={int(e): RefinementSketch.from_dict(r) for e, r in obj.get("refine") or []},
@@ -310,6 +338,7 @@ class PartitionState:
         return {"topic": self.topic, "partition": self.partition, "next_offset": self.next_offset,
                 "progress": None if self.progress == -math.inf else self.progress,
                 "epochs": sorted(self.epochs), "warmup": self.warmup is not None,
+                "selection": self.selection is not None,
                 "refine_epochs": sorted(self.refine),
                 "closed_through": self.closed_through, "fence": self.fence}
 

@@ -24,7 +24,16 @@ gets the same reservation back uncharged, and draws afresh. A crash between 4
 and 5 is repaired at start-up (the state holds epoch t: ``tree:epoch=t`` is
 committed). A crash after 4 republishes the last snapshot on restart (consumers
 deduplicate by release_id). The warm-up follows the same protocol (keys
-``warmup-clip-histogram``, ``warmup``; persisted = the subspace record).
+``warmup-clip-histogram``, ``warmup``; persisted = the subspace record), and so does
+the private vocabulary selection (key ``vocabulary``; persisted = the vocabulary record).
+
+Vocabulary (issue 11, :mod:`streamdp.services.vocabulary`): ``vocabulary_mode: public``
+builds the wordfreq list at the first start and persists it as the vocabulary record
+(no budget); ``private`` waits until the selection window (``ts < selection_end``)
+closes — the same rule as the warm-up close, with ``selection_end`` for
+``stream_start`` — merges the partitions' selection histograms, runs the selection
+(reserve → draw → persist the record → commit) and announces ``vocabulary_ready``.
+Only then can the warm-up close. ``file``: the vocabulary file, as before.
 
 Single writer per deployment, fenced at Kafka (docs/services.md §Fencing):
 
@@ -85,7 +94,8 @@ from streamdp.refinement import RefinementSketch
 from streamdp.services import control
 from streamdp.kafka.connectivity import OutageGuard, check_bootstrap, client_extras
 from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode
-from streamdp.services.partition_state import PartitionState
+from streamdp.services import vocabulary as vocab_mod
+from streamdp.services.partition_state import SELECTION, PartitionState
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.subspace import Subspace
@@ -95,11 +105,21 @@ log = logging.getLogger("streamdp.release")
 
 IDLE_GRACE_SECONDS = 5.0
 WRITER_KEY = "release/writer"          # the registered writer epoch (fencing token)
+# records that carry the head of the ledger that paid for them (a private selection's
+# vocabulary record only has one when the ledger paid: public/file records are skipped)
+SPENT_KEYS = (control.VOCABULARY_KEY, control.SUBSPACE_KEY, control.RELEASE_STATE_KEY)
 
 
 def writer_transactional_id(topic_prefix: str) -> str:
     """The deployment's one release-writer ``transactional.id``."""
     return f"{topic_prefix}-release-writer"
+
+
+def _spent(recs: dict) -> dict:
+    """The release records that prove this deployment has spent budget: the subspace and the
+    release state; the vocabulary record only if the ledger paid for it (a private selection)."""
+    return {k: recs[k] for k in SPENT_KEYS if k in recs
+            and (k != control.VOCABULARY_KEY or isinstance(recs[k].meta.get("ledger"), dict))}
 
 
 class Fenced(ConfigError):
@@ -188,9 +208,17 @@ class ReleaseService:
         self._closed = False
         self.cfg = cfg
         self.topics = cfg.topics
-        self.vocabulary = cfg.load_vocabulary()
-        self.d = len(self.vocabulary)
-        self.k_prime = cfg.k_prime(self.d)
+        self.vocabulary = self.d = self.k_prime = None
+        self.vocabulary_meta: dict = {}          # how the vocabulary was chosen (public)
+        self.candidates = None
+        if cfg.vocabulary_mode == "file":
+            vocab, self.vocabulary_meta = cfg.load_vocabulary_file()
+            self._set_vocabulary(vocab)
+        elif cfg.vocabulary_mode == "private":
+            try:
+                self.candidates = vocab_mod.candidates(cfg)
+            except vocab_mod.VocabularyError as exc:
+                raise ConfigError(str(exc)) from None
         self.routing = cfg.routing
         check_bootstrap(cfg.client("admin"))     # fail fast, naming 'bootstrap', before any ledger write
         self.lease = ReleaseLease(cfg.ledger)
@@ -344,7 +372,7 @@ class ReleaseService:
         that has spent (a subspace or release state exists) never gets a fresh ledger.
         """
         path = os.path.abspath(self.cfg.ledger)
-        spent = {k for k in (control.SUBSPACE_KEY, control.RELEASE_STATE_KEY) if k in recs}
+        spent = set(_spent(recs))
         if spent and (not os.path.exists(path) or os.path.getsize(path) == 0):
             raise ConfigError(f"ledger {path} is missing or empty, but {self._kafka_says(recs)}. "
                               f"{self._LEDGER_FIX}.")
@@ -363,12 +391,12 @@ class ReleaseService:
 
     @staticmethod
     def _kafka_head(recs: dict) -> dict | None:
-        heads = [recs[k].meta["ledger"] for k in (control.SUBSPACE_KEY, control.RELEASE_STATE_KEY)
+        heads = [recs[k].meta["ledger"] for k in SPENT_KEYS
                  if k in recs and isinstance(recs[k].meta.get("ledger"), dict)]
         return max(heads, key=lambda h: h["records"]) if heads else None
 
     def _kafka_says(self, recs: dict) -> str:
-        spent = [k for k in (control.SUBSPACE_KEY, control.RELEASE_STATE_KEY) if k in recs]
+        spent = list(_spent(recs))
         head = self._kafka_head(recs)
         return (f"the state topic {self.topics.state!r} says deployment {self.cfg.topic_prefix!r} "
                 f"has spent ({', '.join(spent)}"
@@ -377,7 +405,7 @@ class ReleaseService:
 
     def _check_ledger(self, acc: Accountant, recs: dict) -> None:
         """Refuse unless ``acc``'s ledger extends the ledger head Kafka's release records carry."""
-        spent = {k: recs[k] for k in (control.SUBSPACE_KEY, control.RELEASE_STATE_KEY) if k in recs}
+        spent = _spent(recs)
         kafka_head = self._kafka_head(recs)
         path = os.path.abspath(self.cfg.ledger)
         says, fix = self._kafka_says(recs), self._LEDGER_FIX
@@ -396,11 +424,52 @@ class ReleaseService:
                                   f"deployment's. {fix}.")
 
     # ------------------------------------------------------------ restore
+    def _set_vocabulary(self, vocab) -> None:
+        self.vocabulary = vocab
+        self.d = len(vocab)
+        self.k_prime = self.cfg.k_prime(self.d)
+
+    def _restore_vocabulary(self) -> None:
+        """public/private: the deployment's vocabulary record (public: built and persisted
+        at the first start). A failed selection stops the service with its message."""
+        if self.cfg.vocabulary_mode == "file" or self.vocabulary is not None:
+            return
+        try:
+            got = vocab_mod.load_record(self.store)
+        except vocab_mod.SelectionTooSmall as exc:
+            self.exhausted = str(exc)
+            log.error("%s", exc)
+            return
+        except vocab_mod.VocabularyError as exc:
+            raise ConfigError(str(exc)) from None
+        if got is None and self.cfg.vocabulary_mode == "public":
+            try:
+                vocab, meta = vocab_mod.public_vocabulary(self.cfg)
+            except vocab_mod.VocabularyError as exc:
+                raise ConfigError(str(exc)) from None
+            meta = {**meta, "writer_epoch": self.writer_epoch}
+            if not self._persist(control.VOCABULARY_KEY, vocab.canonical_bytes(), meta):
+                return
+            log.info("public vocabulary %s: %d wordfreq words (%s %s), no budget", vocab.id,
+                     len(vocab), meta.get("source"), meta.get("source_version"))
+            got = vocab, meta
+        if got is not None:
+            self._set_vocabulary(got[0])
+            self.vocabulary_meta = {k: v for k, v in got[1].items()
+                                    if k not in ("ledger", "writer_epoch")}
+
     def _restore(self) -> None:
+        self._restore_vocabulary()
         rec = self.store.read_latest(control.SUBSPACE_KEY)
         if rec is not None:
             self.subspace = Subspace.from_bytes(rec.payload)
             self.clip = ClipBounds.from_dict(rec.meta["clip"])
+            if self.vocabulary is None:
+                raise ConfigError(f"the state topic {self.topics.state!r} holds a warm-up subspace "
+                                  f"(vocabulary {rec.meta.get('vocabulary_id')}) but no usable "
+                                  f"vocabulary record for vocabulary_mode "
+                                  f"{self.cfg.vocabulary_mode!r}: this deployment was started with "
+                                  "another vocabulary_mode; restore that configuration")
             if rec.meta.get("vocabulary_id") != self.vocabulary.id:
                 raise ConfigError(f"the deployment's subspace was built for vocabulary "
                                   f"{rec.meta.get('vocabulary_id')}, this service has "
@@ -431,6 +500,8 @@ class ReleaseService:
             if left:
                 log.warning("reservations to fulfil (output lost in a crash, not re-charged): %s",
                             ", ".join(left))
+        if self.vocabulary is not None and self.cfg.vocabulary_mode != "file":
+            self._send_control("vocabulary_ready", vocabulary_id=self.vocabulary.id)
         if self.subspace is not None:
             # a crash may have cut these short; sketchers handle repeats
             self._send_control("subspace_ready", subspace_id=self.subspace.id)
@@ -440,6 +511,8 @@ class ReleaseService:
 
     def _is_persisted(self, key: str) -> bool:
         """Whether the output reserved under ``key`` is in the restored, persisted state."""
+        if key.startswith(vocab_mod.SPEND_KEY):
+            return self.store.read_latest(control.VOCABULARY_KEY) is not None
         if key.startswith("warmup"):
             return self.subspace is not None
         if key.startswith("tree:epoch="):
@@ -528,6 +601,11 @@ class ReleaseService:
         if self.exhausted:
             return
         states, partitions = self._partition_view()
+        if self.vocabulary is None:
+            if (self.cfg.vocabulary_mode == "private" and self._closable(SELECTION, states, partitions)
+                    and self._check_writer()):
+                self._release_vocabulary(self._load_states(states))
+            return
         if self.subspace is None:
             if self._closable(0, states, partitions) and self._check_writer():
                 self._release_warmup(self._load_states(states))
@@ -633,7 +711,10 @@ class ReleaseService:
 
     def _closable(self, epoch: int, states: dict, partitions: list[int]) -> bool:
         close_time = self.routing.close_time(epoch)
-        forced = epoch <= self.forced_through
+        if epoch == SELECTION:     # before the warm-up: forced by any flush / close
+            forced = self.flush_requested or self.forced_through >= 0
+        else:
+            forced = epoch <= self.forced_through
         if self.flush_requested:
             forced = forced or epoch <= self._newest_epoch(states)
         live_past = time.time() >= close_time + IDLE_GRACE_SECONDS and self.cfg.lateness > 0
@@ -651,6 +732,76 @@ class ReleaseService:
 
     def _load_states(self, states: dict) -> list[PartitionState]:
         return [PartitionState.from_bytes(r.payload, self.subspace) for r in states.values()]
+
+    # ------------------------------------------------------------ vocabulary selection
+    def _release_vocabulary(self, parts: list[PartitionState]) -> None:
+        """Close the selection window: merge the partitions' histograms, select (spend
+        protocol: reserve → draw → persist the vocabulary record → commit), announce."""
+        try:
+            merged = vocab_mod.merge_histograms((p.selection for p in parts), self.candidates)
+        except vocab_mod.VocabularyError as exc:
+            self.exhausted = str(exc)
+            log.error("vocabulary selection refused: %s", exc)
+            return
+        n_docs = 0 if merged is None else merged.n_docs
+        if n_docs == 0:
+            self.exhausted = (
+                f"the vocabulary-selection window closed with no usable documents (0 documents "
+                f"with ts < selection_end={self.cfg.selection_end!r} across {len(parts)} "
+                "partition state(s)): nothing to select from. Fix: produce text/tokens documents "
+                "with ts < selection_end (and record time before it), move selection_end later, "
+                "or use vocabulary_mode: public. Nothing was spent.")
+            log.error("%s", self.exhausted)
+            return
+        t0 = time.perf_counter()
+        failure = None
+        try:        # its own atom, with its whole budget (parallel composition)
+            sel = vocab_mod.select(self.cfg, merged, accountant=self.accountant,
+                                   sampler=self.sampler, spender=self.spend)   # reserve → draw
+        except BudgetExhausted as exc:
+            self._refused(exc)
+            return
+        except vocab_mod.SelectionTooSmall as exc:
+            sel, failure = None, str(exc)
+        meta = {"mode": "private", "selection_end": self.cfg.selection_end,
+                "selection_documents": int(n_docs), "writer_epoch": self.writer_epoch}
+        if self.accountant is not None:
+            meta["ledger"] = self.accountant.head()
+        if failure is not None:
+            # the failure is the release of this draw: persisted and committed like a
+            # vocabulary, so no restart draws again on the same documents for free
+            meta.update(status=vocab_mod.FAILED, error=failure)
+            if self._persist(control.VOCABULARY_KEY, b"", meta):
+                self.exhausted = failure
+                log.error("%s", failure)
+            return
+        meta.update({k: v for k, v in sel.meta.items() if k != "events"},
+                    events=sel.meta.get("events", []))
+        if not self._persist(control.VOCABULARY_KEY, sel.vocabulary.canonical_bytes(), meta):
+            return                                                 # ... → persist → commit
+        self._set_vocabulary(sel.vocabulary)
+        self.vocabulary_meta = {k: v for k, v in meta.items() if k not in ("ledger", "writer_epoch")}
+        self._send_control("vocabulary_ready", vocabulary_id=sel.vocabulary.id)
+        log.info("vocabulary selected: %d words (id %s) from the selection window, %d of them "
+                 "above 3 sigma, in %.1f s", len(sel.vocabulary), sel.vocabulary.id,
+                 sel.meta.get("words_above_3_sigma", -1), time.perf_counter() - t0)
+        if self.accountant is not None:
+            self.metrics.set_budget_from_report(self.accountant.report())
+
+    def vocabulary_report(self) -> dict:
+        """What every snapshot's privacy report says about the vocabulary (public facts only:
+        never the exact number of selection documents)."""
+        out = {"vocabulary_id": None if self.vocabulary is None else self.vocabulary.id,
+               "mode": self.cfg.vocabulary_mode}
+        for k in ("selection", "source", "source_version", "lang", "size", "candidates",
+                  "candidates_id", "max_words_per_document", "selection_end", "events",
+                  "public_by_assumption", "privacy_cost", "sigma"):
+            if k in self.vocabulary_meta:
+                out[k] = self.vocabulary_meta[k]
+        if self.cfg.vocabulary_mode == "private":
+            out["composition"] = ("parallel: the selection window (ts < selection_end) is its own "
+                                  "atom, disjoint from the warm-up and the stream")
+        return out
 
     # ------------------------------------------------------------ warm-up
     def _release_warmup(self, parts: list[PartitionState]) -> None:
@@ -715,7 +866,8 @@ class ReleaseService:
         privacy = add_budget_context(
             snap.privacy, epsilon=self.cfg.epsilon, delta=self.cfg.delta, rho_budget=self.rho,
             warmup_events=self.subspace.provenance.get("events", []), accountant=self.accountant,
-            vocabulary_id=self.vocabulary.id, **self.cfg.privacy_fields())
+            vocabulary_id=self.vocabulary.id, vocabulary=self.vocabulary_report(),
+            **self.cfg.privacy_fields())
         if self.accountant is not None:
             # this release's own reservation is committed right after the state is persisted
             report = privacy["accountant"]

@@ -19,6 +19,14 @@ Commit and checkpoint semantics (the one place they are stated)
 * Stream documents that arrive before the subspace exists pause their
   partition (seeked back to that document) until the release service
   announces ``subspace_ready``.
+* Vocabulary (``vocabulary_mode`` public/private, issue 11): until the deployment's
+  vocabulary record exists on the state topic, nothing can be counted. Documents of the
+  selection window (private: ``ts < selection_end``, :meth:`Routing.route`) are tokenised
+  and their clipped distinct-word sets added to the partition's selection histogram
+  (checkpointed like the sketches); the first document routed to the warm-up or the
+  stream pauses the partition at its offset (same mechanism as above) until
+  ``vocabulary_ready``; the sketcher then loads the record (content id checked), drops
+  the histogram (the release service consumed it) and goes on as usual.
 
 Time, fencing and control (issue 15; docs/operations.md §Time, §Kafka ACLs)
 --------------------------------------------------------------------------
@@ -74,7 +82,8 @@ from streamdp.services import control
 from streamdp.kafka.connectivity import OutageGuard, check_bootstrap
 from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode
 from streamdp.kafka.topics import TopicConfigError, check_broker_time
-from streamdp.services.partition_state import (FUTURE, LATE, PRODUCER_TIMESTAMP,
+from streamdp.services import vocabulary as vocab_mod
+from streamdp.services.partition_state import (FUTURE, LATE, PRODUCER_TIMESTAMP, SELECTION,
                                                PartitionState, RecordTimeRejected, fencing_token,
                                                select_state, state_key)
 from streamdp.whitening.subspace import Subspace
@@ -121,10 +130,16 @@ class Sketcher:
     def __init__(self, cfg: ServiceConfig, *, instance: str | None = None) -> None:
         self.cfg = cfg
         self.instance = instance or f"sketcher-{uuid.uuid4().hex[:8]}"
-        self.vocabulary = cfg.load_vocabulary()
         self.tokenizer = cfg.tokenizer_()
-        self.d = len(self.vocabulary)
-        self.k_prime = cfg.k_prime(self.d)
+        self.vocabulary = self.d = self.k_prime = None
+        self.candidates = None                  # private: the public candidate list
+        if cfg.vocabulary_mode == "file":
+            self._set_vocabulary(cfg.load_vocabulary())
+        elif cfg.vocabulary_mode == "private":
+            try:
+                self.candidates = vocab_mod.candidates(cfg)
+            except vocab_mod.VocabularyError as exc:
+                raise ConfigError(str(exc)) from None
         check_bootstrap(cfg.client("admin"))     # fail fast, naming 'bootstrap'
         self.routing = cfg.routing
         self.topics = cfg.topics
@@ -133,7 +148,7 @@ class Sketcher:
         self.metrics.bind_health(self.health)
         self.states: dict[int, PartitionState] = {}
         self.dirty: set[int] = set()
-        self.paused: set[int] = set()
+        self.paused: dict[int, str] = {}     # partition -> what it waits for (vocabulary|subspace)
         self.subspace: Subspace | None = None
         self.clip: ClipBounds | None = None
         self.closed_through = 0
@@ -188,6 +203,7 @@ class Sketcher:
         self.server = ObservabilityServer(self.metrics, self.health, host=self.cfg.metrics_host,
                                           port=self.cfg.metrics_port)
         log.info("%s: metrics on %s", self.instance, self.server.url)
+        self._refresh_vocabulary()
         self._refresh_subspace()
         self.consumer.subscribe([self.topics.documents], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
@@ -237,6 +253,8 @@ class Sketcher:
                 tp.offset = OFFSET_BEGINNING
             st.fence = fencing_token(generation, st.fence)
             st.forget_closed(self.closed_through, self.warmup_closed)
+            if self.vocabulary is not None and self.cfg.vocabulary_mode != "file":
+                st.forget_selection()         # the published vocabulary consumed it
             self.states[tp.partition] = st
         consumer.assign(partitions)
         self.metrics.rebalance("assign", assigned=len(self.states))
@@ -248,14 +266,14 @@ class Sketcher:
             if tp.partition in self.states:
                 self.checkpoint(tp.partition)
                 self.states.pop(tp.partition, None)
-                self.paused.discard(tp.partition)
+                self.paused.pop(tp.partition, None)
         self.metrics.rebalance("revoke", assigned=len(self.states))
 
     def _on_lost(self, consumer, partitions) -> None:
         for tp in partitions:
             self.states.pop(tp.partition, None)
             self.dirty.discard(tp.partition)
-            self.paused.discard(tp.partition)
+            self.paused.pop(tp.partition, None)
         self.metrics.rebalance("lost", assigned=len(self.states))
 
     # ------------------------------------------------------------ the loop
@@ -271,11 +289,18 @@ class Sketcher:
             by_partition[m.partition()].append(m)
         for p, batch in by_partition.items():
             if p in self.states and p not in self.paused:
-                self.process(p, batch)
+                if self.vocabulary is None:
+                    self.process_before_vocabulary(p, batch)
+                else:
+                    self.process(p, batch)
         self._poll_control()
-        if self.paused and self.subspace is not None:
-            self.consumer.resume([TopicPartition(self.topics.documents, p) for p in self.paused])
-            self.paused.clear()
+        ready = [p for p, need in self.paused.items()
+                 if (need == "vocabulary" and self.vocabulary is not None)
+                 or (need == "subspace" and self.subspace is not None)]
+        if ready:
+            self.consumer.resume([TopicPartition(self.topics.documents, p) for p in ready])
+            for p in ready:
+                del self.paused[p]
         if time.monotonic() - self._last_checkpoint >= self.cfg.checkpoint_seconds:
             self.checkpoint_all()
 
@@ -358,11 +383,7 @@ class Sketcher:
         if cut_offset is not None:
             st.progress = self.routing.advance_progress(st.progress, [blocker_rt], now)
             tp = TopicPartition(self.topics.documents, p, cut_offset)
-            self.consumer.pause([TopicPartition(self.topics.documents, p)])
-            self.consumer.seek(tp)
-            self.paused.add(p)
-            log.info("%s: partition %d paused at offset %d until the subspace is released",
-                     self.instance, p, cut_offset)
+            self._pause_at(p, cut_offset, "subspace")
         self.dirty.add(p)
         # documents_total counts documents that entered a sketch; too-short and late
         # ones are counted under skipped_total{reason} instead (docs/metrics.md)
@@ -372,6 +393,123 @@ class Sketcher:
             self.metrics.skipped("too_short", counts["short"])
         if counts["late"]:
             self.metrics.skipped("late", counts["late"])
+
+    def _pause_at(self, p: int, offset: int, need: str) -> None:
+        """Hold partition ``p`` at ``offset`` (that record is re-read after resuming) until
+        ``need`` (the vocabulary or the subspace) is published."""
+        self.consumer.pause([TopicPartition(self.topics.documents, p)])
+        self.consumer.seek(TopicPartition(self.topics.documents, p, offset))
+        self.paused[p] = need
+        log.info("%s: partition %d paused at offset %d until the %s is released",
+                 self.instance, p, offset, need)
+
+    def process_before_vocabulary(self, p: int, batch: list) -> None:
+        """Before the deployment's vocabulary exists (vocabulary_mode public/private):
+        selection-window documents go to the partition's selection histogram, late ones are
+        counted, bad ones dead-lettered; the first document that needs the vocabulary
+        (warm-up or stream) pauses the partition at its offset. Validated first, then one
+        state update, as :meth:`process`."""
+        t0 = time.perf_counter()
+        st = self.states[p]
+        now = time.time()
+        token_lists, bad, rts = [], [], []
+        n_late = n_tok = 0
+        cut = None                              # (offset, record time) of the first blocked doc
+        for m in batch:
+            kind, rt = _record_time(m)
+            try:
+                if self.broker_time and kind != TIMESTAMP_LOG_APPEND_TIME:
+                    raise RecordTimeRejected(
+                        PRODUCER_TIMESTAMP, "record time set by the producer (CreateTime), but this "
+                        "deployment routes by broker time only: the documents topic must have "
+                        "message.timestamp.type=LogAppendTime (docs/operations.md §Time)")
+                value = m.value()
+                if value is None:
+                    raise messages.InvalidMessage(messages.MALFORMED_MSGPACK, "null record value")
+                doc = messages.decode_document(value, max_bytes=self.cfg.max_document_bytes,
+                                               max_tokens=self.cfg.max_document_tokens)
+                t_rec = doc.ts if rt is None else rt
+                if self.routing.is_future(doc.ts, t_rec, now):
+                    raise self.routing.future_error(doc.ts, t_rec, now)
+                route = int(self.routing.route([doc.ts], [t_rec], now)[0])
+                if route >= 0:                  # warm-up or stream: needs the vocabulary
+                    cut = (m.offset(), t_rec)
+                    break
+                toks = None
+                if route == SELECTION:
+                    toks = self._selection_tokens(doc)
+            except messages.InvalidMessage as exc:
+                bad.append((m, exc))
+                rts.append(math.nan if rt is None else rt)
+                continue
+            rts.append(math.nan if rt is None else rt)
+            if route == SELECTION:
+                token_lists.append(toks)
+                n_tok += len(toks)
+            else:
+                n_late += 1
+        # --- everything validated: now the one state update
+        if token_lists:
+            st.add_selection(token_lists, lambda: vocab_mod.SelectionHistogram.for_config(
+                self.cfg, self.candidates), self.candidates)
+        for m, exc in bad:
+            self._dead_letter(m, exc)
+        st.counters["dlq"] += len(bad)
+        st.counters["late"] += n_late
+        st.counters["tokens"] += n_tok
+        if rts:
+            st.next_offset = batch[len(rts) - 1].offset() + 1
+            st.progress = self.routing.advance_progress(st.progress, rts, now)
+        if cut is not None:
+            st.progress = self.routing.advance_progress(st.progress, [cut[1]], now)
+            self._pause_at(p, cut[0], "vocabulary")
+        self.dirty.add(p)
+        self.metrics.observe_batch(len(token_lists), n_tok, 0, time.perf_counter() - t0, partition=p)
+        if n_late:
+            self.metrics.skipped("late", n_late)
+
+    def _selection_tokens(self, doc) -> list[str]:
+        """The tokens of a selection-window document; a ``counts`` document (ids over a
+        vocabulary that does not exist yet) cannot be used and is dead-lettered."""
+        if self.candidates is None:         # public mode has no selection window
+            raise RuntimeError("a selection-window document without a private selection")
+        if doc.kind == "text":
+            toks = self.tokenizer.tokenize(doc.payload)
+            if len(toks) > self.cfg.max_document_tokens:
+                raise messages.InvalidMessage(messages.TOO_LARGE, f"text has {len(toks)} tokens, "
+                                              f"the limit is {self.cfg.max_document_tokens}")
+            return list(toks)
+        if doc.kind == "tokens":
+            return list(doc.payload)
+        raise messages.InvalidMessage(
+            "invalid_value", "a counts document in the vocabulary-selection window (ts < "
+            "selection_end): its ids refer to a vocabulary, and the deployment's vocabulary is "
+            "selected from these documents; send text or tokens before selection_end")
+
+    def _set_vocabulary(self, vocab) -> None:
+        self.vocabulary = vocab
+        self.d = len(vocab)
+        self.k_prime = self.cfg.k_prime(self.d)
+
+    def _refresh_vocabulary(self) -> None:
+        """public/private: load the deployment's vocabulary record (content id checked)."""
+        if self.vocabulary is not None:
+            return
+        try:
+            got = vocab_mod.load_record(self.store)
+        except vocab_mod.VocabularyError as exc:
+            log.error("%s: %s", self.instance, exc)
+            return
+        if got is None:
+            return
+        vocab, meta = got
+        self._set_vocabulary(vocab)
+        for p, st in self.states.items():
+            st.forget_selection()       # the release service consumed it (the record exists)
+            self.dirty.add(p)
+        log.info("%s: vocabulary %s (%d words, %s) loaded", self.instance, vocab.id, len(vocab),
+                 meta.get("mode"))
+        self._refresh_subspace()
 
     def _dead_letter(self, m, exc: messages.InvalidMessage) -> None:
         self.metrics.dlq(exc.error_class)
@@ -410,6 +548,8 @@ class Sketcher:
                  snap.release_id, snap.epoch, snap.stage)
 
     def _refresh_subspace(self) -> None:
+        if self.vocabulary is None:
+            return                      # no warm-up before the vocabulary
         self._refresh_model()
         got = load_subspace(self.store, self.vocabulary.id)
         if got is not None:
@@ -440,7 +580,9 @@ class Sketcher:
                                      "(no valid MAC under this deployment's control key)",
                                      msg["type"], m.offset())
                 continue
-            if msg["type"] == "subspace_ready" and self.subspace is None:
+            if msg["type"] == "vocabulary_ready" and self.vocabulary is None:
+                self._refresh_vocabulary()
+            elif msg["type"] == "subspace_ready" and self.subspace is None:
                 self._refresh_subspace()
             elif msg["type"] == "epochs_closed" and (msg["through"] > self.closed_through
                                                      or not self.warmup_closed):
@@ -503,7 +645,7 @@ class Sketcher:
                             "a checkpoint", self.instance, p, err)
                 self.states.pop(p, None)
                 self.dirty.discard(p)
-                self.paused.discard(p)
+                self.paused.pop(p, None)
                 return
             log.debug("offset commit failed (state is the truth): %s", exc)
         except Exception as exc:                # noqa: BLE001 — offsets are informational
