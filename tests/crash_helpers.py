@@ -598,7 +598,8 @@ if point == "after_reserve":
 elif point == "after_noise":
     wrap(ContinualRelease, "close_epoch", lambda self, snap, *a, **kw: self.epoch == epoch and die(point))
 elif point in ("after_persist", "after_commit"):
-    key = control.SUBSPACE_KEY if what == "warmup" else control.RELEASE_STATE_KEY
+    key = {"warmup": control.SUBSPACE_KEY, "vocabulary": control.VOCABULARY_KEY}.get(
+        what, control.RELEASE_STATE_KEY)
     hit = []
     def persisted(self, out, k, payload, meta=None):
         if k == key and (meta or {}).get("epoch", 0) == epoch:
