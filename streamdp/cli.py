@@ -283,7 +283,8 @@ def _demo(a) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     run_demo(epsilon=None if a.non_private else a.epsilon, warmup_docs=a.warmup_docs,
              stream_docs=a.stream_docs, epochs=a.epochs, sketchers=a.sketchers,
-             bootstrap=a.bootstrap, workdir=a.workdir, sampler=a.sampler, seed=a.seed)
+             bootstrap=a.bootstrap, workdir=a.workdir, sampler=a.sampler, seed=a.seed,
+             vocabulary=a.vocabulary, selection_docs=a.selection_docs)
     return 0
 
 
@@ -331,6 +332,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the released topics and the privacy spent; stop cleanly.")
     d.add_argument("--epsilon", type=float, default=1.0, help="ε for all releases together (default 1)")
     d.add_argument("--non-private", action="store_true", help="no clipping, no noise")
+    d.add_argument("--vocabulary", choices=("private", "public", "corpus"), default=None,
+                   help="private (default; non-private demo: public): DP selection from the "
+                        "selection-window documents; public: wordfreq's top 20,000 words; corpus: "
+                        "the generator's word list, public by assumption")
+    d.add_argument("--selection-docs", type=int, default=10_000,
+                   help="documents before selection_end, used only to select the vocabulary")
     d.add_argument("--warmup-docs", type=int, default=20_000)
     d.add_argument("--stream-docs", type=int, default=60_000)
     d.add_argument("--epochs", type=int, default=4)

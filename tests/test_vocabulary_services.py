@@ -108,6 +108,7 @@ def private_config(tmp_path, bootstrap, names, start, selection_end, epochs, **k
     from service_helpers import Corpus
     dummy = Corpus([], np.zeros((6, 1)), ["x"], np.zeros(0), 0, 0, epochs, start)
     values = dict(vocabulary_mode="private", selection_end=selection_end, vocabulary_size=150,
+                  epoch_seconds=EPOCH_SECONDS,
                   vocabulary_candidates=50_000, vocabulary_max_words_per_document=16,
                   epsilon=1.0, noise_seed=None, sampler="fast", non_production=True,
                   horizon=epochs)
@@ -308,3 +309,85 @@ def test_too_small_selection_window_fails_with_the_numbers_and_the_fix(kafka_bro
     finally:
         again.close()
     assert Accountant(cfg.epsilon, cfg.delta, cfg.ledger).report()["reservations"] == 1
+
+
+def test_service_selection_of_words_outside_the_public_list_stays_within_the_atom():
+    """vocabulary_out_of_list: the partition selection (OpenDP threshold, approximate zCDP)
+    adds a domain word hundreds of documents use; the selection's events fit the vocabulary
+    atom's limit at δ − δ_v, and a word one document uses is not selected."""
+    from streamdp.privacy.accountant import Accountant
+    from streamdp.privacy.memory_ledger import MemoryLedger
+    from streamdp.privacy.noise import make_sampler
+    from streamdp.privacy.spend import SpendSession
+    from streamdp.services import vocabulary as vocab_mod
+
+    cfg = ServiceConfig(**base(vocabulary_mode="private", selection_end=50_000.0, epsilon=4.0,
+                               vocabulary_size=200, vocabulary_candidates=50_000,
+                               vocabulary_max_words_per_document=16, vocabulary_out_of_list=True))
+    cands = vocab_mod.candidates(cfg)
+    assert "zorbulux" not in cands and "qwxvyzzt" not in cands
+    tok = cfg.tokenizer_()
+    texts, _, _ = sample_texts(3000, seed=2)
+    docs = [tok.tokenize(t) for t in texts]
+    docs = [["zorbulux"] + d if i < 600 else d for i, d in enumerate(docs)] + [["qwxvyzzt"] * 5]
+    parts = [vocab_mod.SelectionHistogram.for_config(cfg, cands) for _ in range(2)]
+    for i, d in enumerate(docs):                    # two partitions, merged as the service does
+        parts[i % 2].add([d], cands)
+    parts = [vocab_mod.SelectionHistogram.from_bytes(p.to_bytes()) for p in parts]   # checkpointed
+    merged = vocab_mod.merge_histograms(parts, cands)
+    assert merged.n_docs == len(docs)
+    acc = Accountant(cfg.epsilon, cfg.delta, MemoryLedger())
+    session = SpendSession(acc)
+    sel = vocab_mod.select(cfg, merged, accountant=acc, sampler=make_sampler("opendp"),
+                           spender=session)
+    session.persisted()
+    assert "zorbulux" in sel.vocabulary and "qwxvyzzt" not in sel.vocabulary
+    assert {e.partition for e in sel.events} == {"vocabulary"} and any(e.delta > 0 for e in sel.events)
+    rep = acc.report()
+    assert rep["uncommitted"] == 0 and rep["refusals"] == 0
+    assert 0 < rep["delta_of_approximate_events_by_atom"]["vocabulary"] < cfg.delta
+    assert rep["epsilon_worst_case"] <= cfg.epsilon * (1 + 1e-9)
+
+
+@pytest.mark.slow
+def test_public_vocabulary_is_built_once_and_shared(kafka_broker, tmp_path):
+    """vocabulary_mode: public: the release service builds the wordfreq list at its first start
+    and persists it (no budget); sketchers hold the warm-up until it is published and count
+    over it; a restarted release service uses the record, it does not rebuild."""
+    from streamdp.privacy.accountant import Accountant
+    from streamdp.services import vocabulary as vocab_mod
+    from streamdp.services.release import ReleaseService
+
+    bootstrap = kafka_broker.bootstrap
+    records, _, start, _ = private_corpus(0, 1500, 1500, 1, seed=9)
+    names = fresh_topics(bootstrap)
+    cfg = private_config(tmp_path, bootstrap, names, start, None, 1, vocabulary_mode="public",
+                         vocabulary_size=20_000)
+    expected, _ = vocab_mod.public_vocabulary(cfg)
+    sketchers = Pipeline(cfg, sketchers=2, release=False)
+    with sketchers:
+        produce(bootstrap, names.documents, records)
+        wait_for(lambda: sum(len(w.paused) for w in sketchers.sketchers) == 2, 60,
+                 "the sketchers to hold the warm-up", check=sketchers.check)
+        states = read_states(bootstrap, names)
+        assert all(s.next_offset == 0 for s in states.values())
+        pipe = Pipeline(cfg, sketchers=0)
+        with pipe:
+            assert pipe.release.vocabulary == expected
+            send_control(bootstrap, names, "flush")
+            last = pipe.wait_released(1, timeout=120)
+    assert last.vocabulary_id == expected.id
+    assert last.privacy["vocabulary"]["mode"] == "public"
+    assert last.privacy["vocabulary"]["source"] == "wordfreq"
+    states = read_states(bootstrap, names)
+    assert sum(s.counters["warmup_documents"] for s in states.values()) == 1500
+    assert sum(s.counters["documents"] for s in states.values()) == 1500
+    rep = Accountant(cfg.epsilon, cfg.delta, cfg.ledger).report()
+    assert rep["rho_by_atom"]["vocabulary"] == 0.0
+    # a restart reads the record (a different wordfreq would not change the deployment)
+    vocab_mod._CANDIDATES.clear()
+    again = ReleaseService(cfg.replace(vocabulary_size=19_000))
+    try:
+        assert again.vocabulary == expected
+    finally:
+        again.close()

@@ -2,6 +2,12 @@
 
 Everything runs in one process (threads) against a real Kafka-protocol broker:
 the embedded Tansu broker by default, or ``--bootstrap`` for an existing Kafka.
+
+The vocabulary (issue 11) is not the generator's word list: by default the release
+service selects it privately (``vocabulary_mode: private``) from a selection window of
+documents before the warm-up; ``vocabulary="public"`` uses wordfreq's most frequent words
+(no budget); ``vocabulary="corpus"`` is the generator's own list, public by assumption.
+The true topics are compared with the released ones on the words they share.
 """
 from __future__ import annotations
 
@@ -25,10 +31,25 @@ from streamdp.text.vocabulary import Vocabulary
 log = logging.getLogger("streamdp.demo")
 
 
+VOCABULARY_CHOICES = ("private", "public", "corpus")
+
+
+def align_topics(topics: np.ndarray, words: list[str], vocabulary) -> np.ndarray:
+    """The true (k, d_true) topics over ``vocabulary``'s columns: a word the vocabulary lacks
+    loses its mass, a vocabulary word the generator never uses gets none; rows renormalised."""
+    index = {w: i for i, w in enumerate(words)}
+    out = np.zeros((topics.shape[0], len(vocabulary)))
+    for j, w in enumerate(vocabulary):
+        if w in index:
+            out[:, j] = topics[:, index[w]]
+    return out / np.maximum(out.sum(axis=1, keepdims=True), 1e-300)
+
+
 def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_docs: int = 60_000,
              epochs: int = 4, sketchers: int = 2, bootstrap: str | None = None,
              workdir: str | None = None, sampler: str = "opendp", seed: int = 0,
-             timeout: float = 600.0, out=print) -> dict:
+             timeout: float = 600.0, out=print, vocabulary: str | None = None,
+             selection_docs: int = 10_000) -> dict:
     from streamdp.kafka.broker import EmbeddedBroker
     from streamdp.services.release import ReleaseService
     from streamdp.services.sketcher import Sketcher
@@ -46,16 +67,37 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
     ensure_topics(bootstrap, names, partitions=max(2, sketchers))
     out(f"broker {bootstrap}; topics {prefix}.*; work dir {work}")
 
-    texts, topics, words = sample_texts(warmup_docs + stream_docs, seed=seed)
-    vocab = Vocabulary(words)
-    vocab.save(work / "vocabulary.txt")
+    if vocabulary is None:      # private needs a budget: a non-private demo takes the public list
+        vocabulary = "private" if epsilon is not None else "public"
+    if vocabulary not in VOCABULARY_CHOICES:
+        raise ValueError(f"vocabulary must be one of {VOCABULARY_CHOICES}, got {vocabulary!r}")
+    if vocabulary != "private":
+        selection_docs = 0
+    texts, topics, words = sample_texts(selection_docs + warmup_docs + stream_docs, seed=seed)
     epoch_seconds = 3600.0
     stream_start = float(int(time.time()) - 7 * 86400)    # a week ago: a replayed feed
+    selection_end = stream_start - 86400.0
     ts = np.concatenate([
+        np.sort(selection_end - 1 - 86400 * np.random.default_rng(seed + 2).random(selection_docs)),
         np.sort(stream_start - 86400 * np.random.default_rng(seed).random(warmup_docs)),
         stream_start + np.sort(np.random.default_rng(seed + 1).random(stream_docs)) * epochs * epoch_seconds])
+    if vocabulary == "corpus":
+        Vocabulary(words).save(work / "vocabulary.txt")
+        vocab_fields = dict(vocabulary=str(work / "vocabulary.txt"),
+                            vocabulary_public_by_assumption=True)
+        out("vocabulary: the generator's own word list, public by assumption")
+    elif vocabulary == "public":
+        # the demo's words are everyday English: all but two are in wordfreq's top 20,000
+        vocab_fields = dict(vocabulary_mode="public", vocabulary_size=20_000)
+        out("vocabulary: wordfreq's 20,000 most frequent English words (public, no budget)")
+    else:
+        vocab_fields = dict(vocabulary_mode="private", selection_end=selection_end,
+                            vocabulary_size=500, vocabulary_candidates=50_000,
+                            vocabulary_max_words_per_document=16)
+        out(f"vocabulary: selected privately from the {selection_docs:,} documents before "
+            "selection_end, out of wordfreq's 50,000 most frequent English words")
     cfg = ServiceConfig(bootstrap=bootstrap, topic_prefix=prefix, group_id=f"{prefix}-sketchers",
-                        vocabulary=str(work / "vocabulary.txt"), n_topics=topics.shape[0],
+                        **vocab_fields, n_topics=topics.shape[0],
                         alpha0=1.0, epsilon=epsilon, non_private=epsilon is None, delta=1e-6,
                         horizon=epochs,
                         sampler=sampler, stream_start=stream_start, epoch_seconds=epoch_seconds,
@@ -73,12 +115,23 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
     try:
         from confluent_kafka import Producer
         from streamdp.kafka.topics import client_config
+        if selection_docs:
+            out(f"producing {selection_docs:,} selection-window documents; the sketchers hold "
+                "the later ones until the vocabulary is selected")
+            produce(bootstrap, names.documents,
+                    ({"id": f"doc-{i}", "ts": float(ts[i]), "text": texts[i]}
+                     for i in range(selection_docs)))
         out(f"producing {warmup_docs:,} warm-up and {stream_docs:,} stream documents "
             f"({epochs} hourly epochs), one epoch at a time as a live feed would: the documents "
             "of epoch e+1 are folded into the release of epoch e (refinement)")
         control_producer = Producer(client_config(bootstrap, "producer"))
-        epoch_of = np.where(np.arange(len(texts)) < warmup_docs, 1, np.minimum(
-            np.floor((ts - stream_start) / epoch_seconds).astype(int) + 1, epochs))
+        epoch_of = np.where(np.arange(len(texts)) < selection_docs, 0, np.where(
+            np.arange(len(texts)) < selection_docs + warmup_docs, 1, np.minimum(
+                np.floor((ts - stream_start) / epoch_seconds).astype(int) + 1, epochs)))
+        vocab_announced = []
+
+        def truth():
+            return align_topics(topics, words, release.vocabulary)
         deadline = time.time() + timeout
         seen_releases: set[str] = set()
 
@@ -86,7 +139,7 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
             if snap is None or snap.release_id in seen_releases:
                 return
             seen_releases.add(snap.release_id)
-            e = matched_topic_error(topics, snap.topic_word)["l2_mean"]
+            e = matched_topic_error(truth(), snap.topic_word)["l2_mean"]
             out(f"  [{time.time() - t_start:5.1f} s] epoch {snap.epoch}/{epochs} released: "
                 f"{snap.stage} topics, matched L2 error {e:.4f}")
             if snap.quality_note:
@@ -100,6 +153,14 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
             control_producer.produce(names.control, value=control.encode("flush", key=control.load_key(cfg)))
             control_producer.flush(10)
             while time.time() < deadline and not release.exhausted:
+                if release.vocabulary is not None and not vocab_announced:
+                    vocab_announced.append(release.vocabulary.id)
+                    v = release.vocabulary_report()
+                    missing = [w for w in words if w not in release.vocabulary]
+                    out(f"  [{time.time() - t_start:5.1f} s] vocabulary {v['vocabulary_id']}: "
+                        f"{len(release.vocabulary):,} words ({v['mode']}); of the generator's "
+                        f"{len(words)} words {len(words) - len(missing)} are in it"
+                        + (f" (missing: {' '.join(missing[:8])})" if missing else ""))
                 report(release.latest)
                 if release.latest is not None and release.latest.epoch >= e and (
                         e == epochs or cfg.refinement is False or all(
@@ -114,7 +175,9 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
         if snap is None:
             raise RuntimeError(f"no snapshot was released within {timeout:.0f} s"
                                + (f": {release.exhausted}" if release.exhausted else ""))
-        err = matched_topic_error(topics, snap.topic_word)
+        vocab = release.vocabulary
+        vocab.save(work / "vocabulary.txt")          # for `streamdp topics --vocabulary`
+        err = matched_topic_error(truth(), snap.topic_word)
         out(f"\nrelease {snap.release_id} (epoch {snap.epoch}, ~{snap.n_docs:,.0f} stream documents), "
             f"mean matched L2 error vs the true topics {err['l2_mean']:.4f}")
         names_true = list(TOPICS)
@@ -130,10 +193,16 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
                 f"{pr['horizon']} releases; spent so far: worst-case ε {acc['epsilon_worst_case']:.3f} "
                 f"(ρ {acc['rho_worst_case']:.4g} of {acc['rho_budget']:.4g}); epochs {pr['epochs_covered']} "
                 f"of horizon {pr['horizon']}")
+            v = pr.get("vocabulary") or {}
+            if v.get("mode") == "private":
+                out(f"  the vocabulary selection spent the whole budget of its own documents (the "
+                    f"window before selection_end: parallel composition, ρ "
+                    f"{acc['rho_by_atom'].get('vocabulary', 0):.4g})")
         else:
             out("\nprivacy: none (--non-private)")
         out(f"snapshots in {cfg.snapshot_dir}; total {time.time() - t_start:.1f} s")
-        return {"error": err["l2_mean"], "epoch": snap.epoch, "snapshot": snap, "workdir": str(work)}
+        return {"error": err["l2_mean"], "epoch": snap.epoch, "snapshot": snap, "workdir": str(work),
+                "vocabulary_id": vocab.id}
     finally:
         for w in workers:
             w.stop()
