@@ -782,9 +782,9 @@ class ReleaseService:
         self._set_vocabulary(sel.vocabulary)
         self.vocabulary_meta = {k: v for k, v in meta.items() if k not in ("ledger", "writer_epoch")}
         self._send_control("vocabulary_ready", vocabulary_id=sel.vocabulary.id)
-        log.info("vocabulary selected: %d words (id %s) from the selection window, %d of them "
-                 "above 3 sigma, in %.1f s", len(sel.vocabulary), sel.vocabulary.id,
-                 sel.meta.get("words_above_3_sigma", -1), time.perf_counter() - t0)
+        log.info("vocabulary selected: %d words (id %s), %s of them above the noise, from the "
+                 "selection window in %.1f s", len(sel.vocabulary), sel.vocabulary.id,
+                 sel.meta.get("n_candidates_above_cut"), time.perf_counter() - t0)
         if self.accountant is not None:
             self.metrics.set_budget_from_report(self.accountant.report())
 
@@ -794,8 +794,9 @@ class ReleaseService:
         out = {"vocabulary_id": None if self.vocabulary is None else self.vocabulary.id,
                "mode": self.cfg.vocabulary_mode}
         for k in ("selection", "source", "source_version", "lang", "size", "candidates",
-                  "candidates_id", "max_words_per_document", "selection_end", "events",
-                  "public_by_assumption", "privacy_cost", "sigma"):
+                  "candidates_id", "max_words_per_document", "selection_end", "events", "rho",
+                  "delta_approximate", "n_candidates_above_cut", "n_new_words",
+                  "min_noisy_count", "public_by_assumption", "privacy_cost", "sigma"):
             if k in self.vocabulary_meta:
                 out[k] = self.vocabulary_meta[k]
         if self.cfg.vocabulary_mode == "private":
