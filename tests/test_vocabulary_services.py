@@ -216,7 +216,8 @@ def test_private_vocabulary_selection_then_warm_up_then_stream(kafka_broker, tmp
         assert s.vocabulary_id == vocab.id and v["vocabulary_id"] == vocab.id
         assert v["mode"] == "private" and "parallel" in v["composition"]
         assert [e["partition"] for e in v["events"]] == ["vocabulary"]
-        assert "selection_documents" not in v            # an exact count is not published
+        assert "selection_documents" not in v        # an exact count is not published
+    assert Vocabulary.load(Path(cfg.snapshot_dir) / "vocabulary.txt") == vocab   # for readers
     # the ledger: one selection reservation, committed, on its own atom (parallel composition)
     rep = Accountant(cfg.epsilon, cfg.delta, cfg.ledger).report()
     B = rep["rho_budget"]

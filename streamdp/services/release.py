@@ -429,6 +429,15 @@ class ReleaseService:
         self.d = len(vocab)
         self.k_prime = self.cfg.k_prime(self.d)
 
+    def _write_vocabulary_file(self) -> None:
+        """``snapshot_dir/vocabulary.txt`` (+ ``.json``: how it was chosen), for readers of the
+        snapshots (``streamdp topics --vocabulary``); public once persisted."""
+        out = Path(self.cfg.snapshot_dir)
+        self.vocabulary.save(out / "vocabulary.txt")
+        tmp = out / ".vocabulary.txt.json.tmp"
+        tmp.write_text(json.dumps(self.vocabulary_report(), default=float, indent=2))
+        os.replace(tmp, out / "vocabulary.txt.json")
+
     def _restore_vocabulary(self) -> None:
         """public/private: the deployment's vocabulary record (public: built and persisted
         at the first start). A failed selection stops the service with its message."""
@@ -457,6 +466,7 @@ class ReleaseService:
             self._set_vocabulary(got[0])
             self.vocabulary_meta = {k: v for k, v in got[1].items()
                                     if k not in ("ledger", "writer_epoch")}
+            self._write_vocabulary_file()
 
     def _restore(self) -> None:
         self._restore_vocabulary()
@@ -781,6 +791,7 @@ class ReleaseService:
             return                                                 # ... → persist → commit
         self._set_vocabulary(sel.vocabulary)
         self.vocabulary_meta = {k: v for k, v in meta.items() if k not in ("ledger", "writer_epoch")}
+        self._write_vocabulary_file()
         self._send_control("vocabulary_ready", vocabulary_id=sel.vocabulary.id)
         log.info("vocabulary selected: %d words (id %s), %s of them above the noise, from the "
                  "selection window in %.1f s", len(sel.vocabulary), sel.vocabulary.id,

@@ -341,6 +341,7 @@ class Sketcher:
             bad.append((msg_of_doc[i], exc))
         rt_good = np.asarray(rts, dtype=np.float64)[cb.index] if cb.n_docs else np.zeros(0)
         routes = self.routing.route(cb.timestamps, rt_good, now) if cb.n_docs else np.zeros(0, np.int64)
+        routes = np.where(routes == SELECTION, LATE, routes)   # the vocabulary exists: window closed
 
         # Without a subspace, stream documents cannot be sketched: stop at the first one.
         cut_offset = None
