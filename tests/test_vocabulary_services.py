@@ -190,7 +190,7 @@ def test_private_vocabulary_selection_then_warm_up_then_stream(kafka_broker, tmp
     pipe = Pipeline(cfg, sketchers=2)
     with pipe:
         send_control(bootstrap, names, "flush")
-        last = pipe.wait_released(epochs, timeout=180)
+        last = pipe.wait_released(epochs, timeout=300)
         rel = pipe.release
         assert rel.exhausted is None
     vrec = read_record(bootstrap, names, control.VOCABULARY_KEY)
