@@ -27,14 +27,11 @@ is the services' thin adapter (no Kafka here either).
 from __future__ import annotations
 
 import json
-import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from streamdp import serialization as ser
 from streamdp.text.vocabulary import Vocabulary
-
-log = logging.getLogger("streamdp.vocabulary")
 
 KIND = "selection_histogram"       # the checkpointed wrapper of a CandidateHistogram
 VERSION = 1
@@ -56,17 +53,9 @@ class SelectionTooSmall(VocabularyError):
 def selection_tokenizer(cfg):
     """The deployment's tokenizer with the English stop words added: public lists and
     candidates are tokenised like the documents, minus stop words."""
-    from dataclasses import replace
-
     from streamdp.text.tokenizer import ENGLISH_STOP_WORDS
     tok = cfg.tokenizer_()
-    try:
-        return replace(tok, stop_words=frozenset(tok.stop_words) | ENGLISH_STOP_WORDS)
-    except TypeError:                       # not a dataclass: rebuild from its config
-        from streamdp.text.tokenizer import Tokenizer
-        conf = tok.config()
-        conf["stop_words"] = sorted(set(conf.get("stop_words") or []) | ENGLISH_STOP_WORDS)
-        return Tokenizer.from_config(conf)
+    return replace(tok, stop_words=frozenset(tok.stop_words) | ENGLISH_STOP_WORDS)
 
 
 _CANDIDATES: dict = {}
@@ -100,7 +89,8 @@ def public_vocabulary(cfg) -> tuple[Vocabulary, dict]:
 
 
 # ------------------------------------------------------------------ file mode
-PUBLIC_SELECTIONS = ("public", "dp", "private", "dp-selection")
+#: sidecar ``selection`` values of `streamdp vocab public` and `streamdp vocab private`
+PUBLIC_SELECTIONS = ("public", "private")
 
 
 def file_provenance(path: str | Path, vocab: Vocabulary) -> dict | None:
@@ -120,8 +110,7 @@ def file_provenance(path: str | Path, vocab: Vocabulary) -> dict | None:
             f"vocabulary sidecar {str(side)!r} describes vocabulary {meta.get('vocabulary_id')!r}, "
             f"but {str(path)!r} is {vocab.id}: the file was changed after it was built; rebuild it "
             "(streamdp vocab public / vocab private) or remove the stale sidecar")
-    sel = str(meta.get("selection") or "")
-    if sel in PUBLIC_SELECTIONS or sel.startswith("dp"):
+    if meta.get("selection") in PUBLIC_SELECTIONS:
         return meta
     return None
 
