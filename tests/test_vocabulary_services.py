@@ -166,14 +166,14 @@ def test_private_vocabulary_selection_then_warm_up_then_stream(kafka_broker, tmp
 
         def held():
             st = read_states(bootstrap, names)
-            return len(st) == 2 and sum(s.counters["selection_documents"] for s in st.values()) == n_sel \
+            return len(st) == 2 and sum(s.counters.get("selection_documents", 0) for s in st.values()) == n_sel \
                 and all(p in w.paused for w in sketchers.sketchers for p in w.states) and st
         states = wait_for(held, 90, "the sketchers to hold at the selection window's end",
                           check=sketchers.check)
         time.sleep(1.0)            # still held: nothing after the window is consumed
         states = read_states(bootstrap, names)
         assert all(w.vocabulary is None for w in sketchers.sketchers)
-    assert sum(s.counters["selection_documents"] for s in states.values()) == n_sel
+    assert sum(s.counters.get("selection_documents", 0) for s in states.values()) == n_sel
     assert all(s.warmup is None and not s.epochs and s.counters["warmup_documents"] == 0
                and s.counters["documents"] == 0 and s.counters["late"] == 0 for s in states.values())
     assert sum(s.selection.n_docs for s in states.values()) == n_sel
@@ -200,7 +200,7 @@ def test_private_vocabulary_selection_then_warm_up_then_stream(kafka_broker, tmp
     sub = read_record(bootstrap, names, control.SUBSPACE_KEY)
     assert sub.meta["vocabulary_id"] == vocab.id and sub.meta["warmup_documents"] == n_warm
     states = read_states(bootstrap, names)
-    assert sum(s.counters["selection_documents"] for s in states.values()) == n_sel
+    assert sum(s.counters.get("selection_documents", 0) for s in states.values()) == n_sel
     assert sum(s.counters["warmup_documents"] for s in states.values()) == n_warm
     assert sum(s.counters["documents"] for s in states.values()) == n_stream
     assert all(s.selection is None and s.counters["late"] == 0 for s in states.values())
@@ -419,7 +419,7 @@ def test_selection_histogram_is_exactly_once_across_kill_9(kafka_broker, tmp_pat
             p.wait_processed(600, timeout=60)
         finally:
             p.kill()
-        done = sum(s.counters["selection_documents"] for s in read_states(bootstrap, names).values())
+        done = sum(s.counters.get("selection_documents", 0) for s in read_states(bootstrap, names).values())
         assert done < n_sel, "killed after the window: the test would not test the restore"
     last = SketcherProcess(cfg, tmp_path, "last")
     try:
@@ -437,5 +437,5 @@ def test_selection_histogram_is_exactly_once_across_kill_9(kafka_broker, tmp_pat
     truth.add_documents(tok.tokenize(r["text"]) for r in records if r["ts"] < selection_end)
     assert merged.n_docs == truth.n_docs == n_sel
     assert np.array_equal(merged.counts, truth.counts)
-    assert sum(s.counters["selection_documents"] for s in states.values()) == n_sel
+    assert sum(s.counters.get("selection_documents", 0) for s in states.values()) == n_sel
     assert all(s.warmup is None and s.counters["warmup_documents"] == 0 for s in states.values())

@@ -199,7 +199,8 @@ class PartitionState:
                           folded into the public model the sketcher held when it sketched
                           them (DESIGN §8; absent for documents sketched before any release)
     closed_through : int  epochs the release service has closed (their sketches dropped)
-    counters : dict       documents, tokens, unknown_tokens, late, empty, dlq
+    counters : dict       documents, tokens, unknown_tokens, late, empty, dlq (and
+                          selection_documents once a selection document was counted)
     fence : int           fencing token of the writer (:func:`fencing_token`)
     """
 
@@ -213,7 +214,7 @@ class PartitionState:
     refine: dict[int, RefinementSketch] = field(default_factory=dict)
     closed_through: int = 0
     counters: dict[str, int] = field(default_factory=lambda: {
-        "documents": 0, "warmup_documents": 0, "selection_documents": 0, "tokens": 0, "unknown_tokens": 0, "late": 0,
+        "documents": 0, "warmup_documents": 0, "tokens": 0, "unknown_tokens": 0, "late": 0,
         "empty": 0, "dlq": 0})
     fence: int = 0
 

@@ -91,6 +91,9 @@ from streamdp.whitening.warmup import WarmupSketch
 
 log = logging.getLogger("streamdp.sketcher")
 
+#: how often a sketcher holding partitions re-reads the state topic for the record it waits for
+HELD_REFRESH_SECONDS = 5.0
+
 
 class RateLimitedLog:
     """At most ``per_minute`` log lines per key; the rest are counted and summarised."""
@@ -158,6 +161,7 @@ class Sketcher:
         self.model_epoch: int | None = None
         self._stop = threading.Event()
         self._last_checkpoint = time.monotonic()
+        self._last_refresh = time.monotonic()
         self._bad_log = RateLimitedLog()
         try:
             self.control_key = control.load_key(cfg)
@@ -294,6 +298,15 @@ class Sketcher:
                 else:
                     self.process(p, batch)
         self._poll_control()
+        if self.paused and time.monotonic() - self._last_refresh >= HELD_REFRESH_SECONDS:
+            # held partitions wait for a release record: look again now and then, in case its
+            # announcement was read before the record was visible (or was never seen)
+            self._last_refresh = time.monotonic()
+            needs = set(self.paused.values())
+            if "vocabulary" in needs and self.vocabulary is None:
+                self._refresh_vocabulary()
+            if "subspace" in needs and self.subspace is None:
+                self._refresh_subspace()
         ready = [p for p, need in self.paused.items()
                  if (need == "vocabulary" and self.vocabulary is not None)
                  or (need == "subspace" and self.subspace is not None)]
