@@ -161,38 +161,47 @@ def test_private_vocabulary_selection_then_warm_up_then_stream(kafka_broker, tmp
 
     # --- phase 1: sketchers only; they must hold at the end of the selection window
     sketchers = Pipeline(cfg, sketchers=2, release=False)
-    with sketchers:
+    pipe = None
+    try:
+        sketchers.start()
         produce(bootstrap, names.documents, records)
 
         def held():
             st = read_states(bootstrap, names)
-            return len(st) == 2 and sum(s.counters.get("selection_documents", 0) for s in st.values()) == n_sel \
+            return len(st) == 2 and sum(s.counters.get("selection_documents", 0)
+                                        for s in st.values()) == n_sel \
                 and all(p in w.paused for w in sketchers.sketchers for p in w.states) and st
-        states = wait_for(held, 90, "the sketchers to hold at the selection window's end",
-                          check=sketchers.check)
+        wait_for(held, 90, "the sketchers to hold at the selection window's end",
+                 check=sketchers.check)
         time.sleep(1.0)            # still held: nothing after the window is consumed
         states = read_states(bootstrap, names)
         assert all(w.vocabulary is None for w in sketchers.sketchers)
-    assert sum(s.counters.get("selection_documents", 0) for s in states.values()) == n_sel
-    assert all(s.warmup is None and not s.epochs and s.counters["warmup_documents"] == 0
-               and s.counters["documents"] == 0 and s.counters["late"] == 0 for s in states.values())
-    assert sum(s.selection.n_docs for s in states.values()) == n_sel
-    # each partition stops exactly at its first record past the window
-    offsets = {p: s.next_offset for p, s in states.items()}
-    by_part = {}
-    for r in read_topic(bootstrap, names.documents):
+        assert sum(s.counters.get("selection_documents", 0) for s in states.values()) == n_sel
+        assert all(s.warmup is None and not s.epochs and s.counters["warmup_documents"] == 0
+                   and s.counters["documents"] == 0 and s.counters["late"] == 0
+                   for s in states.values())
+        assert sum(s.selection.n_docs for s in states.values()) == n_sel
+        # each partition stops exactly at its first record past the window
+        offsets = {p: s.next_offset for p, s in states.items()}
+        by_part = {}
         import msgpack
-        by_part.setdefault(r.partition, []).append(msgpack.unpackb(r.value)["ts"])
-    for p, ts in by_part.items():
-        assert offsets[p] == int(np.sum(np.asarray(ts) < selection_end)), (p, offsets[p])
+        for r in read_topic(bootstrap, names.documents):
+            by_part.setdefault(r.partition, []).append(msgpack.unpackb(r.value)["ts"])
+        for p, ts in by_part.items():
+            assert offsets[p] == int(np.sum(np.asarray(ts) < selection_end)), (p, offsets[p])
 
-    # --- phase 2: the release service and the sketchers
-    pipe = Pipeline(cfg, sketchers=2)
-    with pipe:
+        # --- phase 2: the release service starts; the same sketchers go on
+        pipe = Pipeline(cfg, sketchers=0)
+        pipe.start()
         send_control(bootstrap, names, "flush")
         last = pipe.wait_released(epochs, timeout=300)
         rel = pipe.release
         assert rel.exhausted is None
+        assert all(w.vocabulary == rel.vocabulary for w in sketchers.sketchers)
+    finally:
+        sketchers.stop()
+        if pipe is not None:
+            pipe.stop()
     vrec = read_record(bootstrap, names, control.VOCABULARY_KEY)
     vocab = Vocabulary.from_bytes(vrec.payload)
     assert vrec.meta["vocabulary_id"] == vocab.id == rel.vocabulary.id == last.vocabulary_id
