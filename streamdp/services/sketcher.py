@@ -317,6 +317,25 @@ class Sketcher:
         if time.monotonic() - self._last_checkpoint >= self.cfg.checkpoint_seconds:
             self.checkpoint_all()
 
+    def _decode_record(self, m, kind: int, rt: float | None, now: float):
+        """The one check of a record before it is routed: broker time when required, a
+        decodable document within the limits, not in the future. Returns (document, record
+        time) or raises :class:`messages.InvalidMessage` (dead-lettered by the caller)."""
+        if self.broker_time and kind != TIMESTAMP_LOG_APPEND_TIME:
+            raise RecordTimeRejected(
+                PRODUCER_TIMESTAMP, "record time set by the producer (CreateTime), but this "
+                "deployment routes by broker time only: the documents topic must have "
+                "message.timestamp.type=LogAppendTime (docs/operations.md §Time)")
+        value = m.value()
+        if value is None:
+            raise messages.InvalidMessage(messages.MALFORMED_MSGPACK, "null record value")
+        doc = messages.decode_document(value, max_bytes=self.cfg.max_document_bytes,
+                                       max_tokens=self.cfg.max_document_tokens)
+        t_rec = doc.ts if rt is None else rt
+        if self.routing.is_future(doc.ts, t_rec, now):     # == route(...) == FUTURE
+            raise self.routing.future_error(doc.ts, t_rec, now)
+        return doc, t_rec
+
     def process(self, p: int, batch: list) -> None:
         """Validate the whole batch, then update the partition's sketches once."""
         t0 = time.perf_counter()
@@ -329,19 +348,7 @@ class Sketcher:
             kind, rt = _record_time(m)
             batch_rt.append(math.nan if rt is None else rt)
             try:
-                if self.broker_time and kind != TIMESTAMP_LOG_APPEND_TIME:
-                    raise RecordTimeRejected(
-                        PRODUCER_TIMESTAMP, "record time set by the producer (CreateTime), but this "
-                        "deployment routes by broker time only: the documents topic must have "
-                        "message.timestamp.type=LogAppendTime (docs/operations.md §Time)")
-                value = m.value()
-                if value is None:
-                    raise messages.InvalidMessage(messages.MALFORMED_MSGPACK, "null record value")
-                doc = messages.decode_document(value, max_bytes=self.cfg.max_document_bytes,
-                                               max_tokens=self.cfg.max_document_tokens)
-                t_rec = doc.ts if rt is None else rt
-                if self.routing.is_future(doc.ts, t_rec, now):     # == route(...) == FUTURE
-                    raise self.routing.future_error(doc.ts, t_rec, now)
+                doc, t_rec = self._decode_record(m, kind, rt, now)
             except messages.InvalidMessage as exc:
                 bad.append((m, exc))
                 continue
@@ -432,19 +439,7 @@ class Sketcher:
         for m in batch:
             kind, rt = _record_time(m)
             try:
-                if self.broker_time and kind != TIMESTAMP_LOG_APPEND_TIME:
-                    raise RecordTimeRejected(
-                        PRODUCER_TIMESTAMP, "record time set by the producer (CreateTime), but this "
-                        "deployment routes by broker time only: the documents topic must have "
-                        "message.timestamp.type=LogAppendTime (docs/operations.md §Time)")
-                value = m.value()
-                if value is None:
-                    raise messages.InvalidMessage(messages.MALFORMED_MSGPACK, "null record value")
-                doc = messages.decode_document(value, max_bytes=self.cfg.max_document_bytes,
-                                               max_tokens=self.cfg.max_document_tokens)
-                t_rec = doc.ts if rt is None else rt
-                if self.routing.is_future(doc.ts, t_rec, now):
-                    raise self.routing.future_error(doc.ts, t_rec, now)
+                doc, t_rec = self._decode_record(m, kind, rt, now)
                 route = int(self.routing.route([doc.ts], [t_rec], now)[0])
                 if route >= 0:                  # warm-up or stream: needs the vocabulary
                     cut = (m.offset(), t_rec)
