@@ -18,7 +18,7 @@ from streamdp.privacy.epochs import EpochClock
 from streamdp.privacy.noise import GaussianSampler, make_sampler
 from streamdp.privacy.report import add_budget_context, release_report
 from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, check_max_documents,
-                                       require_within_premise)
+                                       require_within_premise, warn_not_covered)
 from streamdp.privacy.spend import spend
 from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch,
@@ -163,6 +163,8 @@ class StreamingSpectralLDA:
         if mechanism not in MECHANISMS:
             raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
         self.mechanism = mechanism
+        if mechanism == "iterative" and self.epsilon is not None:
+            warn_not_covered("mechanism='iterative' (noisy power-method queries)")
         self._user_split = budget_split
         self.budget_split = budget_split if budget_split is not None else BudgetSplit()
         if clip is not None and not isinstance(clip, ClipBounds):

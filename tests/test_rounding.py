@@ -436,3 +436,15 @@ def test_states_without_compensation_still_load():
     d = rs.to_dict()
     d.pop("sums_lo")
     assert RefinementSketch.from_dict(d).sums_lo.shape == (2, 5)
+
+
+def test_the_iterative_mechanism_says_its_rounding_is_not_covered():
+    import warnings
+    from streamdp import StreamingSpectralLDA
+    from streamdp.privacy.rounding import RoundingNotCoveredWarning
+    with pytest.warns(RoundingNotCoveredWarning, match="iterative"):
+        StreamingSpectralLDA(5, epsilon=1.0, mechanism="iterative")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RoundingNotCoveredWarning)
+        StreamingSpectralLDA(5, epsilon=1.0)                      # tensor: covered, silent
+        StreamingSpectralLDA(5, mechanism="iterative")           # non-private: nothing to cover

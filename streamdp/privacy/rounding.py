@@ -228,7 +228,19 @@ def inflation_table(clip: dict[str, float], max_documents: int) -> dict[str, flo
     return {b: sensitivity(b, c, max_documents) / c - 1.0 for b, c in clip.items()}
 
 
-__all__ = ["UNIT_ROUNDOFF", "BATCH_ROWS_MAX", "READ_CHUNK_MAX", "ROUNDING_DEPTH",
+class RoundingNotCoveredWarning(UserWarning):
+    """A private path whose float rounding the sensitivity proof does not yet bound."""
+
+
+def warn_not_covered(what: str) -> None:
+    """Say, once per call site, that ``what`` is outside the rounding proof (docs/privacy.md)."""
+    import warnings
+    warnings.warn(f"{what}: its float64 rounding is not covered by the sensitivity proof "
+                  "(docs/privacy.md, 'Floating point'); use mechanism='tensor' (the default) "
+                  "for the full guarantee", RoundingNotCoveredWarning, stacklevel=3)
+
+
+__all__ = ["RoundingNotCoveredWarning", "warn_not_covered", "UNIT_ROUNDOFF", "BATCH_ROWS_MAX", "READ_CHUNK_MAX", "ROUNDING_DEPTH",
            "MAGNITUDE_FACTOR", "DEFAULT_MAX_DOCUMENTS_PER_SUM", "gamma", "check_max_documents",
            "per_document_magnitude", "rounding_bound", "sensitivity", "DocumentCountExceeded",
            "require_within_premise", "two_sum", "accumulate", "merge_into", "collapse",
