@@ -114,15 +114,30 @@ def _release(a) -> int:
 
 def _produce(a) -> int:
     from streamdp.kafka.topics import ensure_topics
-    from streamdp.services.produce import produce, read_corpus
+    from streamdp.services.produce import Rejections, encoded_records, produce
     cfg = _config(a)
     _reachable(cfg)
     if a.create_topics:
         ensure_topics(cfg.bootstrap, cfg.topics, partitions=a.partitions)
-    n = produce(cfg.bootstrap, cfg.topics.documents, read_corpus(a.corpus),
-                producer_config=cfg.client("producer"),
-                progress=lambda k: print(f"  {k:,} documents", flush=True))
-    print(f"produced {n:,} documents to {cfg.topics.documents}")
+    rejected = Rejections(report=lambda m: print(f"streamdp: rejected {m}", file=sys.stderr,
+                                                 flush=True))
+    stats: dict = {}
+    try:
+        produce(cfg.bootstrap, cfg.topics.documents, encoded_records(a.corpus, rejected),
+                producer_config=cfg.client("producer"), stats=stats,
+                progress=lambda k: print(f"  {k:,} documents queued", flush=True))
+    finally:        # also after an error: say what was sent
+        if stats:
+            print(f"delivered {stats['delivered']:,} of {stats['queued']:,} documents to "
+                  f"{cfg.topics.documents}"
+                  + (f" ({stats['failed']:,} failed)" if stats["failed"] else "")
+                  + f"; {rejected.count:,} line(s) of {a.corpus} rejected", flush=True)
+    if rejected.count:
+        print(f"streamdp: error: {rejected.count:,} line(s) of {a.corpus} were rejected and not "
+              "sent (listed above); every other line was sent: fix the rejected lines and "
+              "produce only them (re-sending the whole file would send the others twice)",
+              file=sys.stderr)
+        return 2
     return 0
 
 
@@ -255,11 +270,24 @@ def _topics(a) -> int:
     from pathlib import Path
     from streamdp.snapshot import TopicSnapshot
     from streamdp.text.vocabulary import Vocabulary
+    if a.vocabulary is None:        # the release service keeps a copy next to the snapshots
+        a.vocabulary = str(Path(a.snapshot_dir) / "vocabulary.txt")
+    if not Path(a.vocabulary).is_file():
+        raise ValueError(f"no vocabulary file at {a.vocabulary!r}: pass --vocabulary FILE, the "
+                         "vocabulary the snapshots were released with (the release service "
+                         "writes it to <snapshot_dir>/vocabulary.txt; the demo to "
+                         "<workdir>/vocabulary.txt)")
+    if not Path(a.snapshot_dir).is_dir():
+        raise ValueError(f"no snapshot folder at {a.snapshot_dir!r}: pass --snapshot-dir DIR, the "
+                         "release service's snapshot_dir")
     files = sorted(Path(a.snapshot_dir).glob("epoch-*.msgpack"))
     if not files:
         raise ValueError(f"no snapshots in {a.snapshot_dir} (the release service writes epoch-*.msgpack)")
     snap = TopicSnapshot.from_bytes(files[-1].read_bytes())
-    vocab = Vocabulary.load(a.vocabulary)
+    try:
+        vocab = Vocabulary.load(a.vocabulary)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the vocabulary file {a.vocabulary!r} (--vocabulary): {exc}") from None
     if snap.vocabulary_id is not None and snap.vocabulary_id != vocab.id:
         raise ValueError(f"snapshot uses vocabulary {snap.vocabulary_id}, {a.vocabulary} is {vocab.id}")
     print(f"release {snap.release_id}  epoch {snap.epoch}  ~{snap.n_docs:,.0f} documents  "
@@ -411,9 +439,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--through", type=int, help="last epoch to close (for close)")
     c.set_defaults(func=_control)
 
-    t = sub.add_parser("topics", help="print the latest snapshot's topics for a person")
-    t.add_argument("--snapshot-dir", dest="snapshot_dir", default="snapshots")
-    t.add_argument("--vocabulary", required=True)
+    t = sub.add_parser("topics", help="print the latest snapshot's topics for a person",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    t.add_argument("--snapshot-dir", dest="snapshot_dir", default="snapshots",
+                   help="the release service's snapshot_dir (epoch-*.msgpack files)")
+    t.add_argument("--vocabulary", help="the snapshots' vocabulary file (default: "
+                                        "SNAPSHOT_DIR/vocabulary.txt, written by the release service)")
     t.add_argument("-n", type=int, default=10, help="words per topic")
     t.set_defaults(func=_topics)
     return p

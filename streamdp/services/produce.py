@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -28,50 +29,116 @@ from streamdp.kafka.topics import client_config
 log = logging.getLogger("streamdp.produce")
 
 
-def read_corpus(path: str | Path) -> Iterator[dict]:
-    if str(path) == "-":
-        import sys
-        for lineno, line in enumerate(sys.stdin, 1):
+MAX_REPORTED = 20     # rejected lines printed one by one; later ones are only counted
+
+
+class Rejections:
+    """Input lines refused by :func:`encoded_records`: counted, the first few described.
+
+    ``streamdp produce`` skips a bad line (it is never sent), reports it with its line
+    number and the field at fault, sends every good line, and exits with status 2 if any
+    line was rejected (docs/operations.md §Loading documents)."""
+
+    def __init__(self, report=None, max_reported: int = MAX_REPORTED) -> None:
+        self.count = 0
+        self.first: list[str] = []
+        self.report = report
+        self.max_reported = max_reported
+
+    def add(self, where: str, why: str) -> None:
+        self.count += 1
+        msg = f"{where}: {why}; line skipped"
+        if len(self.first) < self.max_reported:
+            self.first.append(msg)
+            if self.report:
+                self.report(msg)
+        elif self.count == self.max_reported + 1 and self.report:
+            self.report(f"more than {self.max_reported} lines rejected: the rest are only counted")
+
+
+def read_corpus(path: str | Path) -> Iterator[tuple[str, object]]:
+    """(where, parsed object) per record; ``where`` is ``FILE:LINE`` (msgpack: ``FILE#RECORD``).
+    A line that is not JSON gives a ValueError as its object (the caller reports it)."""
+    def parse_lines(lines, name):
+        for lineno, line in enumerate(lines, 1):
             if line.strip():
                 try:
-                    yield json.loads(line)
+                    yield f"{name}:{lineno}", json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise ValueError(f"<stdin>:{lineno}: not a JSON object ({exc})") from None
+                    yield f"{name}:{lineno}", ValueError(f"not valid JSON ({exc.msg} at column {exc.colno})")
+
+    if str(path) == "-":
+        import sys
+        yield from parse_lines(sys.stdin, "<stdin>")
         return
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no corpus file at {str(path)!r}")
     if path.suffix in (".msgpack", ".mp"):
         with path.open("rb") as f:
-            yield from msgpack.Unpacker(f, raw=False, strict_map_key=True)
+            try:
+                for i, obj in enumerate(msgpack.Unpacker(f, raw=False, strict_map_key=True), 1):
+                    yield f"{path}#{i}", obj
+            except (ValueError, msgpack.UnpackException) as exc:
+                raise ValueError(f"{path}: not a msgpack stream of maps ({exc}); records before "
+                                 "the damage were queued") from None
         return
     with path.open("r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{lineno}: not a JSON object ({exc})") from None
+        yield from parse_lines(f, str(path))
 
 
 def encode_record(obj: dict) -> tuple[str, float, bytes]:
+    """(id, ts, message) of one input object; ValueError naming the field at fault."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"a document must be a JSON object with id, ts and text/tokens/counts, "
+                         f"got {type(obj).__name__}")
+    for name in ("id", "ts"):
+        if name not in obj:
+            raise ValueError(f"missing field {name!r} (each document needs 'id', 'ts' (unix "
+                             "seconds) and one of 'text', 'tokens', 'counts'; docs/schemas.md)")
+    doc_id = obj["id"]
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or str(doc_id) == "":
+        raise ValueError(f"field 'id' must be a non-empty string or an integer, got {doc_id!r}")
+    ts = obj["ts"]
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        raise ValueError(f"field 'ts' must be a number (unix seconds), got {ts!r}")
     kw = {k: obj[k] for k in ("text", "tokens", "counts") if k in obj}
     if isinstance(kw.get("counts"), dict) and "ids" in kw["counts"]:
         kw["counts"] = (kw["counts"]["ids"], kw["counts"]["counts"])
-    raw = messages.encode_document(str(obj["id"]), float(obj["ts"]), **kw)
-    return str(obj["id"]), float(obj["ts"]), raw
+    try:
+        raw = messages.encode_document(str(doc_id), float(ts), **kw)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"document {str(doc_id)!r}: {exc}") from None
+    return str(doc_id), float(ts), raw
+
+
+def encoded_records(path: str | Path, rejections: Rejections) -> Iterator[tuple[str, float, bytes]]:
+    """The valid documents of a corpus file, encoded; bad lines go to ``rejections``."""
+    for where, obj in read_corpus(path):
+        if isinstance(obj, Exception):
+            rejections.add(where, str(obj))
+            continue
+        try:
+            yield encode_record(obj)
+        except ValueError as exc:
+            rejections.add(where, str(exc))
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[dict | tuple[str, float, bytes]], *,
             producer: Producer | None = None, producer_config: dict | None = None,
-            progress=None) -> int:
-    """Produce documents; returns how many were acknowledged. Raises on delivery failure."""
+            progress=None, stats: dict | None = None) -> int:
+    """Produce documents; returns how many were acknowledged. Raises on delivery failure.
+
+    Whatever stops the loop (a bad record, an exception of ``records``, Ctrl-C), the
+    documents already queued are flushed first; ``stats`` (if given) then holds
+    ``queued``, ``delivered`` and ``failed``."""
     own = producer is None
     base = producer_config if producer_config is not None else client_config(bootstrap, "producer")
     producer = producer or Producer({**base, "enable.idempotence": True, "acks": "all",
                                      "linger.ms": 20, "queue.buffering.max.messages": 200_000})
     failures: list[str] = []
     delivered = 0
+    stats = {} if stats is None else stats
 
     def on_delivery(err, _msg):
         nonlocal delivered
@@ -81,25 +148,29 @@ def produce(bootstrap: str, topic: str, records: Iterable[dict | tuple[str, floa
             delivered += 1
 
     n, last_ts = 0, None
-    for rec in records:
-        doc_id, ts, raw = rec if isinstance(rec, tuple) else encode_record(rec)
-        if last_ts is not None and ts < last_ts:
-            log.warning("document %s is out of timestamp order (%s < %s): record times must be "
-                        "non-decreasing per partition for epochs to close correctly", doc_id, ts, last_ts)
-        last_ts = ts
-        while True:
-            try:
-                producer.produce(topic, key=doc_id.encode(), value=raw, timestamp=int(ts * 1000),
-                                 on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.1)
-        n += 1
-        if n % 10_000 == 0:
-            producer.poll(0)
-            if progress:
-                progress(n)
-    producer.flush(60)
+    try:
+        for rec in records:
+            doc_id, ts, raw = rec if isinstance(rec, tuple) else encode_record(rec)
+            if last_ts is not None and ts < last_ts:
+                log.warning("document %s is out of timestamp order (%s < %s): record times must be "
+                            "non-decreasing per partition for epochs to close correctly", doc_id, ts,
+                            last_ts)
+            last_ts = ts
+            while True:
+                try:
+                    producer.produce(topic, key=doc_id.encode(), value=raw, timestamp=int(ts * 1000),
+                                     on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+            n += 1
+            if n % 10_000 == 0:
+                producer.poll(0)
+                if progress:
+                    progress(n)
+    finally:
+        left = producer.flush(60)      # what was queued is sent even if the input broke off
+        stats.update(queued=n, delivered=delivered, failed=len(failures), undelivered=left)
     if failures:
         raise RuntimeError(f"{len(failures)} of {n} documents were not delivered; first: {failures[0]}")
     if delivered != n:

@@ -572,6 +572,9 @@ class ReleaseService:
         self.server = ObservabilityServer(self.metrics, self.health, host=self.cfg.metrics_host,
                                           port=self.cfg.metrics_port)
         self.server.add_json_route("/snapshot/latest", self.latest_json)
+        # metrics_port 0 lets the OS pick the port: this line is how an operator finds it
+        log.info("release service HTTP on %s: GET /snapshot/latest (latest snapshot as JSON), "
+                 "/metrics, /healthz, /readyz", self.server.url)
         self.health.set_ready(True, "serving")
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         guard = OutageGuard(self.health, self.cfg.client("admin"), self._stop, name="release",

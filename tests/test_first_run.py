@@ -1,0 +1,135 @@
+"""Issue 14, "first-run fixes": what a new user hits first gives a message, not a traceback.
+
+Each test reproduces one finding of the issue (a subprocess runs the real CLI)."""
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def run_cli(*args, cwd=None, timeout=120, env=None):
+    import os
+    e = dict(os.environ)
+    e.update(env or {})
+    e["PYTHONPATH"] = os.getcwd() + os.pathsep + e.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "streamdp", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd, env=e)
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def one_line_error(r, *needles):
+    assert r.returncode == 2, (r.returncode, r.stdout[-1500:], r.stderr[-1500:])
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("streamdp: error:")]
+    assert len(errors) == 1, r.stderr
+    for n in needles:
+        assert n in errors[0], (n, errors[0])
+    return errors[0]
+
+
+# ------------------------------------------------------------------ 1. topics, missing vocabulary
+def test_topics_with_a_missing_vocabulary_names_the_file_and_the_flag(tmp_path):
+    (tmp_path / "snaps").mkdir()
+    r = run_cli("topics", "--snapshot-dir", str(tmp_path / "snaps"),
+                "--vocabulary", str(tmp_path / "nope.txt"))
+    one_line_error(r, "nope.txt", "--vocabulary")
+    # without --vocabulary it looks next to the snapshots, and says so
+    r = run_cli("topics", "--snapshot-dir", str(tmp_path / "snaps"))
+    one_line_error(r, str(tmp_path / "snaps" / "vocabulary.txt"), "--vocabulary")
+    r = run_cli("topics", "--snapshot-dir", str(tmp_path / "missing-dir"),
+                "--vocabulary", str(tmp_path / "nope.txt"))
+    one_line_error(r, "nope.txt")
+
+
+# ------------------------------------------------------------------ 2. produce, bad lines
+def test_produce_skips_and_counts_bad_lines_sends_the_rest_and_says_so(kafka_broker, kafka_topics,
+                                                                       tmp_path):
+    from confluent_kafka import Consumer, TopicPartition
+    from streamdp.kafka.topics import client_config
+    prefix = kafka_topics.documents.rsplit(".", 1)[0]
+    lines = [json.dumps({"id": f"d{i}", "ts": 1000.0 + i, "text": "apples and pears"})
+             for i in range(30)]
+    lines[4] = json.dumps({"id": "no-ts", "text": "apples"})          # line 5: no ts
+    lines[9] = json.dumps({"ts": 1009.0, "text": "apples"})           # line 10: no id
+    lines[14] = '{"id": "broken", "ts": 1014.0, "text": '             # line 15: not JSON
+    lines[19] = json.dumps({"id": "x", "ts": "yesterday", "text": "a"})  # line 20: ts not a number
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    r = run_cli("produce", "--bootstrap", kafka_broker.bootstrap, "--topic-prefix", prefix,
+                str(corpus))
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "KeyError" not in r.stderr, r.stderr
+    assert f"{corpus}:5: missing field 'ts'" in r.stderr
+    assert f"{corpus}:10: missing field 'id'" in r.stderr
+    assert f"{corpus}:15: not valid JSON" in r.stderr
+    assert f"{corpus}:20: field 'ts' must be a number" in r.stderr
+    assert "delivered 26 of 26 documents" in r.stdout and "4 line(s)" in r.stdout, r.stdout
+    # the 26 good documents really are in the topic
+    c = Consumer(client_config(kafka_broker.bootstrap, "consumer", **{
+        "group.id": f"{prefix}-check", "auto.offset.reset": "earliest", "enable.auto.commit": False}))
+    try:
+        keys = set()
+        c.assign([TopicPartition(kafka_topics.documents, p, 0) for p in (0, 1)])
+        deadline = time.time() + 20
+        while len(keys) < 26 and time.time() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                keys.add(m.key().decode())
+    finally:
+        c.close()
+    assert keys == {f"d{i}" for i in range(30)} - {"d4", "d9", "d14", "d19"}
+
+
+def test_produce_rejections_in_process_name_line_and_field(tmp_path):
+    from streamdp.services.produce import Rejections, encoded_records
+    f = tmp_path / "c.jsonl"
+    f.write_text('{"id": 1, "ts": 5, "text": "a b"}\n[1, 2]\n\n{"id": 2, "ts": 6}\n')
+    rej = Rejections()
+    good = list(encoded_records(f, rej))
+    assert [g[0] for g in good] == ["1"]
+    assert rej.count == 2
+    assert rej.first[0].startswith(f"{f}:2: a document must be a JSON object")
+    assert rej.first[1].startswith(f"{f}:4: document '2': give exactly one of text")
+
+
+# ------------------------------------------------------------------ 3. produce --create-topics
+def test_produce_create_topics_with_a_wrong_bootstrap_names_bootstrap_fast(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "ts": 1, "text": "x"}\n')
+    t0 = time.monotonic()
+    r = run_cli("produce", "--bootstrap", f"127.0.0.1:{closed_port()}", "--create-topics",
+                str(corpus), timeout=60)
+    assert time.monotonic() - t0 < 15
+    one_line_error(r, "bootstrap", "cannot reach Kafka")
+    assert "TimeoutError" not in r.stderr and len(r.stderr.splitlines()) < 5, r.stderr
+
+
+# ------------------------------------------------------------------ 4. the release service's port
+def test_release_service_logs_its_http_port_when_the_os_picks_it(kafka_broker, tmp_path, caplog):
+    import re
+    import urllib.request
+    from service_helpers import fresh_topics, make_config, make_corpus
+    from streamdp.services.release import ReleaseService
+    corpus = make_corpus(200, 200, 1, seed=1)
+    names = fresh_topics(kafka_broker.bootstrap)
+    cfg = make_config(tmp_path, kafka_broker.bootstrap, names, corpus, metrics_port=0)
+    svc = ReleaseService(cfg)
+    with caplog.at_level(logging.INFO, logger="streamdp"):
+        svc.run(max_seconds=0.5, install_signals=False)
+    lines = [r.getMessage() for r in caplog.records if "/snapshot/latest" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in caplog.records]
+    port = int(re.search(r"http://127\.0\.0\.1:(\d+)", lines[0]).group(1))
+    assert port > 0 and port == svc.server.port
