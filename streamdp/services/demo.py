@@ -12,6 +12,7 @@ The true topics are compared with the released ones on the words they share.
 from __future__ import annotations
 
 import logging
+import math
 import tempfile
 import threading
 import time
@@ -54,6 +55,19 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
     from streamdp.services.release import ReleaseService
     from streamdp.services.sketcher import Sketcher
 
+    # everything that can be refused is refused before a broker starts or a folder is made
+    if epsilon is not None and (isinstance(epsilon, bool) or not isinstance(epsilon, (int, float))
+                                or not (math.isfinite(epsilon) and epsilon > 0)):
+        raise ValueError(f"epsilon must be a number > 0 (e.g. 1), got {epsilon!r}; for a demo "
+                         "without privacy use --non-private")
+    if vocabulary is not None and vocabulary not in VOCABULARY_CHOICES:
+        raise ValueError(f"vocabulary must be one of {VOCABULARY_CHOICES}, got {vocabulary!r}")
+    if vocabulary == "private" and epsilon is None:
+        raise ValueError("--vocabulary private needs a budget: a non-private demo uses public or corpus")
+    for name, n in (("warmup_docs", warmup_docs), ("stream_docs", stream_docs), ("epochs", epochs),
+                    ("sketchers", sketchers), ("selection_docs", selection_docs)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {n!r}")
     t_start = time.time()
     broker = None
     if bootstrap is None:
