@@ -190,3 +190,33 @@ def test_every_option_has_help_and_shows_its_default():
                     (p.prog, act.option_strings)
             checked += 1
     assert checked > 60
+
+
+# ------------------------------------------------------------------ 6. relative vocabulary path
+def test_relative_vocabulary_in_a_config_file_resolves_against_its_folder(tmp_path, monkeypatch):
+    import argparse
+    from streamdp.cli import _config
+    from streamdp.services.config import from_file
+    from streamdp.text.vocabulary import Vocabulary
+    conf = tmp_path / "deploy"
+    conf.mkdir()
+    Vocabulary([f"w{i}" for i in range(20)]).save(conf / "v.txt")
+    (conf / "c.json").write_text(json.dumps({"vocabulary": "v.txt", "n_topics": 3,
+                                             "vocabulary_public_by_assumption": True}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = from_file("../deploy/c.json", env={})
+    assert cfg.vocabulary == str(conf / "v.txt")
+    assert len(cfg.load_vocabulary()) == 20
+    # the CLI path (--config) does the same
+    ns = argparse.Namespace(config="../deploy/c.json")
+    assert _config(ns).vocabulary == str(conf / "v.txt")
+    # an absolute path stays as it is
+    (conf / "abs.json").write_text(json.dumps({"vocabulary": str(conf / "v.txt")}))
+    assert from_file(conf / "abs.json", env={}).vocabulary == str(conf / "v.txt")
+    # a flag or an environment variable is the typist's own path: the working directory
+    Vocabulary([f"u{i}" for i in range(10)]).save(elsewhere / "u.txt")
+    assert _config(argparse.Namespace(config="../deploy/c.json", vocabulary="u.txt")).vocabulary == "u.txt"
+    cfg = from_file("../deploy/c.json", env={"STREAMDP_VOCABULARY": "u.txt"})
+    assert cfg.vocabulary == "u.txt" and len(cfg.load_vocabulary()) == 10

@@ -478,6 +478,7 @@ def load_file(path: str | os.PathLike) -> dict:
     """Read a configuration file into a plain mapping (JSON, or TOML by its ``.toml`` suffix).
 
     JSON: one object, ``null`` for "not set" (e.g. ``"epsilon": null`` = non-private).
+    A relative ``vocabulary`` path is resolved against the file's folder.
     TOML: top-level keys; TOML has no null, so a field that accepts ``None``
     (``epsilon``, ``oversampling``, ``noise_seed``) takes the string ``"none"``
     for it. Errors are :class:`ConfigError` naming the file and the position.
@@ -508,7 +509,19 @@ def load_file(path: str | os.PathLike) -> dict:
     if not isinstance(values, dict):
         raise ConfigError(f"configuration file {str(path)!r} must hold one object/table of fields, "
                           f"got {type(values).__name__}")
+    # A file path written in a configuration file is the author's path next to that file,
+    # wherever the service is started from (flags and STREAMDP_* variables keep the working
+    # directory: the person typing them means their own).
+    for name in RELATIVE_TO_CONFIG_FILE:
+        v = values.get(name)
+        if isinstance(v, str) and v.strip():
+            v = os.path.expanduser(v)
+            values[name] = v if os.path.isabs(v) else str(path.resolve().parent / v)
     return values
+
+
+#: Fields whose relative paths in a configuration file resolve against the file's folder.
+RELATIVE_TO_CONFIG_FILE = ("vocabulary",)
 
 
 def from_file(path: str | os.PathLike, overrides: dict | None = None, *,
