@@ -277,7 +277,8 @@ def run_one(bootstrap: str, kind: str, msgs: list, stream_start: float, vocab: V
                         refinement=bool(a.refine),
                         epoch_seconds=epoch_seconds, batch_size=a.batch,
                         checkpoint_seconds=a.checkpoint_seconds, poll_seconds=0.5, seed=a.seed,
-                        non_production=True)       # embedded broker
+                        non_production=True,       # embedded broker
+                        confirm_backfill=True)     # a replayed feed
     timers = Timers()
     undo = install_phase_timers(timers)
     sk = BenchSketcher(cfg, timers, instance=f"bench-{kind}")

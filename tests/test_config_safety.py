@@ -202,7 +202,7 @@ def test_private_deployment_cannot_be_switched_to_non_private(kafka_broker, kafk
     base = dict(bootstrap=kafka_broker.bootstrap, topic_prefix=kafka_topics.documents.rsplit(".", 1)[0],
                 vocabulary=_vocab(tmp_path), vocabulary_public_by_assumption=True, n_topics=3, sampler="fast",
                 ledger=str(tmp_path / "ledger.jsonl"), snapshot_dir=str(tmp_path / "snaps"),
-                non_production=True)
+                non_production=True, confirm_backfill=True)
     private = ServiceConfig(**base, epsilon=1.0)
     svc = ReleaseService(private)        # a private deployment: ledger budget + state marker
     svc.close()
@@ -230,7 +230,7 @@ def test_non_private_service_warns_at_start_up(kafka_broker, tmp_path, caplog):
     cfg = ServiceConfig(bootstrap=kafka_broker.bootstrap, topic_prefix=names.documents.rsplit(".", 1)[0],
                         vocabulary=_vocab(tmp_path), vocabulary_public_by_assumption=True, n_topics=3, epsilon=None, non_private=True,
                         ledger=str(tmp_path / "ledger.jsonl"), snapshot_dir=str(tmp_path / "s"),
-                        non_production=True)
+                        non_production=True, confirm_backfill=True)
     with caplog.at_level(logging.WARNING, logger="streamdp"):
         svc = ReleaseService(cfg)
         svc.close()

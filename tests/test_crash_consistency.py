@@ -61,7 +61,8 @@ def make_cfg(bootstrap, names, vocab_path, corpus, **kw) -> ServiceConfig:
                 n_topics=N_TOPICS, epsilon=1.0,
                 stream_start=corpus.stream_start, epoch_seconds=corpus.epoch_seconds,
                 checkpoint_seconds=0.4, batch_size=16, poll_seconds=0.2,
-                non_production=True)      # embedded broker (CreateTime records)
+                non_production=True,      # embedded broker (CreateTime records)
+                confirm_backfill=True)    # a replayed feed: stream_start is in the past
     base.update(kw)
     return ServiceConfig(**base)
 

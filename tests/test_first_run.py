@@ -220,3 +220,62 @@ def test_relative_vocabulary_in_a_config_file_resolves_against_its_folder(tmp_pa
     assert _config(argparse.Namespace(config="../deploy/c.json", vocabulary="u.txt")).vocabulary == "u.txt"
     cfg = from_file("../deploy/c.json", env={"STREAMDP_VOCABULARY": "u.txt"})
     assert cfg.vocabulary == "u.txt" and len(cfg.load_vocabulary()) == 10
+
+
+# ------------------------------------------------------------------ 7. stream_start in the past
+def test_stream_start_more_than_one_epoch_ago_needs_confirmation_on_a_new_deployment():
+    from streamdp.services.config import ConfigError, ServiceConfig, check_stream_start
+    now = 1_800_000_000.0
+    day = 86400.0
+    cfg = ServiceConfig(stream_start=now - 322.5 * day, epoch_seconds=day, horizon=365)
+    with pytest.raises(ConfigError) as e:
+        check_stream_start(cfg, first_start=True, now=now)
+    msg = str(e.value)
+    assert "'stream_start'" in msg and "322 epoch(s)" in msg and "confirm_backfill: true" in msg
+    assert f"{now - 0.5 * day:.0f}" in msg           # the current epoch's start, to copy
+    check_stream_start(cfg.replace(confirm_backfill=True), first_start=True, now=now)
+    check_stream_start(cfg, first_start=False, now=now)               # an existing deployment
+    check_stream_start(cfg.replace(stream_start=now - 0.9 * day), first_start=True, now=now)
+    check_stream_start(cfg.replace(stream_start=now + day), first_start=True, now=now)
+    with pytest.raises(ConfigError):
+        check_stream_start(ServiceConfig(), first_start=True, now=now)   # the default, 1970
+
+
+def test_release_service_refuses_an_old_stream_start_before_writing_anything(kafka_broker, tmp_path):
+    from confluent_kafka import Consumer, TopicPartition
+    from service_helpers import fresh_topics, make_config, make_corpus
+    from streamdp.kafka.topics import client_config
+    from streamdp.services.config import ConfigError
+    from streamdp.services.release import ReleaseService
+    corpus = make_corpus(200, 200, 1, seed=1, stream_start=time.time() - 10 * 86400)
+    names = fresh_topics(kafka_broker.bootstrap)
+    cfg = make_config(tmp_path, kafka_broker.bootstrap, names, corpus, epsilon=1.0, noise_seed=None,
+                      confirm_backfill=False)
+    with pytest.raises(ConfigError, match=r"stream_start.*240 epoch\(s\).*confirm_backfill"):
+        ReleaseService(cfg)
+    assert not (tmp_path / "ledger.jsonl").exists()
+    c = Consumer(client_config(kafka_broker.bootstrap, "consumer", **{
+        "group.id": f"{names.state}-check", "enable.partition.eof": True}))
+    try:
+        lo, hi = c.get_watermark_offsets(TopicPartition(names.state, 0), timeout=10)
+        assert hi == lo == 0                          # nothing on the state topic either
+    finally:
+        c.close()
+    ReleaseService(cfg.replace(confirm_backfill=True)).close()       # confirmed: it starts
+    ReleaseService(cfg).close()        # and once it has started, the deployment is not new
+
+
+def test_release_cli_with_the_readmes_old_stream_start_says_what_to_fix(kafka_broker, tmp_path):
+    from streamdp.kafka.topics import TopicNames, ensure_topics
+    from streamdp.text.vocabulary import Vocabulary
+    Vocabulary([f"w{i}" for i in range(30)]).save(tmp_path / "v.txt")
+    prefix = f"old-{time.time_ns()}"
+    ensure_topics(kafka_broker.bootstrap, TopicNames.from_prefix(prefix), partitions=1)
+    (tmp_path / "c.json").write_text(json.dumps({
+        "bootstrap": kafka_broker.bootstrap, "topic_prefix": prefix,
+        "vocabulary": "v.txt", "vocabulary_public_by_assumption": True, "n_topics": 3,
+        "stream_start": 1767225600, "epoch_seconds": 86400, "ledger": str(tmp_path / "l.jsonl"),
+        "snapshot_dir": str(tmp_path / "s"), "non_production": True}))
+    r = run_cli("release", "--config", str(tmp_path / "c.json"), timeout=60)
+    one_line_error(r, "stream_start", "confirm_backfill")
+    assert not (tmp_path / "l.jsonl").exists()

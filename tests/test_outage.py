@@ -55,7 +55,8 @@ def test_service_rides_out_a_broker_outage(tmp_path, role):
                         vocabulary=str(tmp_path / "v.txt"), vocabulary_public_by_assumption=True,
                         n_topics=2, epsilon=1.0, sampler="fast",
                         ledger=str(tmp_path / "ledger.jsonl"), snapshot_dir=str(tmp_path / "s"),
-                        poll_seconds=0.2, liveness_seconds=20.0, non_production=True)
+                        poll_seconds=0.2, liveness_seconds=20.0, non_production=True,
+                        confirm_backfill=True)   # stream_start 0: nothing is ever produced
     cap = Capture()
     root = logging.getLogger()
     root.addHandler(cap)

@@ -39,7 +39,8 @@ class ServiceConfig:
     many words: ``non_private=True`` together with ``epsilon=None``. Reproducible noise
     (``noise_seed``) only with ``insecure_reproducible_noise=True`` and ``non_production=True``.
     Trust boundary: ``metrics_exact_counts=False`` drops data-dependent exact counts from /metrics.
-    Time: stream_start, epoch_seconds, lateness.
+    Time: stream_start, epoch_seconds, lateness; ``confirm_backfill`` lets a new deployment
+    start with stream_start more than one epoch in the past (see :func:`check_stream_start`).
     Refinement (DESIGN §8): ``refinement`` (default on) folds every stream document into the
     latest released model and releases the k × d refinement sums in the tree with
     ``refinement_share`` of each node's ρ; from epoch 2 on snapshots are ``stage="refined"``.
@@ -77,6 +78,7 @@ class ServiceConfig:
     clip_quantile: float = 0.97
     clip_budget_share: float = 0.05
     stream_start: float = 0.0
+    confirm_backfill: bool = False               # first start with stream_start > 1 epoch ago
     epoch_seconds: float = 3600.0
     lateness: float = 0.0
     ledger: str = "streamdp-ledger.jsonl"
@@ -114,7 +116,7 @@ class ServiceConfig:
         if not (self.alpha0 > 0 and math.isfinite(self.alpha0)):
             bad("alpha0", f"must be a finite number > 0, got {self.alpha0!r}")
         for name in ("non_private", "insecure_reproducible_noise", "non_production",
-                     "metrics_exact_counts", "refinement"):
+                     "metrics_exact_counts", "refinement", "confirm_backfill"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, f"must be true or false, got {getattr(self, name)!r}")
         if self.epsilon is None:
@@ -472,6 +474,40 @@ def check_privacy_mode(cfg: ServiceConfig, store=None, *, role: str = "release")
             + ". A private deployment can never be switched to non-private (un-noised releases "
               "would reveal the documents already promised privacy). Keep its epsilon, or start a "
               "new deployment (new topic_prefix and ledger) for non-private runs.")
+
+
+def check_stream_start(cfg: ServiceConfig, *, first_start: bool, now: float | None = None) -> None:
+    """Refuse a new deployment whose ``stream_start`` lies more than one epoch in the past.
+
+    On its first start the release service would close every epoch since ``stream_start``
+    at once: epochs without documents are released empty and each uses up one epoch of the
+    horizon (the README's old example closed 322 empty daily epochs in two minutes). A
+    replay of past documents (a backfill) says so with ``confirm_backfill: true``. A
+    deployment that has started before (``first_start`` false: release state or a ledger
+    exists) is never refused: its epochs are already counted.
+    """
+    import datetime
+    import time
+    if not first_start or cfg.confirm_backfill:
+        return
+    now = time.time() if now is None else float(now)
+    behind = now - float(cfg.stream_start)
+    if behind <= float(cfg.epoch_seconds):
+        return
+    n = int(behind // float(cfg.epoch_seconds))
+
+    def utc(t: float) -> str:
+        return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    current = float(cfg.stream_start) + n * float(cfg.epoch_seconds)
+    raise ConfigError(
+        f"configuration field 'stream_start': {cfg.stream_start:.0f} ({utc(cfg.stream_start)}) is "
+        f"{n} epoch(s) of {cfg.epoch_seconds:g} s in the past, and this deployment has no release "
+        f"state yet: once the warm-up closes, the release service would close those {n} epochs at "
+        f"once, releasing every epoch without documents empty and using up {min(n, cfg.horizon)} "
+        f"of the horizon's {cfg.horizon} epochs. Fix: set stream_start to now or later (the "
+        f"current epoch began at {current:.0f}, {utc(current)}; warm-up documents go before it), "
+        "or, if you are replaying documents from that time on purpose, set confirm_backfill: "
+        "true (STREAMDP_CONFIRM_BACKFILL=true)")
 
 
 def load_file(path: str | os.PathLike) -> dict:

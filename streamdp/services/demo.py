@@ -117,7 +117,8 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
                         sampler=sampler, stream_start=stream_start, epoch_seconds=epoch_seconds,
                         ledger=str(work / "ledger.jsonl"), snapshot_dir=str(work / "snapshots"),
                         checkpoint_seconds=2.0, poll_seconds=0.5, seed=seed,
-                        non_production=True)   # embedded broker: CreateTime, derived control key
+                        non_production=True,   # embedded broker: CreateTime, derived control key
+                        confirm_backfill=True)  # a replay of last week's documents, on purpose
     release = ReleaseService(cfg)
     workers = [Sketcher(cfg, instance=f"sketcher-{i}") for i in range(sketchers)]
     threads = [threading.Thread(target=w.run, kwargs={"install_signals": False}, daemon=True,

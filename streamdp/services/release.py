@@ -93,7 +93,7 @@ from streamdp.release import BudgetSplit, DenoiseConfig
 from streamdp.refinement import RefinementSketch
 from streamdp.services import control
 from streamdp.kafka.connectivity import OutageGuard, check_bootstrap, client_extras
-from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode
+from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode, check_stream_start
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.partition_state import SELECTION, PartitionState
 from streamdp.snapshot import TopicSnapshot
@@ -231,6 +231,12 @@ class ReleaseService:
             # misconfigured second service refuses WITHOUT fencing the running writer.
             reader = cfg.state_store()
             try:
+                # a first start with stream_start far in the past would close its epochs
+                # empty: refused before the marker or the ledger is written
+                known = reader.read_all_latest(prefix="release/")
+                ledger = Path(cfg.ledger)
+                check_stream_start(cfg, first_start=not known and not (
+                    ledger.is_file() and ledger.stat().st_size > 0))
                 check_privacy_mode(cfg, reader, role="release")   # never private -> non-private
                 self.accountant = (self._bind_ledger(reader.read_all_latest(prefix="release/"))
                                    if cfg.private else None)
