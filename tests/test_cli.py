@@ -52,13 +52,21 @@ def test_demo_runs_end_to_end_on_the_embedded_broker(tmp_path):
             "--epsilon", "4", "--sampler", "fast", "--workdir", str(tmp_path))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "epoch 2/2 released" in r.stdout, r.stdout[-2000:]
-    err = float(r.stdout.split("mean matched L2 error vs the true topics ")[1].split()[0])
+    err = float(r.stdout.split("\ntopic error ")[1].split()[0])
     assert err < 0.05, r.stdout
+    # numbers come with their scale (issue 14): a noised count says so, the error and ρ say
+    # what they are measured against
+    assert "(noised) stream documents" in r.stdout
+    assert "matched L2 distance to the true topics, 0 = perfect" in r.stdout
     assert "privacy: one document, add/remove; ε=4" in r.stdout
+    assert "ρ spent " in r.stdout and "(zCDP; the whole budget is ε 4.00 at δ 1e-06)" in r.stdout
     snaps = sorted((tmp_path / "snapshots").glob("epoch-*.msgpack"))
     assert len(snaps) == 2
-    t = run("topics", "--snapshot-dir", str(tmp_path / "snapshots"),
-            "--vocabulary", str(tmp_path / "vocabulary.txt"), "-n", "5")
+    # it ends by saying how to look at the snapshots, and the command it prints works
+    assert "/snapshot/latest" in r.stdout
+    printed = [ln.split() for ln in r.stdout.splitlines() if ln.strip().startswith("streamdp topics")]
+    assert len(printed) == 1, r.stdout[-1500:]
+    t = run(*printed[0][1:], "-n", "5")
     assert t.returncode == 0, t.stderr
     assert t.stdout.count("topic ") == 6 and "epoch 2" in t.stdout
 

@@ -33,6 +33,8 @@ log = logging.getLogger("streamdp.demo")
 
 
 VOCABULARY_CHOICES = ("private", "public", "corpus")
+#: how to read the demo's error figure (matched_topic_error's l2_mean)
+ERROR_SCALE = "matched L2 distance to the true topics, 0 = perfect"
 
 
 def align_topics(topics: np.ndarray, words: list[str], vocabulary) -> np.ndarray:
@@ -156,7 +158,7 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
             seen_releases.add(snap.release_id)
             e = matched_topic_error(truth(), snap.topic_word)["l2_mean"]
             out(f"  [{time.time() - t_start:5.1f} s] epoch {snap.epoch}/{epochs} released: "
-                f"{snap.stage} topics, matched L2 error {e:.4f}")
+                f"{snap.stage} topics, topic error {e:.4f} ({ERROR_SCALE})")
             if snap.quality_note:
                 out(f"      quality note: {snap.quality_note}")
 
@@ -187,14 +189,19 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
                 break
         del control_producer
         snap = release.latest
+        http_url = release.server.url if release.server is not None else "http://HOST:PORT"
         if snap is None:
             raise RuntimeError(f"no snapshot was released within {timeout:.0f} s"
                                + (f": {release.exhausted}" if release.exhausted else ""))
         vocab = release.vocabulary
         vocab.save(work / "vocabulary.txt")          # for `streamdp topics --vocabulary`
         err = matched_topic_error(truth(), snap.topic_word)
-        out(f"\nrelease {snap.release_id} (epoch {snap.epoch}, ~{snap.n_docs:,.0f} stream documents), "
-            f"mean matched L2 error vs the true topics {err['l2_mean']:.4f}")
+        count = (f"≈ {snap.n_docs:,.0f} (noised)" if epsilon is not None
+                 else f"{snap.n_docs:,.0f} (exact, non-private)")
+        out(f"\nrelease {snap.release_id} (epoch {snap.epoch}, {count} stream documents; "
+            f"{stream_docs:,} were produced)")
+        out(f"topic error {err['l2_mean']:.4f} ({ERROR_SCALE}; a true topic's own L2 norm is "
+            f"≈ {np.linalg.norm(truth(), axis=1).mean():.2f})")
         names_true = list(TOPICS)
         perm = err["permutation"]
         for i, top in enumerate(snap.top_words(vocab.words, 8)):
@@ -205,9 +212,10 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
         if epsilon is not None:
             acc = pr["accountant"]
             out(f"\nprivacy: one document, add/remove; ε={pr['epsilon']:g}, δ={pr['delta']:g} for all "
-                f"{pr['horizon']} releases; spent so far: worst-case ε {acc['epsilon_worst_case']:.3f} "
-                f"(ρ {acc['rho_worst_case']:.4g} of {acc['rho_budget']:.4g}); epochs {pr['epochs_covered']} "
-                f"of horizon {pr['horizon']}")
+                f"{pr['horizon']} releases; epochs {pr['epochs_covered']} of horizon {pr['horizon']}")
+            out(f"  ρ spent {acc['rho_worst_case']:.4g} of {acc['rho_budget']:.4g} (zCDP; the whole "
+                f"budget is ε {pr['epsilon']:.2f} at δ {pr['delta']:g}); spent so far as ε at that δ: "
+                f"{acc['epsilon_worst_case']:.2f}")
             v = pr.get("vocabulary") or {}
             if v.get("mode") == "private":
                 out(f"  the vocabulary selection spent the whole budget of its own documents (the "
@@ -215,7 +223,13 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
                     f"{acc['rho_by_atom'].get('vocabulary', 0):.4g})")
         else:
             out("\nprivacy: none (--non-private)")
-        out(f"snapshots in {cfg.snapshot_dir}; total {time.time() - t_start:.1f} s")
+        snap_dir = Path(cfg.snapshot_dir)
+        out(f"\ndone in {time.time() - t_start:.1f} s. The snapshots are in {snap_dir} "
+            f"(epoch-*.msgpack, one per release, and latest.json). Look at them with")
+        out(f"  streamdp topics --snapshot-dir {snap_dir} --vocabulary {work / 'vocabulary.txt'}")
+        out(f"A running release service also serves the latest one as JSON at GET /snapshot/latest "
+            f"(this demo's served {http_url}/snapshot/latest until it stopped; a deployment's logs "
+            "'release service HTTP on ...' at start). Reading them: docs/schemas.md.")
         return {"error": err["l2_mean"], "epoch": snap.epoch, "snapshot": snap, "workdir": str(work),
                 "vocabulary_id": vocab.id}
     finally:
