@@ -279,3 +279,16 @@ def test_release_cli_with_the_readmes_old_stream_start_says_what_to_fix(kafka_br
     r = run_cli("release", "--config", str(tmp_path / "c.json"), timeout=60)
     one_line_error(r, "stream_start", "confirm_backfill")
     assert not (tmp_path / "l.jsonl").exists()
+
+
+# ------------------------------------------------------------------ services before the topics
+def test_services_without_their_topics_say_how_to_create_them(kafka_broker, tmp_path):
+    (tmp_path / "c.json").write_text(json.dumps({
+        "bootstrap": kafka_broker.bootstrap, "topic_prefix": f"absent-{time.time_ns()}",
+        "vocabulary_mode": "public", "n_topics": 3, "stream_start": time.time() + 3600,
+        "ledger": str(tmp_path / "l.jsonl"), "snapshot_dir": str(tmp_path / "s"),
+        "non_production": True}))
+    for cmd in ("release", "sketcher"):
+        r = run_cli(cmd, "--config", str(tmp_path / "c.json"), timeout=60)
+        one_line_error(r, "does not exist", "--create-topics", "topic_prefix")
+    assert not (tmp_path / "l.jsonl").exists()

@@ -159,6 +159,16 @@ class StateReadError(StateStoreError):
     """The state topic could not be read to its end offsets."""
 
 
+class StateTopicMissing(StateReadError, ValueError):
+    """The state topic does not exist: a setup error (the CLI prints it as one line, exit 2)."""
+
+
+_CREATE_TOPICS = ("create the deployment's topics first: `streamdp produce --config FILE "
+                  "--create-topics CORPUS` creates them (streamdp.kafka.topics.ensure_topics from "
+                  "Python; on Kubernetes the KafkaTopic resources of k8s/), and check "
+                  "'topic_prefix'")
+
+
 class StateRecord(NamedTuple):
     payload: bytes
     meta: dict
@@ -437,9 +447,9 @@ class StateStore:
             md = self.producer.list_topics(timeout=self.flush_timeout)
             t = md.topics.get(self.topic)
             if t is None or t.error is not None or not t.partitions:
-                raise StateStoreError(f"state topic {self.topic!r} does not exist "
-                                      f"({t.error if t is not None else 'not in metadata'}); "
-                                      "create it with streamdp.kafka.topics.ensure_topics")
+                raise StateTopicMissing(f"state topic {self.topic!r} does not exist "
+                                        f"({t.error if t is not None else 'not in metadata'}): "
+                                        + _CREATE_TOPICS)
             self._n_partitions = len(t.partitions)
         return self._n_partitions
 
@@ -655,8 +665,9 @@ class StateStore:
             md = consumer.list_topics(timeout=self.read_timeout)
             t = md.topics.get(self.topic)
             if t is None or t.error is not None:
-                raise StateReadError(f"state topic {self.topic!r} does not exist "
-                                     f"({t.error if t is not None else 'not in metadata'})")
+                raise StateTopicMissing(f"state topic {self.topic!r} does not exist "
+                                        f"({t.error if t is not None else 'not in metadata'}): "
+                                        + _CREATE_TOPICS)
             # Lower bounds of the end offsets. Tansu answers ListOffsets(latest)
             # with "base offset of the last batch + 1", short of the true end
             # when that batch holds several records, so the end is established
