@@ -292,3 +292,25 @@ def test_services_without_their_topics_say_how_to_create_them(kafka_broker, tmp_
         r = run_cli(cmd, "--config", str(tmp_path / "c.json"), timeout=60)
         one_line_error(r, "does not exist", "--create-topics", "topic_prefix")
     assert not (tmp_path / "l.jsonl").exists()
+
+
+# ------------------------------------------------------------------ librdkafka's own log lines
+def test_plain_clients_do_not_flood_stderr_with_librdkafka_lines():
+    """client_config routes librdkafka's log through Python logging (the demo, produce, tests
+    use it directly): a refused connection used to print a '%3|...|FAIL|' line every 50 ms."""
+    code = (
+        "import socket\n"
+        "from confluent_kafka import KafkaException\n"
+        "from confluent_kafka.admin import AdminClient\n"
+        "from streamdp.kafka.topics import client_config\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]; s.close()\n"
+        "a = AdminClient(client_config(f'127.0.0.1:{port}', 'admin'))\n"
+        "try:\n"
+        "    a.list_topics(timeout=2)\n"
+        "except KafkaException:\n"
+        "    print('refused')\n")
+    import os
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert r.stdout.strip() == "refused", r.stderr[-2000:]
+    assert "%3|" not in r.stderr and len(r.stderr.splitlines()) <= 2, r.stderr[-2000:]

@@ -138,6 +138,11 @@ def client_config(bootstrap: str, role: str | None = None, /, **overrides: Any) 
     if role in ("producer", "admin"):
         for key in _CONSUMER_ONLY:
             cfg.pop(key)
+    # librdkafka's own log lines go through Python logging (one line per connection-failure
+    # episode, streamdp.kafka.connectivity.LOG_GATE), not straight to stderr: a wrong
+    # address or a broker going away must not flood a terminal with thousands of lines
+    from streamdp.kafka.connectivity import librdkafka_logger
+    cfg["logger"] = librdkafka_logger()
     cfg.update(overrides)
     return cfg
 

@@ -166,6 +166,9 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
             rows = np.flatnonzero(epoch_of == e)
             produce(bootstrap, names.documents,
                     ({"id": f"doc-{i}", "ts": float(ts[i]), "text": texts[i]} for i in rows))
+            what = "warm-up and first-epoch" if e == 1 else f"epoch {e}"
+            out(f"  [{time.time() - t_start:5.1f} s] produced {len(rows):,} {what} documents; "
+                "closing the epoch ...")
             # flush: close the warm-up and every epoch seen once all partitions are caught up
             control_producer.produce(names.control, value=control.encode("flush", key=control.load_key(cfg)))
             control_producer.flush(10)
