@@ -547,7 +547,7 @@ class EpochSketches:
             if sk is None:
                 out.append((e, None))
                 continue
-            out.append((e, EpochSums(sk.sums(), None if rs is None else rs.sums,
-                                     None if rs is None else rs.sums_lo)))
+            hi, lo = (None, None) if rs is None else rs.total()
+            out.append((e, EpochSums(sk.sums(), hi, lo)))
         self.closed_through = max(self.closed_through, int(epoch))
         return out

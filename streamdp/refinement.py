@@ -163,6 +163,28 @@ def fold_in(X, topic_word: np.ndarray, alpha: np.ndarray, *, n_iter: int = 10,
 #: documents per fold-in block in :meth:`RefinementModel.contributions`: keeps the
 #: (nnz, k) temporaries in cache (measured 2× faster than whole 5000-document batches)
 FOLD_IN_BLOCK = 512
+#: documents per summation chunk of a :class:`RefinementSketch`, counted in the sketch's own
+#: document sequence (docs/privacy.md, "Floating point")
+REFINE_CHUNK = FOLD_IN_BLOCK
+
+
+def _sequential_column_sum(cols: np.ndarray, vals: np.ndarray, d: int,
+                           start: np.ndarray | None = None) -> np.ndarray:
+    """(d, k) sums of the rows of ``vals`` (nnz, k) grouped by word ``cols``, added one entry
+    at a time in entry (document) order onto ``start`` (zeros if None).
+
+    One CSC (d × nnz) · (nnz × k) product: scipy's kernel adds column after column, so each
+    output entry is the left-to-right sum in document order; a sum continued from ``start``
+    (prepended as d identity columns, 0 + x = x exactly) is bit-identical to one product over
+    all the rows. That is what lets a summation chunk span several ``update`` calls
+    (tests/test_batch_invariance.py checks it bit for bit)."""
+    nnz, k = vals.shape
+    if start is not None:
+        cols = np.concatenate([np.arange(d, dtype=cols.dtype), cols])
+        vals = np.concatenate([start, vals])
+        nnz += d
+    P = sp.csc_matrix((np.ones(nnz), cols, np.arange(nnz + 1)), shape=(d, nnz))
+    return np.asarray(P @ vals)
 
 
 @dataclass(frozen=True, eq=False)
@@ -188,89 +210,162 @@ class RefinementModel:
     def shape(self) -> tuple[int, int]:
         return self.topic_word.shape
 
+    def document_terms(self, Xb: sp.csr_matrix) -> tuple[np.ndarray, int]:
+        """Every document's R_d entries of a canonical CSR block: (nnz, k) values, row j the
+        k topics' share of stored entry j (word ``Xb.indices[j]``), each document's Frobenius
+        norm ≤ 1; and the number of non-empty documents. Row by row: a document's values do
+        not depend on the other rows of the block."""
+        phiT = self.__dict__.get("_phiT")
+        if phiT is None:        # Φᵀ once per model (frozen dataclass: cache in __dict__)
+            phiT = np.ascontiguousarray(self.topic_word.T, dtype=np.float64)
+            self.__dict__["_phiT"] = phiT
+        if Xb.nnz == 0:
+            return np.zeros((0, self.topic_word.shape[0])), 0
+        rows = _row_ids(Xb)
+        _, resp = fold_in(Xb, self.topic_word, self.alpha, n_iter=self.fold_in_iter,
+                          topic_word_t=phiT)
+        norms = np.sqrt(np.asarray(Xb.multiply(Xb).sum(axis=1)).ravel())
+        vals = (Xb.data / np.where(norms > 0, norms, 1.0)[rows])[:, None] * resp  # (nnz, k)
+        # floating-point guard: any document whose computed norm exceeds 1 is scaled to 1
+        fro = np.sqrt(_segment_sum(np.einsum("ij,ij->i", vals, vals), Xb.indptr))
+        over = fro > 1.0
+        if over.any():
+            vals *= np.where(over, 1.0 / np.where(over, fro, 1.0), 1.0)[rows][:, None]
+        return vals, int((norms > 0).sum())
+
     def contributions(self, X) -> tuple[np.ndarray, int]:
         """Σ_d R_d (k × d) over a batch, each ‖R_d‖_F ≤ 1, and the number of non-empty documents."""
         k, d = self.topic_word.shape
         X = as_count_batch(X, d)
         if X.nnz == 0:
             return np.zeros((k, d)), 0
-        phiT = self.__dict__.get("_phiT")
-        if phiT is None:        # Φᵀ once per model (frozen dataclass: cache in __dict__)
-            phiT = np.ascontiguousarray(self.topic_word.T, dtype=np.float64)
-            self.__dict__["_phiT"] = phiT
         T, T_lo = np.zeros((d, k)), np.zeros((d, k))      # blocks added compensated
         n = 0
         for a in range(0, X.shape[0], FOLD_IN_BLOCK):
             Xb = X[a:a + FOLD_IN_BLOCK]
             if Xb.nnz == 0:
                 continue
-            rows = _row_ids(Xb)
-            _, resp = fold_in(Xb, self.topic_word, self.alpha, n_iter=self.fold_in_iter,
-                              topic_word_t=phiT)
-            norms = np.sqrt(np.asarray(Xb.multiply(Xb).sum(axis=1)).ravel())
-            vals = (Xb.data / np.where(norms > 0, norms, 1.0)[rows])[:, None] * resp  # (nnz, k)
-            # floating-point guard: any document whose computed norm exceeds 1 is scaled to 1
-            fro = np.sqrt(_segment_sum(np.einsum("ij,ij->i", vals, vals), Xb.indptr))
-            over = fro > 1.0
-            if over.any():
-                vals *= np.where(over, 1.0 / np.where(over, fro, 1.0), 1.0)[rows][:, None]
+            vals, nb = self.document_terms(Xb)
             # Σ over documents: (d × nnz) · (nnz × k) as one sparse product
-            P = sp.csr_matrix((np.ones(Xb.nnz), (np.arange(Xb.nnz), Xb.indices)),
-                              shape=(Xb.nnz, d))
-            rounding.accumulate(T, T_lo, P.T @ vals)
-            n += int((norms > 0).sum())
+            rounding.accumulate(T, T_lo, _sequential_column_sum(Xb.indices, vals, d))
+            n += nb
         return np.ascontiguousarray(rounding.collapse(T, T_lo).T), n
 
 
 class RefinementSketch:
     """Additive k × d refinement sums of a set of documents (mergeable by addition).
 
+    Chunks (docs/privacy.md, "Floating point"): the documents are summed in chunks of exactly
+    REFINE_CHUNK rows counted in this sketch's own sequence, each chunk a left-to-right sum in
+    document order (:func:`_sequential_column_sum`), chunks added compensated. The partial last
+    chunk is kept as its running sum (``pending``, d × k, with ``pending_rows``): the model a
+    document is folded into is applied when it arrives, so the pending state needs no model —
+    a model change inside a chunk changes only those documents' own terms — and the release
+    service can read it without one. So the sums are a deterministic function of the sketch's
+    sequence of (document, model) pairs, whatever the callers' batches.
+
     Attributes
     ----------
     sums : (k, d)   Σ_d R_d, rounded once (a double-double sum: ``sums_lo`` is the remainder,
-                    carried to later additions so batches and merges add compensated)
-    n_docs : int    documents added (non-empty)
+                    carried to later additions so chunks and merges add compensated); read
+                    with the pending chunk added, without changing the sketch
+    n_docs : int    documents added (non-empty), pending ones included
     """
 
     def __init__(self, k: int, d: int) -> None:
         rounding.check_vocabulary(d)
-        self.sums = np.zeros((int(k), int(d)))
-        self.sums_lo = np.zeros((int(k), int(d)))
+        self._hi = np.zeros((int(k), int(d)))
+        self._lo = np.zeros((int(k), int(d)))
+        self.pending = None                    # (d, k) running sum of the partial chunk
+        self.pending_rows = 0
         self.n_docs = 0
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self._hi.shape
+
     def _add(self, hi, lo) -> None:
-        self.sums, self.sums_lo = rounding.dd_add(self.sums, self.sums_lo, hi, lo)
+        self._hi, self._lo = rounding.dd_add(self._hi, self._lo, hi, lo)
+
+    def _flush_pending(self) -> None:
+        """Close the partial chunk (ends this sketch's chunk sequence: merges do this)."""
+        if self.pending_rows:
+            self._add(np.ascontiguousarray(self.pending.T), None)
+        self.pending, self.pending_rows = None, 0
+
+    def total(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sums, sums_lo) with the pending chunk added as the final chunk; the sketch is unchanged."""
+        if not self.pending_rows:
+            return self._hi, self._lo
+        return rounding.dd_add(self._hi, self._lo, np.ascontiguousarray(self.pending.T), None)
+
+    @property
+    def sums(self) -> np.ndarray:
+        return self.total()[0]
+
+    @property
+    def sums_lo(self) -> np.ndarray:
+        return self.total()[1]
 
     def update(self, X, model: RefinementModel) -> "RefinementSketch":
-        if model.shape != self.sums.shape:
-            raise ValueError(f"model has shape {model.shape}, the sketch {self.sums.shape}")
-        T, n = model.contributions(X)
-        self._add(T, None)
-        self.n_docs += n
+        if model.shape != self.shape:
+            raise ValueError(f"model has shape {model.shape}, the sketch {self.shape}")
+        d = self.shape[1]
+        X = as_count_batch(X, d)
+        a, n = 0, X.shape[0]
+        while a < n:          # segments end where this sketch's chunks end
+            take = min(REFINE_CHUNK - self.pending_rows, n - a)
+            Xb = X[a:a + take]
+            if Xb.nnz:
+                vals, nb = model.document_terms(Xb)
+                self.pending = _sequential_column_sum(
+                    Xb.indices, vals, d, self.pending if self.pending_rows else None)
+                self.n_docs += nb
+            elif not self.pending_rows:
+                self.pending = np.zeros((d, self.shape[0]))
+            self.pending_rows += take
+            if self.pending_rows == REFINE_CHUNK:
+                self._flush_pending()
+            a += take
         return self
 
     def merge(self, other: "RefinementSketch") -> "RefinementSketch":
-        if other.sums.shape != self.sums.shape:
+        """Add another sketch's sums (compensated). Each side's partial chunk is closed as its
+        own final chunk first (never one chunk of two sketches): the result depends only on
+        the two sequences and the merge order."""
+        if other.shape != self.shape:
             raise ValueError("cannot merge refinement sketches of different shapes")
-        self._add(other.sums, other.sums_lo)
+        self._flush_pending()
+        self._add(*other.total())
         self.n_docs += other.n_docs
         return self
 
     def to_dict(self) -> dict:
-        return {"kind": "refinement_sketch", "v": SCHEMA_VERSION, "n_docs": int(self.n_docs),
-                "sums": ser.pack_array(self.sums), "sums_lo": ser.pack_array(self.sums_lo)}
+        out = {"kind": "refinement_sketch", "v": SCHEMA_VERSION, "n_docs": int(self.n_docs),
+               "sums": ser.pack_array(self._hi), "sums_lo": ser.pack_array(self._lo)}
+        if self.pending_rows:       # the partial chunk's running sum (secret, like the sums)
+            out["pending"] = {"rows": int(self.pending_rows), "sum": ser.pack_array(self.pending)}
+        return out
 
     @classmethod
     def from_dict(cls, obj: dict) -> "RefinementSketch":
         ser.check_header(obj, "refinement_sketch", SCHEMA_VERSION)
         sums = ser.unpack_array(obj["sums"], name="sums")
         out = cls(*sums.shape)
-        out.sums, out.n_docs = sums, int(obj["n_docs"])
+        out._hi, out.n_docs = sums.astype(np.float64, copy=True), int(obj["n_docs"])
         if "sums_lo" in obj:            # states written before compensation existed have none
             lo = ser.unpack_array(obj["sums_lo"], name="sums_lo")
             if lo.shape != sums.shape:
                 raise ser.SchemaError(f"refinement compensation: shape {lo.shape}, expected {sums.shape}")
-            out.sums_lo = lo.copy()
+            out._lo = lo.astype(np.float64, copy=True)
+        pend = obj.get("pending")       # states written before chunking have none
+        if pend:
+            rows = int(pend["rows"])
+            acc = ser.unpack_array(pend["sum"], name="pending.sum")
+            if not 0 < rows < REFINE_CHUNK or acc.shape != sums.shape[::-1]:
+                raise ser.SchemaError(f"refinement pending chunk: {rows} rows of shape {acc.shape}, "
+                                      f"expected < {REFINE_CHUNK} rows of {sums.shape[::-1]}")
+            out.pending, out.pending_rows = acc.astype(np.float64, copy=True), rows
         return out
 
 

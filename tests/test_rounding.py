@@ -219,26 +219,33 @@ def test_adversarial_sketch_within_rounding_bound(clip, monkeypatch):
 
 
 def test_chunking_caps_rows_per_product():
-    """BATCH_ROWS_MAX is a code fact: a 10 000-row batch is processed in chunks of ≤ 4096."""
+    """BATCH_ROWS_MAX is a code fact: a 10 000-row batch is processed in chunks of exactly 4096
+    long documents; the rest (< 4096) waits as pending rows, counted in n_docs."""
     rng = np.random.default_rng(2)
     sub = Subspace(np.linalg.qr(rng.standard_normal((50, 4)))[0])
     X = sp.csr_matrix(rng.poisson(0.2, size=(10_000, 50)).astype(float))
+    n_long = keep_long_documents(X)[0].shape[0]
     seen = []
     sk = WhitenedSketch(sub, ClipBounds.for_length(10))
     orig = sk._update_chunk
-    sk._update_chunk = lambda Xc, lc: (seen.append(Xc.shape[0]), orig(Xc, lc))
+    sk._update_chunk = lambda Xc: (seen.append(Xc.shape[0]), orig(Xc))
     sk.update(X)
-    assert seen and max(seen) <= rounding.BATCH_ROWS_MAX and sum(seen) == keep_long_documents(X)[0].shape[0]
+    assert seen and set(seen) == {rounding.BATCH_ROWS_MAX}
+    assert sum(seen) + sk.pending.n == n_long and 0 < sk.pending.n < rounding.BATCH_ROWS_MAX
+    assert sk.n_docs == n_long and sk.sums().n_docs == 10_000
     w = WarmupSketch(50, 4, clip=1e-6)
     wseen = []
     worig = w._update_chunk
-    w._update_chunk = lambda Xc, lc: (wseen.append(Xc.shape[0]), worig(Xc, lc))
+    w._update_chunk = lambda Xc: (wseen.append(Xc.shape[0]), worig(Xc))
     w.update(X)
-    assert max(wseen) <= rounding.BATCH_ROWS_MAX
+    assert set(wseen) == {rounding.BATCH_ROWS_MAX} and sum(wseen) + w.pending.n == n_long
+    assert w.n_docs == n_long
 
 
-def test_compensation_is_at_least_as_exact_as_plain_accumulation():
-    """Many identical batches: compensated accumulators are closer to the exact n·v than +=."""
+def test_compensation_is_at_least_as_exact_as_plain_accumulation(monkeypatch):
+    """Many identical chunks: compensated accumulators are closer to the exact n·v than +=."""
+    # one 5-document batch per chunk (chunks are counted in the sketch's own sequence)
+    monkeypatch.setattr(sketch_mod, "BATCH_ROWS_MAX", 5)
     rng = np.random.default_rng(3)
     sub = Subspace(np.linalg.qr(rng.standard_normal((30, 3)))[0])
     X = sp.csr_matrix(rng.poisson(0.4, size=(5, 30)).astype(float) + np.eye(5, 30) * 3)

@@ -25,7 +25,9 @@ All accumulators are sums, so sketches of disjoint document sets merge by
 addition.
 
 Rounding (docs/privacy.md, "Floating point"; :mod:`streamdp.privacy.rounding`): each
-product runs over at most BATCH_ROWS_MAX documents (batches are chunked), every accumulator
+product runs over one chunk of exactly BATCH_ROWS_MAX documents counted in the sketch's own
+document sequence (the rows of a partial chunk wait as pending rows, whatever the callers'
+batches: the computed sums are a deterministic function of that sequence), every accumulator
 is a compensated pair (value, compensation) updated with TwoSum (Sum2), and read-time
 products run over at most READ_CHUNK_MAX words, chunks added compensated — so the rounding
 error of every released sum is ≤ R_b, whatever N ≤ N_max, d and k'.
@@ -38,7 +40,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from streamdp import serialization as ser
-from streamdp.documents import as_count_batch, keep_long_documents
+from streamdp.documents import PendingRows, as_count_batch, keep_long_documents
 from streamdp.moments import clipping
 from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy import rounding
@@ -150,7 +152,14 @@ class WhitenedSketch:
     n_docs : int
         Documents accepted (length ≥ 3). Internal state: never released as is.
     n_clipped : int
-        Documents whose contribution was scaled down. Internal diagnostics.
+        Documents whose contribution was scaled down, in processed chunks (pending rows are
+        counted when their chunk is processed). Internal diagnostics.
+
+    Chunks (docs/privacy.md, "Floating point"): documents are processed in chunks of exactly
+    BATCH_ROWS_MAX long documents counted in this sketch's own sequence; the partial last
+    chunk waits as pending rows (in the state and in checkpoints). :meth:`sums` processes
+    them as one final chunk on a copy, so reading never changes the sketch, and the sums
+    depend on the document sequence alone, not on how it was cut into ``update`` calls.
     """
 
     def __init__(self, subspace: Subspace, clip: ClipBounds | None = None) -> None:
@@ -174,23 +183,32 @@ class WhitenedSketch:
         self.t3 = np.zeros((k, len(self._pairs[0])))
         # compensation (low) part of every accumulator: value = accumulator + compensation
         self.comp = {n: np.zeros_like(getattr(self, n)) for n in _ACCUMULATORS}
+        self.pending = PendingRows(d, BATCH_ROWS_MAX)
 
     # ------------------------------------------------------------------ update
     def update(self, X) -> "WhitenedSketch":
         """Add a batch of documents (CSR counts, shape (n, d)). Returns self."""
         X = as_count_batch(X, self.subspace.d)
         self.n_rows += X.shape[0]
-        X, lengths = keep_long_documents(X)
-        for a in range(0, X.shape[0], BATCH_ROWS_MAX):   # ≤ BATCH_ROWS_MAX terms per product
-            self._update_chunk(X[a:a + BATCH_ROWS_MAX], lengths[a:a + BATCH_ROWS_MAX])
+        X, _ = keep_long_documents(X)
+        self.n_docs += X.shape[0]
+        # exactly BATCH_ROWS_MAX terms per product, chunks counted in this sketch's sequence
+        for chunk in self.pending.feed(X):
+            self._update_chunk(chunk)
         return self
+
+    def _flush_pending(self) -> None:
+        """Process the pending rows as this sketch's final chunk (ends its chunk sequence)."""
+        if self.pending.n:
+            self._update_chunk(self.pending.take())
 
     def _add(self, name: str, value) -> None:
         rounding.accumulate(getattr(self, name), self.comp[name], value)
 
-    def _update_chunk(self, X: sp.csr_matrix, lengths: np.ndarray) -> None:
+    def _update_chunk(self, X: sp.csr_matrix) -> None:
         if X.shape[0] == 0:
             return
+        lengths = np.asarray(X.sum(axis=1)).ravel()
         Q = self.subspace.Q
         Y = X @ Q                                    # (n, k') — y = Qᵀc per document
         scale = self.document_scale(X, lengths, Y)
@@ -213,7 +231,6 @@ class WhitenedSketch:
             part = W3Y[s:s + step].T @ (Ys[:, j] * Ys[:, kk])
             t3 = part if t3 is None else t3.__iadd__(part)
         self._add("t3", t3)
-        self.n_docs += X.shape[0]
         self.n_clipped += int(np.count_nonzero(scale < 1.0))
         self.weight_sum, self.weight_sum_lo = rounding.accumulate_scalar(
             self.weight_sum, self.weight_sum_lo, float(scale.sum()))
@@ -269,8 +286,17 @@ class WhitenedSketch:
                              f"({self.clip} vs {other.clip}): their sensitivities differ")
 
     def merge(self, other: "WhitenedSketch") -> "WhitenedSketch":
-        """Add another sketch (disjoint documents) into this one (compensated)."""
+        """Add another sketch (disjoint documents) into this one (compensated).
+
+        Determinism rule: each side's pending rows are processed as that side's own final
+        chunk first (``other`` on a copy; pending rows of two sketches are never put in one
+        chunk), so the result depends only on the two document sequences and the merge order.
+        """
         self._check_compatible(other)
+        self._flush_pending()
+        if other.pending.n:
+            other = other.copy()
+            other._flush_pending()
         for name in _ACCUMULATORS:
             rounding.merge_into(getattr(self, name), self.comp[name], getattr(other, name),
                                 other.comp[name])
@@ -283,8 +309,15 @@ class WhitenedSketch:
         return self
 
     def copy(self) -> "WhitenedSketch":
+        """An independent copy of the whole state (accumulators, counters, pending rows)."""
         out = WhitenedSketch(self.subspace, self.clip)
-        return out.merge(self)
+        for name in _ACCUMULATORS:
+            setattr(out, name, getattr(self, name).copy())
+            out.comp[name] = self.comp[name].copy()
+        out.n_docs, out.n_rows, out.n_clipped = self.n_docs, self.n_rows, self.n_clipped
+        out.weight_sum, out.weight_sum_lo = self.weight_sum, self.weight_sum_lo
+        out.pending = self.pending.copy()
+        return out
 
     # -------------------------------------------------------------------- read
     def value(self, name: str) -> np.ndarray:
@@ -295,7 +328,14 @@ class WhitenedSketch:
         """Expand the accumulators into the block sums (O(d·k'³)).
 
         Products over words run on ≤ READ_CHUNK_MAX rows at a time, chunks added compensated.
+        Pending rows are processed as one final chunk on a copy: the sketch is not changed, so
+        reading twice, or reading and then adding more documents, gives the same sums as
+        adding everything first.
         """
+        if self.pending.n:
+            work = self.copy()
+            work._flush_pending()
+            return work.sums()
         Q = self.subspace.Q
         d, k = Q.shape
         m1, a2, a3 = self.value("m1"), self.value("a2"), self.value("a3")
@@ -333,7 +373,8 @@ class WhitenedSketch:
 
     @property
     def nbytes(self) -> int:
-        return sum(getattr(self, n).nbytes + self.comp[n].nbytes for n in _ACCUMULATORS)
+        return (sum(getattr(self, n).nbytes + self.comp[n].nbytes for n in _ACCUMULATORS)
+                + self.pending.nbytes)
 
     # --------------------------------------------------------------- serialise
     def to_dict(self) -> dict:
@@ -342,7 +383,9 @@ class WhitenedSketch:
                 "n_docs": self.n_docs, "n_rows": self.n_rows, "n_clipped": self.n_clipped,
                 "weight_sum": self.weight_sum, "weight_sum_lo": self.weight_sum_lo,
                 "acc": {n: ser.pack_array(getattr(self, n)) for n in _ACCUMULATORS},
-                "comp": {n: ser.pack_array(self.comp[n]) for n in _ACCUMULATORS}}
+                "comp": {n: ser.pack_array(self.comp[n]) for n in _ACCUMULATORS},
+                # rows of the partial last chunk (raw counts; n_docs already counts them)
+                "pending": self.pending.to_dict()}
 
     def to_bytes(self) -> bytes:
         return ser.dumps(self.to_dict())
@@ -370,6 +413,8 @@ class WhitenedSketch:
         out.n_clipped = int(obj["n_clipped"])
         out.weight_sum = float(obj["weight_sum"])
         out.weight_sum_lo = float(obj.get("weight_sum_lo", 0.0))
+        # states written before pending rows existed have none (their chunks were all processed)
+        out.pending = PendingRows.from_dict(obj.get("pending"), subspace.d, BATCH_ROWS_MAX)
         return out
 
     @classmethod

@@ -166,12 +166,12 @@ def merge_refine_sums(parts: list[PartitionState], epoch: int, shape: tuple[int,
         rs = st.refine.get(epoch)
         if rs is None:
             continue
-        if rs.sums.shape != tuple(shape):
+        if rs.shape != tuple(shape):
             raise SketchMismatch(f"partition {st.partition} epoch {epoch}: refinement sums of shape "
-                                 f"{rs.sums.shape}, the deployment's model is {tuple(shape)}; "
+                                 f"{rs.shape}, the deployment's model is {tuple(shape)}; "
                                  "refusing to merge")
         if total is None:
-            total = RefinementSketch(*rs.sums.shape)
+            total = RefinementSketch(*rs.shape)
         total.merge(rs)                       # compensated (streamdp.privacy.rounding)
     return None if total is None else total.sums
 
@@ -750,7 +750,9 @@ class ReleaseService:
         return True
 
     def _load_states(self, states: dict) -> list[PartitionState]:
-        return [PartitionState.from_bytes(r.payload, self.subspace) for r in states.values()]
+        # in partition order: merges add compensated but not associatively, so a fixed order
+        # keeps every merged sum a deterministic function of the partitions' own sequences
+        return [PartitionState.from_bytes(states[p].payload, self.subspace) for p in sorted(states)]
 
     # ------------------------------------------------------------ vocabulary selection
     def _release_vocabulary(self, parts: list[PartitionState]) -> None:

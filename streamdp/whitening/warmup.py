@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from streamdp import serialization as ser
-from streamdp.documents import as_count_batch, keep_long_documents
+from streamdp.documents import PendingRows, as_count_batch, keep_long_documents
 from streamdp.moments import clipping
 from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy import rounding
@@ -83,17 +83,43 @@ class WarmupSketch:
         self.norm_hist = np.zeros((len(NORM_BLOCKS), len(NORM_BIN_EDGES) + 1))
         self.n_docs = 0
         self.n_clipped = 0
+        # chunks of exactly BATCH_ROWS_MAX documents of this sketch's own sequence (as in
+        # WhitenedSketch): the range sum does not depend on how the callers batched
+        self.pending = PendingRows(d, rounding.BATCH_ROWS_MAX)
 
     def update(self, X) -> "WarmupSketch":
         X = as_count_batch(X, self.d)
         X, lengths = keep_long_documents(X)
-        for a in range(0, X.shape[0], rounding.BATCH_ROWS_MAX):
-            self._update_chunk(X[a:a + rounding.BATCH_ROWS_MAX], lengths[a:a + rounding.BATCH_ROWS_MAX])
+        if X.shape[0] == 0:
+            return self
+        self.n_docs += X.shape[0]
+        # the norm histograms are integer counts (exact in any order): counted here, per batch
+        norms = (np.sqrt(clipping.row_sums(X, X.data**2)) / lengths,
+                 clipping.e2_norm(X, lengths), clipping.e3_norm(X, lengths))
+        for b, n in enumerate(norms):
+            self.norm_hist[b] += np.bincount(np.searchsorted(NORM_BIN_EDGES, n, side="right"),
+                                             minlength=self.norm_hist.shape[1])
+        for chunk in self.pending.feed(X):
+            self._update_chunk(chunk)
         return self
 
-    def _update_chunk(self, X, lengths) -> None:
+    def _flush_pending(self) -> None:
+        """Process the pending rows as this sketch's final chunk (ends its chunk sequence)."""
+        if self.pending.n:
+            self._update_chunk(self.pending.take())
+
+    def copy(self) -> "WarmupSketch":
+        out = WarmupSketch(self.d, self.k_prime, self.clip, self.seed)
+        for name in ("yacc", "a2", "yacc_lo", "a2_lo", "norm_hist"):
+            setattr(out, name, getattr(self, name).copy())
+        out.n_docs, out.n_clipped = self.n_docs, self.n_clipped
+        out.pending = self.pending.copy()
+        return out
+
+    def _update_chunk(self, X) -> None:
         if X.shape[0] == 0:
             return
+        lengths = np.asarray(X.sum(axis=1)).ravel()
         U = X @ self.omega
         norm = clipping.projected_e2_norm(X, lengths, U, self.omega, self._omega_rn2)
         # the pre-cancellation magnitude is bounded too: the rounding bound R_w scales with it
@@ -104,13 +130,7 @@ class WarmupSketch:
         Xt = X.T.tocsr()
         rounding.accumulate(self.yacc, self.yacc_lo, Xt @ (U * w2[:, None]))
         rounding.accumulate(self.a2, self.a2_lo, Xt @ w2)
-        self.n_docs += X.shape[0]
         self.n_clipped += int(np.count_nonzero(scale < 1))
-        norms = (np.sqrt(clipping.row_sums(X, X.data**2)) / lengths,
-                 clipping.e2_norm(X, lengths), clipping.e3_norm(X, lengths))
-        for b, n in enumerate(norms):
-            self.norm_hist[b] += np.bincount(np.searchsorted(NORM_BIN_EDGES, n, side="right"),
-                                             minlength=self.norm_hist.shape[1])
 
     def clip_bounds(self, quantile: float, rho: float | None, sampler: GaussianSampler | None = None,
                     spender: BudgetSpender | None = None, *, partition: str = WARMUP,
@@ -147,6 +167,11 @@ class WarmupSketch:
     def merge(self, other: "WarmupSketch") -> "WarmupSketch":
         if (other.d, other.k_prime, other.clip, other.seed) != (self.d, self.k_prime, self.clip, self.seed):
             raise ValueError("cannot merge warm-up sketches with different d, k', clip or Ω seed")
+        # each side's pending rows are its own final chunk (never one chunk of both sides)
+        self._flush_pending()
+        if other.pending.n:
+            other = other.copy()
+            other._flush_pending()
         rounding.merge_into(self.yacc, self.yacc_lo, other.yacc, other.yacc_lo)
         rounding.merge_into(self.a2, self.a2_lo, other.a2, other.a2_lo)
         self.norm_hist += other.norm_hist
@@ -155,7 +180,11 @@ class WarmupSketch:
         return self
 
     def range_sum(self) -> np.ndarray:
-        """Σ_n scale_n e2_n Ω, shape (d, k')."""
+        """Σ_n scale_n e2_n Ω, shape (d, k'). Pending rows: one final chunk, on a copy."""
+        if self.pending.n:
+            work = self.copy()
+            work._flush_pending()
+            return work.range_sum()
         return (rounding.collapse(self.yacc, self.yacc_lo)
                 - rounding.collapse(self.a2, self.a2_lo)[:, None] * self.omega)
 
@@ -210,7 +239,8 @@ class WarmupSketch:
                           "n_docs": self.n_docs, "n_clipped": self.n_clipped,
                           "yacc": ser.pack_array(self.yacc), "a2": ser.pack_array(self.a2),
                           "yacc_lo": ser.pack_array(self.yacc_lo), "a2_lo": ser.pack_array(self.a2_lo),
-                          "norm_hist": ser.pack_array(self.norm_hist)})
+                          "norm_hist": ser.pack_array(self.norm_hist),
+                          "pending": self.pending.to_dict()})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "WarmupSketch":
@@ -226,4 +256,6 @@ class WarmupSketch:
                 raise ser.SchemaError("warm-up compensation arrays have the wrong shape")
         out.norm_hist = ser.unpack_array(obj["norm_hist"], name="norm_hist")
         out.n_docs, out.n_clipped = int(obj["n_docs"]), int(obj["n_clipped"])
+        # states written before pending rows existed have none
+        out.pending = PendingRows.from_dict(obj.get("pending"), out.d, rounding.BATCH_ROWS_MAX)
         return out
