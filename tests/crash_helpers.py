@@ -470,6 +470,16 @@ def rel_diff(a, b) -> float:
     return float(np.linalg.norm(a - b)) / nb if nb else float(np.linalg.norm(a))
 
 
+def flushed(sk):
+    """A copy of a sketch with its pending rows processed (its final chunk): the accumulators
+    then hold every document, as the sums read from it do (``None`` stays ``None``)."""
+    if sk is None:
+        return None
+    out = sk.copy()
+    out._flush_pending()
+    return out
+
+
 def compare(got: PartitionState, ref: Reference, *, rtol: float) -> list[str]:
     """Every difference between a sketcher's state and the reference (empty = equal).
 
@@ -486,7 +496,7 @@ def compare(got: PartitionState, ref: Reference, *, rtol: float) -> list[str]:
     if (got.warmup is None) != (ref.warmup is None):
         bad.append(f"warm-up sketch present: {got.warmup is not None}, expected {ref.warmup is not None}")
     elif got.warmup is not None:
-        g, r = got.warmup, ref.warmup
+        g, r = flushed(got.warmup), flushed(ref.warmup)
         for name in ("n_docs", "n_clipped"):
             if getattr(g, name) != getattr(r, name):
                 bad.append(f"warm-up {name} {getattr(g, name)} != {getattr(r, name)}")
@@ -498,7 +508,7 @@ def compare(got: PartitionState, ref: Reference, *, rtol: float) -> list[str]:
     if sorted(got.epochs) != sorted(ref.epochs):
         bad.append(f"epochs {sorted(got.epochs)} != {sorted(ref.epochs)}")
     for e in sorted(set(got.epochs) & set(ref.epochs)):
-        g, r = got.epochs[e], ref.epochs[e]
+        g, r = flushed(got.epochs[e]), flushed(ref.epochs[e])
         for name in ("n_docs", "n_clipped"):
             if getattr(g, name) != getattr(r, name):
                 bad.append(f"epoch {e} {name} {getattr(g, name)} != {getattr(r, name)}")
@@ -515,11 +525,13 @@ def sums_differ_everywhere(a: Reference, b: Reference, rtol: float) -> list[str]
     one document more or less is visible in the sums themselves, not only in the counts)."""
     out = []
     if a.warmup is not None and b.warmup is not None:
+        wa, wb = flushed(a.warmup), flushed(b.warmup)
         out += [f"warm-up {n}" for n in WARMUP_ACCUMULATORS
-                if not _close(getattr(a.warmup, n), getattr(b.warmup, n), rtol)]
+                if not _close(getattr(wa, n), getattr(wb, n), rtol)]
     for e in set(a.epochs) & set(b.epochs):
+        ea, eb = flushed(a.epochs[e]), flushed(b.epochs[e])
         out += [f"epoch {e} {n}" for n in WHITENED_ACCUMULATORS
-                if not _close(getattr(a.epochs[e], n), getattr(b.epochs[e], n), rtol)]
+                if not _close(getattr(ea, n), getattr(eb, n), rtol)]
     return out
 
 

@@ -109,10 +109,11 @@ class WarmupSketch:
             self._update_chunk(self.pending.take())
 
     def copy(self) -> "WarmupSketch":
-        out = WarmupSketch(self.d, self.k_prime, self.clip, self.seed)
+        """An independent copy of the state (Ω, public, is shared: never written)."""
+        out = object.__new__(WarmupSketch)
+        out.__dict__.update(self.__dict__)
         for name in ("yacc", "a2", "yacc_lo", "a2_lo", "norm_hist"):
             setattr(out, name, getattr(self, name).copy())
-        out.n_docs, out.n_clipped = self.n_docs, self.n_clipped
         out.pending = self.pending.copy()
         return out
 
