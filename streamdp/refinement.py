@@ -266,38 +266,46 @@ class RefinementSketch:
 
     Attributes
     ----------
-    sums : (k, d)   Σ_d R_d, rounded once (a double-double sum: ``sums_lo`` is the remainder,
-                    carried to later additions so chunks and merges add compensated); read
-                    with the pending chunk added, without changing the sketch
+    sums : (k, d)   Σ_d R_d, rounded once (``sums_lo`` is the remainder, carried to later
+                    additions: chunks and merges add compensated); read with the pending
+                    chunk added as the final chunk, without changing the sketch
     n_docs : int    documents added (non-empty), pending ones included
     """
 
     def __init__(self, k: int, d: int) -> None:
         rounding.check_vocabulary(d)
-        self._hi = np.zeros((int(k), int(d)))
-        self._lo = np.zeros((int(k), int(d)))
+        self._k, self._d = int(k), int(d)
+        # closed chunks: a compensated pair (value = acc + comp; Sum2 steps in place), kept
+        # d × k like the chunk sums; read as the renormalised k × d double-double
+        self._acc = np.zeros((self._d, self._k))
+        self._comp = np.zeros((self._d, self._k))
         self.pending = None                    # (d, k) running sum of the partial chunk
         self.pending_rows = 0
         self.n_docs = 0
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self._hi.shape
-
-    def _add(self, hi, lo) -> None:
-        self._hi, self._lo = rounding.dd_add(self._hi, self._lo, hi, lo)
+        return (self._k, self._d)
 
     def _flush_pending(self) -> None:
         """Close the partial chunk (ends this sketch's chunk sequence: merges do this)."""
         if self.pending_rows:
-            self._add(np.ascontiguousarray(self.pending.T), None)
+            rounding.accumulate(self._acc, self._comp, self.pending)
         self.pending, self.pending_rows = None, 0
 
-    def total(self) -> tuple[np.ndarray, np.ndarray]:
-        """(sums, sums_lo) with the pending chunk added as the final chunk; the sketch is unchanged."""
+    def _pair(self) -> tuple[np.ndarray, np.ndarray]:
+        """(acc, comp) with the pending chunk closed as the final chunk, on copies if needed."""
         if not self.pending_rows:
-            return self._hi, self._lo
-        return rounding.dd_add(self._hi, self._lo, np.ascontiguousarray(self.pending.T), None)
+            return self._acc, self._comp
+        acc, comp = self._acc.copy(), self._comp.copy()
+        rounding.accumulate(acc, comp, self.pending)
+        return acc, comp
+
+    def total(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sums, sums_lo), k × d: the sum rounded once and its remainder, with the pending
+        chunk added as the final chunk; the sketch is unchanged."""
+        hi, lo = rounding.two_sum(*self._pair())
+        return np.ascontiguousarray(hi.T), np.ascontiguousarray(lo.T)
 
     @property
     def sums(self) -> np.ndarray:
@@ -310,7 +318,7 @@ class RefinementSketch:
     def update(self, X, model: RefinementModel) -> "RefinementSketch":
         if model.shape != self.shape:
             raise ValueError(f"model has shape {model.shape}, the sketch {self.shape}")
-        d = self.shape[1]
+        d = self._d
         X = as_count_batch(X, d)
         a, n = 0, X.shape[0]
         while a < n:          # segments end where this sketch's chunks end
@@ -322,7 +330,7 @@ class RefinementSketch:
                     Xb.indices, vals, d, self.pending if self.pending_rows else None)
                 self.n_docs += nb
             elif not self.pending_rows:
-                self.pending = np.zeros((d, self.shape[0]))
+                self.pending = np.zeros((d, self._k))
             self.pending_rows += take
             if self.pending_rows == REFINE_CHUNK:
                 self._flush_pending()
@@ -336,13 +344,14 @@ class RefinementSketch:
         if other.shape != self.shape:
             raise ValueError("cannot merge refinement sketches of different shapes")
         self._flush_pending()
-        self._add(*other.total())
+        rounding.merge_into(self._acc, self._comp, *other._pair())
         self.n_docs += other.n_docs
         return self
 
     def to_dict(self) -> dict:
+        # "sums"/"sums_lo": the compensated pair, k × d (value = sums + sums_lo; exact transposes)
         out = {"kind": "refinement_sketch", "v": SCHEMA_VERSION, "n_docs": int(self.n_docs),
-               "sums": ser.pack_array(self._hi), "sums_lo": ser.pack_array(self._lo)}
+               "sums": ser.pack_array(self._acc.T), "sums_lo": ser.pack_array(self._comp.T)}
         if self.pending_rows:       # the partial chunk's running sum (secret, like the sums)
             out["pending"] = {"rows": int(self.pending_rows), "sum": ser.pack_array(self.pending)}
         return out
@@ -352,12 +361,12 @@ class RefinementSketch:
         ser.check_header(obj, "refinement_sketch", SCHEMA_VERSION)
         sums = ser.unpack_array(obj["sums"], name="sums")
         out = cls(*sums.shape)
-        out._hi, out.n_docs = sums.astype(np.float64, copy=True), int(obj["n_docs"])
+        out._acc, out.n_docs = np.array(sums.T, dtype=np.float64, order="C"), int(obj["n_docs"])
         if "sums_lo" in obj:            # states written before compensation existed have none
             lo = ser.unpack_array(obj["sums_lo"], name="sums_lo")
             if lo.shape != sums.shape:
                 raise ser.SchemaError(f"refinement compensation: shape {lo.shape}, expected {sums.shape}")
-            out._lo = lo.astype(np.float64, copy=True)
+            out._comp = np.array(lo.T, dtype=np.float64, order="C")
         pend = obj.get("pending")       # states written before chunking have none
         if pend:
             rows = int(pend["rows"])
@@ -365,7 +374,7 @@ class RefinementSketch:
             if not 0 < rows < REFINE_CHUNK or acc.shape != sums.shape[::-1]:
                 raise ser.SchemaError(f"refinement pending chunk: {rows} rows of shape {acc.shape}, "
                                       f"expected < {REFINE_CHUNK} rows of {sums.shape[::-1]}")
-            out.pending, out.pending_rows = acc.astype(np.float64, copy=True), rows
+            out.pending, out.pending_rows = np.array(acc, dtype=np.float64, order="C"), rows
         return out
 
 
