@@ -177,8 +177,15 @@ def _sequential_column_sum(cols: np.ndarray, vals: np.ndarray, d: int,
     output entry is the left-to-right sum in document order; a sum continued from ``start``
     (prepended as d identity columns, 0 + x = x exactly) is bit-identical to one product over
     all the rows. That is what lets a summation chunk span several ``update`` calls
-    (tests/test_batch_invariance.py checks it bit for bit)."""
+    (tests/test_batch_invariance.py checks it bit for bit, for both paths). ``start`` may be
+    updated in place."""
     nnz, k = vals.shape
+    if start is not None and nnz <= d:
+        # few entries (small batches): the same left-to-right additions in place, without
+        # copying the d × k start (np.add.at applies repeated indices one after another)
+        flat = (cols.astype(np.intp)[:, None] * k + np.arange(k)).ravel()
+        np.add.at(start.reshape(-1), flat, np.ascontiguousarray(vals).reshape(-1))
+        return start
     if start is not None:
         cols = np.concatenate([np.arange(d, dtype=cols.dtype), cols])
         vals = np.concatenate([start, vals])
