@@ -18,8 +18,9 @@ in Frobenius norm, for every dataset and every public model — no data-dependen
 needed. The code still rescales any R_d whose computed norm exceeds 1 (floating-point
 guard) and the planned event uses the sensitivity of
 :func:`streamdp.release.block_sensitivities` (block ``topic_word``): 1 + 10⁻⁹ plus twice the
-rounding bound of the computed sum of ≤ N_max documents (products over ≤ FOLD_IN_BLOCK
-documents, blocks and batches added compensated; :mod:`streamdp.privacy.rounding`). Φ and α may be any released values (earlier snapshots): choosing what to
+rounding bound of the computed sum of ≤ N_max documents (sequential sums over chunks of
+REFINE_CHUNK documents of the sketch's own sequence, chunks added compensated;
+:mod:`streamdp.privacy.rounding`). Φ and α may be any released values (earlier snapshots): choosing what to
 compute from earlier outputs is adaptive composition, covered by zCDP's composition.
 
 Why ‖c‖₂ and not l: the per-document weight 1/‖c‖₂ puts every document exactly at the
