@@ -101,6 +101,12 @@ def test_reading_does_not_change_the_sketch(stream):
     sk.update(X[5000:])
     _assert_sums_equal(sk.sums(), WhitenedSketch(sub, clip).update(X).sums())
     assert sk.sums().n_docs == X.shape[0]          # the premise count includes pending rows
+    # so does the clip count (diagnostics): the same as after processing every row
+    assert 0 < sk.pending.n and sk.n_clipped > 0
+    assert sk.n_clipped == WhitenedSketch(sub, clip).merge(sk).n_clipped
+    w = WarmupSketch(D, KP, clip=0.05)
+    w.update(X[:5000])
+    assert 0 < w.pending.n and w.n_clipped == WarmupSketch(D, KP, clip=0.05).merge(w).n_clipped > 0
 
 
 def test_old_checkpoints_without_pending_rows_still_load(stream):

@@ -152,8 +152,8 @@ class WhitenedSketch:
     n_docs : int
         Documents accepted (length ≥ 3). Internal state: never released as is.
     n_clipped : int
-        Documents whose contribution was scaled down, in processed chunks (pending rows are
-        counted when their chunk is processed). Internal diagnostics.
+        Documents whose contribution was scaled down (pending rows included). Internal
+        diagnostics.
 
     Chunks (docs/privacy.md, "Floating point"): documents are processed in chunks of exactly
     BATCH_ROWS_MAX long documents counted in this sketch's own sequence; the partial last
@@ -171,7 +171,7 @@ class WhitenedSketch:
         rounding.check_vocabulary(d)
         self.n_docs = 0
         self.n_rows = 0            # every row offered (also short documents): the premise count
-        self.n_clipped = 0
+        self._n_clipped = 0           # in processed chunks
         self.weight_sum = 0.0
         self.weight_sum_lo = 0.0
         self.m1 = np.zeros(d)
@@ -202,6 +202,15 @@ class WhitenedSketch:
         if self.pending.n:
             self._update_chunk(self.pending.take())
 
+    @property
+    def n_clipped(self) -> int:
+        n = self._n_clipped
+        if self.pending.n:      # the pending rows' clip factors (row by row, as in their chunk)
+            X = self.pending.rows()
+            lengths = np.asarray(X.sum(axis=1)).ravel()
+            n += int(np.count_nonzero(self.document_scale(X, lengths, X @ self.subspace.Q) < 1.0))
+        return n
+
     def _add(self, name: str, value) -> None:
         rounding.accumulate(getattr(self, name), self.comp[name], value)
 
@@ -231,7 +240,7 @@ class WhitenedSketch:
             part = W3Y[s:s + step].T @ (Ys[:, j] * Ys[:, kk])
             t3 = part if t3 is None else t3.__iadd__(part)
         self._add("t3", t3)
-        self.n_clipped += int(np.count_nonzero(scale < 1.0))
+        self._n_clipped += int(np.count_nonzero(scale < 1.0))
         self.weight_sum, self.weight_sum_lo = rounding.accumulate_scalar(
             self.weight_sum, self.weight_sum_lo, float(scale.sum()))
 
@@ -302,7 +311,7 @@ class WhitenedSketch:
                                 other.comp[name])
         self.n_docs += other.n_docs
         self.n_rows += other.n_rows
-        self.n_clipped += other.n_clipped
+        self._n_clipped += other._n_clipped      # other: flushed above
         self.weight_sum, lo = rounding.accumulate_scalar(self.weight_sum, self.weight_sum_lo,
                                                          other.weight_sum)
         self.weight_sum_lo = lo + other.weight_sum_lo
@@ -314,7 +323,7 @@ class WhitenedSketch:
         for name in _ACCUMULATORS:
             setattr(out, name, getattr(self, name).copy())
             out.comp[name] = self.comp[name].copy()
-        out.n_docs, out.n_rows, out.n_clipped = self.n_docs, self.n_rows, self.n_clipped
+        out.n_docs, out.n_rows, out._n_clipped = self.n_docs, self.n_rows, self._n_clipped
         out.weight_sum, out.weight_sum_lo = self.weight_sum, self.weight_sum_lo
         out.pending = self.pending.copy()
         return out
@@ -380,7 +389,7 @@ class WhitenedSketch:
     def to_dict(self) -> dict:
         return {"kind": "whitened_sketch", "v": SCHEMA_VERSION,
                 "subspace_id": self.subspace.id, "clip": self.clip.to_dict(),
-                "n_docs": self.n_docs, "n_rows": self.n_rows, "n_clipped": self.n_clipped,
+                "n_docs": self.n_docs, "n_rows": self.n_rows, "n_clipped": self._n_clipped,
                 "weight_sum": self.weight_sum, "weight_sum_lo": self.weight_sum_lo,
                 "acc": {n: ser.pack_array(getattr(self, n)) for n in _ACCUMULATORS},
                 "comp": {n: ser.pack_array(self.comp[n]) for n in _ACCUMULATORS},
@@ -410,7 +419,7 @@ class WhitenedSketch:
                 out.comp[n] = c.astype(np.float64, copy=True)
         out.n_docs = int(obj["n_docs"])
         out.n_rows = int(obj.get("n_rows", obj["n_docs"]))
-        out.n_clipped = int(obj["n_clipped"])
+        out._n_clipped = int(obj["n_clipped"])      # processed chunks; pending recounted
         out.weight_sum = float(obj["weight_sum"])
         out.weight_sum_lo = float(obj.get("weight_sum_lo", 0.0))
         # states written before pending rows existed have none (their chunks were all processed)

@@ -82,7 +82,7 @@ class WarmupSketch:
         # histograms of the full-space norms ‖c‖/l, ‖e2‖_F, ‖e3‖_F (3 × 122 bins)
         self.norm_hist = np.zeros((len(NORM_BLOCKS), len(NORM_BIN_EDGES) + 1))
         self.n_docs = 0
-        self.n_clipped = 0
+        self._n_clipped = 0            # in processed chunks
         # chunks of exactly BATCH_ROWS_MAX documents of this sketch's own sequence (as in
         # WhitenedSketch): the range sum does not depend on how the callers batched
         self.pending = PendingRows(d, rounding.BATCH_ROWS_MAX)
@@ -122,16 +122,29 @@ class WarmupSketch:
             return
         lengths = np.asarray(X.sum(axis=1)).ravel()
         U = X @ self.omega
-        norm = clipping.projected_e2_norm(X, lengths, U, self.omega, self._omega_rn2)
-        # the pre-cancellation magnitude is bounded too: the rounding bound R_w scales with it
-        mag = clipping.projected_e2_magnitude(X, lengths, U, self._omega_rn2)
-        scale = clipping.scale_factor({"w": norm, "w_mag": mag},
-                                      {"w": self.clip, "w_mag": rounding.MAGNITUDE_FACTOR * self.clip})
+        scale = self._scale(X, lengths, U)
         w2 = scale / (lengths * (lengths - 1))
         Xt = X.T.tocsr()
         rounding.accumulate(self.yacc, self.yacc_lo, Xt @ (U * w2[:, None]))
         rounding.accumulate(self.a2, self.a2_lo, Xt @ w2)
-        self.n_clipped += int(np.count_nonzero(scale < 1))
+        self._n_clipped += int(np.count_nonzero(scale < 1))
+
+    def _scale(self, X, lengths, U) -> np.ndarray:
+        norm = clipping.projected_e2_norm(X, lengths, U, self.omega, self._omega_rn2)
+        # the pre-cancellation magnitude is bounded too: the rounding bound R_w scales with it
+        mag = clipping.projected_e2_magnitude(X, lengths, U, self._omega_rn2)
+        return clipping.scale_factor({"w": norm, "w_mag": mag},
+                                     {"w": self.clip, "w_mag": rounding.MAGNITUDE_FACTOR * self.clip})
+
+    @property
+    def n_clipped(self) -> int:
+        """Documents scaled down by the warm-up clip (pending rows included; diagnostics)."""
+        n = self._n_clipped
+        if self.pending.n:
+            X = self.pending.rows()
+            lengths = np.asarray(X.sum(axis=1)).ravel()
+            n += int(np.count_nonzero(self._scale(X, lengths, X @ self.omega) < 1))
+        return n
 
     def clip_bounds(self, quantile: float, rho: float | None, sampler: GaussianSampler | None = None,
                     spender: BudgetSpender | None = None, *, partition: str = WARMUP,
@@ -177,7 +190,7 @@ class WarmupSketch:
         rounding.merge_into(self.a2, self.a2_lo, other.a2, other.a2_lo)
         self.norm_hist += other.norm_hist
         self.n_docs += other.n_docs
-        self.n_clipped += other.n_clipped
+        self._n_clipped += other._n_clipped     # other: flushed above
         return self
 
     def range_sum(self) -> np.ndarray:
@@ -237,7 +250,7 @@ class WarmupSketch:
     def to_bytes(self) -> bytes:
         return ser.dumps({"kind": "warmup_sketch", "v": SCHEMA_VERSION, "d": self.d,
                           "k_prime": self.k_prime, "clip": self.clip, "seed": self.seed,
-                          "n_docs": self.n_docs, "n_clipped": self.n_clipped,
+                          "n_docs": self.n_docs, "n_clipped": self._n_clipped,
                           "yacc": ser.pack_array(self.yacc), "a2": ser.pack_array(self.a2),
                           "yacc_lo": ser.pack_array(self.yacc_lo), "a2_lo": ser.pack_array(self.a2_lo),
                           "norm_hist": ser.pack_array(self.norm_hist),
@@ -256,7 +269,7 @@ class WarmupSketch:
             if out.yacc_lo.shape != out.yacc.shape or out.a2_lo.shape != out.a2.shape:
                 raise ser.SchemaError("warm-up compensation arrays have the wrong shape")
         out.norm_hist = ser.unpack_array(obj["norm_hist"], name="norm_hist")
-        out.n_docs, out.n_clipped = int(obj["n_docs"]), int(obj["n_clipped"])
+        out.n_docs, out._n_clipped = int(obj["n_docs"]), int(obj["n_clipped"])
         # states written before pending rows existed have none
         out.pending = PendingRows.from_dict(obj.get("pending"), out.d, rounding.BATCH_ROWS_MAX)
         return out
