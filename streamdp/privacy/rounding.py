@@ -17,8 +17,10 @@ a sum of products evaluated in any order, each term passing through at most m ro
 has error ≤ γ_m·Σ|terms| entrywise, γ_m = m·u/(1 − m·u), u = 2⁻⁵³. The code keeps m small
 and independent of N, d and k':
 
-* per-batch products run on at most :data:`BATCH_ROWS_MAX` documents (chunked in code), so a
-  sparse or BLAS product of one chunk has ≤ BATCH_ROWS_MAX terms per entry;
+* per-batch products run on at most :data:`BATCH_ROWS_MAX` documents (chunks of exactly that
+  many documents of each sketch's own sequence, the partial last one pending — so the rounding
+  does not depend on the callers' batches), so a sparse or BLAS product of one chunk has
+  ≤ BATCH_ROWS_MAX terms per entry;
 * chunks, sketch merges, partition merges and epoch/tree-node sums are added with
   error-free transformations (Knuth's TwoSum; Ogita–Rump–Oishi Sum2, double-double), whose
   error is second order: ≤ γ_{h+1}γ_h·Σ|terms| per stage, h ≤ max(N_max, d) summands;
