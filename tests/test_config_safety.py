@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 from streamdp.privacy.noise import (CSPRNG_NAME, SEEDED_NAME, InsecureNoiseWarning,
                                     make_sampler)
 from streamdp.services.config import ConfigError, ServiceConfig, from_file, from_mapping
+from streamdp.kafka.broker import free_port  # nothing listens there: a closed port
 
 
 def run_cli(*args, env=None, timeout=120):
@@ -25,13 +25,6 @@ def run_cli(*args, env=None, timeout=120):
     return subprocess.run([sys.executable, "-m", "streamdp", *args], capture_output=True,
                           text=True, timeout=timeout, env=e)
 
-
-def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 # ------------------------------------------------------------------ item 3: non-private
@@ -57,7 +50,7 @@ def test_blank_epsilon_env_var_fails_the_cli_before_any_ledger(tmp_path):
     cfg = tmp_path / "c.json"
     ledger = tmp_path / "ledger.jsonl"
     cfg.write_text(json.dumps({"epsilon": 1.0, "ledger": str(ledger),
-                               "bootstrap": f"127.0.0.1:{closed_port()}"}))
+                               "bootstrap": f"127.0.0.1:{free_port()}"}))
     r = run_cli("release", "--config", str(cfg), env={"STREAMDP_EPSILON": ""})
     assert r.returncode == 2, r.stderr
     assert "STREAMDP_EPSILON" in r.stderr and "blank" in r.stderr
@@ -171,7 +164,7 @@ def test_wrong_bootstrap_fails_within_15_s_naming_bootstrap(tmp_path):
     vocab.write_text("\n".join(f"w{i}" for i in range(50)) + "\n")
     ledger = tmp_path / "ledger.jsonl"
     cfg = tmp_path / "c.json"
-    cfg.write_text(json.dumps({"bootstrap": f"127.0.0.1:{closed_port()}", "vocabulary": str(vocab),
+    cfg.write_text(json.dumps({"bootstrap": f"127.0.0.1:{free_port()}", "vocabulary": str(vocab),
                                "vocabulary_public_by_assumption": True, "n_topics": 3, "ledger": str(ledger),
                                "snapshot_dir": str(tmp_path / "snaps")}))
     for cmd in (["release"], ["sketcher"], ["control", "flush"]):

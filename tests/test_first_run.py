@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+
+from streamdp.kafka.broker import free_port  # nothing listens there: a closed port
 
 
 def run_cli(*args, cwd=None, timeout=120, env=None):
@@ -21,13 +22,6 @@ def run_cli(*args, cwd=None, timeout=120, env=None):
     return subprocess.run([sys.executable, "-m", "streamdp", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=cwd, env=e)
 
-
-def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def one_line_error(r, *needles):
@@ -110,7 +104,7 @@ def test_produce_create_topics_with_a_wrong_bootstrap_names_bootstrap_fast(tmp_p
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"id": "a", "ts": 1, "text": "x"}\n')
     t0 = time.monotonic()
-    r = run_cli("produce", "--bootstrap", f"127.0.0.1:{closed_port()}", "--create-topics",
+    r = run_cli("produce", "--bootstrap", f"127.0.0.1:{free_port()}", "--create-topics",
                 str(corpus), timeout=60)
     assert time.monotonic() - t0 < 15
     one_line_error(r, "bootstrap", "cannot reach Kafka")
