@@ -12,6 +12,8 @@ STREAMDP_<FIELD> environment variables override both — see docs/configuration.
   streamdp produce  --config c.json corpus.jsonl     load documents into the documents topic
   streamdp control  --config c.json flush            ask the release service to close epochs
   streamdp topics   --snapshot-dir snapshots --vocabulary vocab.txt   print the latest topics
+                                     (--json: the same as JSON; reading snapshots from code:
+                                     streamdp.snapshots, docs/consumers.md)
 
 Vocabularies (docs/vocabulary.md):
   streamdp vocab public  --lang en --size 5000 --out vocab.txt        from wordfreq, no budget
@@ -280,7 +282,7 @@ def _vocab_private_parser(vsub) -> None:
 
 def _topics(a) -> int:
     from pathlib import Path
-    from streamdp.snapshot import TopicSnapshot
+    from streamdp import snapshots
     from streamdp.text.vocabulary import Vocabulary
     if a.vocabulary is None:        # the release service keeps a copy next to the snapshots
         a.vocabulary = str(Path(a.snapshot_dir) / "vocabulary.txt")
@@ -292,28 +294,31 @@ def _topics(a) -> int:
     if not Path(a.snapshot_dir).is_dir():
         raise ValueError(f"no snapshot folder at {a.snapshot_dir!r}: pass --snapshot-dir DIR, the "
                          "release service's snapshot_dir")
-    files = sorted(Path(a.snapshot_dir).glob("epoch-*.msgpack"))
-    if not files:
+    snap = snapshots.latest(a.snapshot_dir)     # the newest release (largest epoch)
+    if snap is None:
         raise ValueError(f"no snapshots in {a.snapshot_dir} (the release service writes epoch-*.msgpack)")
-    snap = TopicSnapshot.from_bytes(files[-1].read_bytes())
     try:
         vocab = Vocabulary.load(a.vocabulary)
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read the vocabulary file {a.vocabulary!r} (--vocabulary): {exc}") from None
     if snap.vocabulary_id is not None and snap.vocabulary_id != vocab.id:
         raise ValueError(f"snapshot uses vocabulary {snap.vocabulary_id}, {a.vocabulary} is {vocab.id}")
-    print(f"release {snap.release_id}  epoch {snap.epoch}  ~{snap.n_docs:,.0f} documents  "
-          f"mechanism {snap.mechanism}")
-    for i, top in enumerate(snap.top_words(vocab.words, a.n)):
-        print(f"topic {i:2d} (α={snap.alpha[i]:.2f}): " + ", ".join(f"{w} {p:.3f}" for w, p in top))
-    pr = snap.privacy
-    if pr.get("non_private") or (pr.get("mechanism") == "none" and pr.get("epsilon") is None):
-        print("privacy: NON-PRIVATE snapshot (no clipping, no noise): no privacy guarantee")
-    if pr.get("insecure_reproducible_noise") or "INSECURE" in str(pr.get("sampler")):
-        print(f"privacy: INSECURE reproducible noise ({pr.get('sampler')}): no privacy guarantee")
-    if pr.get("epsilon") is not None:
-        print(f"privacy: {pr['unit']}, {pr['neighbouring']}; ε={pr['epsilon']:g}, δ={pr['delta']:g}; "
-              f"epochs {pr.get('epochs_covered')} of horizon {pr.get('horizon')}")
+    # one summary for both forms (keys documented in docs/consumers.md)
+    doc = snapshots.summary(snap, vocab, a.n)
+    if a.json:
+        print(json.dumps(doc, indent=1, allow_nan=False))
+        return 0
+    print(f"release {doc['release_id']}  epoch {doc['epoch']}  ~{doc['n_docs']:,.0f} documents  "
+          f"mechanism {doc['mechanism']}")
+    for i, top in enumerate(doc["topics"]):
+        print(f"topic {i:2d} (α={doc['alpha'][i]:.2f}): "
+              + ", ".join(f"{e['word']} {e['p']:.3f}" for e in top))
+    g = doc["guarantee"]
+    if g["warning"]:
+        print(f"privacy: {g['warning']}")
+    if g["epsilon"] is not None:
+        print(f"privacy: {g['unit']}, {g['neighbouring']}; ε={g['epsilon']:g}, δ={g['delta']:g}; "
+              f"epochs {g['epochs_covered']} of horizon {g['horizon']}")
     return 0
 
 
@@ -540,6 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--vocabulary", help="the snapshots' vocabulary file (default: "
                                         "SNAPSHOT_DIR/vocabulary.txt, written by the release service)")
     t.add_argument("-n", type=positive_int, default=10, help="words per topic")
+    t.add_argument("--json", action="store_true",
+                   help="print the snapshot's summary as JSON (stable keys, docs/consumers.md)")
     t.set_defaults(func=_topics)
     return p
 

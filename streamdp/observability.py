@@ -724,6 +724,13 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/readyz":
                 ok, info = owner.health.readiness()
                 self._json(200 if ok else 503, info, head)
+            elif path in owner._raw_routes:
+                fn, ctype = owner._raw_routes[path]
+                body = fn()
+                if body is None:
+                    self._json(404, {"error": "not found", "path": path}, head)
+                else:
+                    self._send(200, body, ctype, head)
             elif path in owner._routes:
                 obj = owner._routes[path]()
                 if obj is None:
@@ -761,6 +768,7 @@ class ObservabilityServer:
         if metrics._health is None:
             metrics.bind_health(health)
         self._routes: dict[str, Callable[[], Any]] = {}
+        self._raw_routes: dict[str, tuple[Callable[[], bytes | None], str]] = {}
         server_cls = _Server
         if ":" in host:
             server_cls = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
@@ -790,8 +798,15 @@ class ObservabilityServer:
             raise ValueError(f"invalid or reserved route {path!r}")
         self._routes[path.rstrip("/") or "/"] = fn
 
+    def add_bytes_route(self, path: str, fn: Callable[[], bytes | None], content_type: str) -> None:
+        """Serve the bytes ``fn()`` returns at ``path`` (GET), as ``content_type``; 404 when it
+        returns ``None``. Same rules for ``fn`` as :meth:`add_json_route`."""
+        if not path.startswith("/") or path in ("/metrics", "/healthz", "/readyz"):
+            raise ValueError(f"invalid or reserved route {path!r}")
+        self._raw_routes[path.rstrip("/") or "/"] = (fn, content_type)
+
     def routes(self) -> list[str]:
-        return ["/metrics", "/healthz", "/readyz", *sorted(self._routes)]
+        return ["/metrics", "/healthz", "/readyz", *sorted({*self._routes, *self._raw_routes})]
 
     def close(self) -> None:
         """Stop serving and release the port (idempotent; ~poll_interval)."""

@@ -77,8 +77,25 @@ class TopicSnapshot:
     def n_topics(self) -> int:
         return self.topic_word.shape[0]
 
+    @property
+    def schema_version(self) -> int:
+        """The snapshot schema version (``v``; ``from_bytes`` reads only this one)."""
+        return SCHEMA_VERSION
+
     def top_words(self, vocabulary, n: int = 10) -> list[list[tuple[str, float]]]:
-        """The ``n`` most probable words of every topic, with their probabilities."""
+        """The ``n`` most probable words of every topic, with their probabilities.
+
+        ``vocabulary``: the snapshot's vocabulary (a ``Vocabulary`` or a word sequence); a
+        ``Vocabulary`` with another id, or a sequence of another length, is refused: its words
+        would be wrong, silently."""
+        vid = getattr(vocabulary, "vocabulary_id", None)
+        if vid is not None and self.vocabulary_id is not None and vid != self.vocabulary_id:
+            raise ValueError(f"the snapshot refers to vocabulary {self.vocabulary_id}, this one "
+                             f"is {vid}: use the vocabulary the snapshot was released with")
+        if len(vocabulary) != self.topic_word.shape[1]:
+            raise ValueError(f"the snapshot has {self.topic_word.shape[1]} words per topic, the "
+                             f"vocabulary {len(vocabulary)}: use the vocabulary the snapshot was "
+                             "released with")
         out = []
         for row in self.topic_word:
             idx = np.argsort(-row, kind="stable")[:n]

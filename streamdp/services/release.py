@@ -63,7 +63,6 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
-import math
 import os
 import signal
 import threading
@@ -97,6 +96,7 @@ from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_m
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.partition_state import SELECTION, PartitionState
 from streamdp.snapshot import TopicSnapshot
+from streamdp.snapshots import summary as snapshot_summary
 from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch
@@ -279,6 +279,7 @@ class ReleaseService:
             self.clip: ClipBounds | None = None
             self.continual: ContinualRelease | None = None
             self.latest: TopicSnapshot | None = None
+            self.published: bytes | None = None      # the last published snapshot's bytes (HTTP)
             self.refinement = cfg.refinement_config()
             self.model_epoch: int | None = None   # epoch of the first snapshot (public)
             self.forced_through = -1         # epochs an operator declared complete (0 = warm-up)
@@ -578,9 +579,16 @@ class ReleaseService:
         self.server = ObservabilityServer(self.metrics, self.health, host=self.cfg.metrics_host,
                                           port=self.cfg.metrics_port)
         self.server.add_json_route("/snapshot/latest", self.latest_json)
+        # the full snapshot and its vocabulary, for streamdp.snapshots readers (docs/consumers.md)
+        self.server.add_bytes_route("/snapshot/latest.msgpack", lambda: self.published,
+                                    "application/msgpack")
+        self.server.add_bytes_route("/vocabulary.txt", lambda: (
+            None if self.vocabulary is None else self.vocabulary.canonical_bytes()),
+            "text/plain; charset=utf-8")
         # metrics_port 0 lets the OS pick the port: this line is how an operator finds it
         log.info("release service HTTP on %s: GET /snapshot/latest (latest snapshot as JSON), "
-                 "/metrics, /healthz, /readyz", self.server.url)
+                 "/snapshot/latest.msgpack, /vocabulary.txt, /metrics, /healthz, /readyz",
+                 self.server.url)
         self.health.set_ready(True, "serving")
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         guard = OutageGuard(self.health, self.cfg.client("admin"), self._stop, name="release",
@@ -978,22 +986,14 @@ class ReleaseService:
         tmp = out / ".latest.json.tmp"
         tmp.write_text(json.dumps(self.latest_json(), default=float))
         os.replace(tmp, latest)
+        self.published = data
 
     def latest_json(self) -> dict | None:
+        """``latest.json`` and ``GET /snapshot/latest``: ``streamdp.snapshots.summary`` (keys in
+        docs/consumers.md), top 10 words per topic."""
         if self.latest is None:
             return None
-        s = self.latest
-        return {"release_id": s.release_id, "epoch": s.epoch, "created_at": s.created_at,
-                "subspace_id": s.subspace_id, "vocabulary_id": s.vocabulary_id,
-                "n_docs": s.n_docs, "alpha": s.alpha.tolist(), "stage": s.stage,
-                "quality_note": s.quality_note,
-                # JSON has no infinity: null = the noise explains all of that topic
-                "noise_to_signal": (None if s.noise_to_signal is None else
-                                    [float(x) if math.isfinite(x) else None
-                                     for x in s.noise_to_signal]),
-                "topics": [[{"word": w, "p": p} for w, p in top]
-                           for top in s.top_words(self.vocabulary.words, 10)],
-                "privacy": s.privacy}
+        return snapshot_summary(self.latest, self.vocabulary, 10)
 
     def _send_control(self, type_: str, **fields) -> None:
         self.producer.produce(self.topics.control,
