@@ -288,6 +288,9 @@ class ReleaseService:
             self._stop = threading.Event()
             self.server: ObservabilityServer | None = None
             Path(cfg.snapshot_dir).mkdir(parents=True, exist_ok=True)
+            copy = Path(cfg.snapshot_dir) / "vocabulary.txt"
+            if cfg.vocabulary_mode == "file" and not (copy.exists() and copy.samefile(cfg.vocabulary)):
+                self._write_vocabulary_file()    # the folder is then readable on its own
             self.metrics.set_tree(0, cfg.horizon)
             self._restore()
         except BaseException:
