@@ -1,6 +1,6 @@
 """Consumers of a real service run: streamdp.snapshots on the snapshot directory, the release
 service's HTTP endpoint and the snapshots topic (embedded broker), re-publication after a
-release-service restart, ``streamdp topics --json``.
+release-service restart, ``streamdp topics --json``, and the code of docs/consumers.md.
 
 One private run (ε = 4, refinement on, one sketcher) releases two epochs, produced one epoch at
 a time as a live feed; three followers (directory, HTTP, topic) run across the second release
@@ -29,6 +29,9 @@ from streamdp.text.vocabulary import Vocabulary
 
 from service_helpers import (Pipeline, fresh_topics, http_get, make_config, make_corpus,
                              read_topic, send_control, wait_for)
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "consumers.md"
 
 def epoch_rows(corpus, e: int) -> np.ndarray:
     """Rows produced in round e: the warm-up with epoch 1, then each epoch's stream rows."""
@@ -219,3 +222,43 @@ def test_topics_json_and_latest_json_of_the_run(run, capsys):
     status, body = http_get(run["url"] + "/snapshot/latest")
     assert status == 200
     assert on_disk == doc == json.loads(body)
+
+
+# ------------------------------------------------------------------ docs/consumers.md
+def doc_blocks() -> list[tuple[int, str]]:
+    """The ```python blocks of docs/consumers.md with their line numbers."""
+    blocks, lines = [], DOC.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() == "```python":
+            start, body = i + 1, []
+            i += 1
+            while lines[i].strip() != "```":
+                body.append(lines[i])
+                i += 1
+            blocks.append((start + 1, "\n".join(body)))
+        i += 1
+    return blocks
+
+
+def test_the_consumer_guide_runs(run, tmp_path, monkeypatch):
+    """Every python block of docs/consumers.md, in order, in one namespace (as a reader would
+    paste them), with the settings block pointed at this run."""
+    settings = {"SNAPSHOT_DIR": repr(run["cfg"].snapshot_dir), "BOOTSTRAP": repr(run["bootstrap"]),
+                "TOPIC": repr(run["names"].snapshots), "RELEASE_URL": repr(run["url"]),
+                "IDLE_SECONDS": "2.0", "STATE_FILE": repr(str(tmp_path / "consumer-state.json"))}
+    blocks = doc_blocks()
+    assert len(blocks) >= 5
+    replaced = set()
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {"__name__": "__consumers_md__"}
+    for line, code in blocks:
+        def setting(m):
+            replaced.add(m.group(1))
+            return f"{m.group(1)} = {settings[m.group(1)]}"
+        code = re.sub(rf"^({'|'.join(settings)}) = .*$", setting, code, flags=re.M)
+        exec(compile(code, f"{DOC}:{line}", "exec"), ns)
+    assert replaced == set(settings)
+    # what the guide's consumer recorded: both releases once, the resume point
+    assert [s.release_id for s in ns["handled"]] == [r.key.decode() for r in run["records"][:2]]
+    assert json.loads((tmp_path / "consumer-state.json").read_text())["epoch"] == 2
