@@ -41,6 +41,14 @@ def epoch_rows(corpus, e: int) -> np.ndarray:
     return np.flatnonzero(ep == e)
 
 
+def ready(url: str) -> bool:
+    """The service's /readyz answers 200 (False while its HTTP server is not up yet)."""
+    try:
+        return http_get(url + "/readyz")[0] == 200
+    except OSError:                      # URLError: connection refused before run() binds
+        return False
+
+
 class Follower:
     """``snapshots.follow(source)`` in a thread, collecting what it yields."""
 
@@ -86,7 +94,7 @@ def run(kafka_broker, tmp_path_factory):
     try:
         workers.start()
         pipe.start()
-        wait_for(lambda: http_get(url + "/readyz")[0] == 200, 30, "the release service's HTTP",
+        wait_for(lambda: ready(url), 30, "the release service's HTTP",
                  check=pipe.check)
         # an HTTP source with no release yet
         out["http_latest_before"] = snapshots.latest(url)
@@ -113,7 +121,7 @@ def run(kafka_broker, tmp_path_factory):
         thread.start()
         out["records"] = wait_for(lambda: (lambda r: len(r) == 3 and r)(
             read_topic(bootstrap, names.snapshots)), 30, "the re-publication on the topic")
-        wait_for(lambda: http_get(url + "/readyz")[0] == 200, 30, "the restarted HTTP endpoint")
+        wait_for(lambda: ready(url), 30, "the restarted HTTP endpoint")
         time.sleep(1.5)                      # several polls of every follower after it
         for f in followers.values():
             f.close()
@@ -262,3 +270,59 @@ def test_the_consumer_guide_runs(run, tmp_path, monkeypatch):
     # what the guide's consumer recorded: both releases once, the resume point
     assert [s.release_id for s in ns["handled"]] == [r.key.decode() for r in run["records"][:2]]
     assert json.loads((tmp_path / "consumer-state.json").read_text())["epoch"] == 2
+
+
+# ------------------------------------------------------------------ nothing unpersisted is served
+def test_http_never_serves_a_release_that_was_not_persisted(kafka_broker, tmp_path):
+    """Attack on the spend protocol through HTTP: a release whose state write fails is redone
+    with a fresh draw on the same (uncharged) reservation, so its first draw must not have left
+    the process. GET /snapshot/latest and /snapshot/latest.msgpack, asked inside the window
+    between the epoch's noise draw and its failed persist, answer 404 (no release yet); the
+    published release is the redone one."""
+    from streamdp.kafka.state_store import WriterReinitialised
+    from streamdp.services import control
+
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(2000, 1500, 1, seed=8)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=2.0, noise_seed=None,
+                      non_production=True, metrics_port=free_port())
+    url = f"http://127.0.0.1:{cfg.metrics_port}"
+    workers = Pipeline(replace(cfg, metrics_port=0), sketchers=1, release=False)
+    pipe = Pipeline(cfg, sketchers=0)
+    rel = pipe.release
+    seen_in_window: list = []
+    real_write = rel.store.write
+
+    def failing_write(key, payload, meta=None, **kw):
+        if key == control.RELEASE_STATE_KEY and not seen_in_window:
+            seen_in_window.append((rel.latest.release_id,
+                                   http_get(url + "/snapshot/latest"),
+                                   http_get(url + "/snapshot/latest.msgpack")[0]))
+            raise WriterReinitialised("injected: the state write of epoch 1 failed")
+        return real_write(key, payload, meta=meta, **kw)
+
+    rel.store.write = failing_write
+    try:
+        workers.start()
+        pipe.start()
+        wait_for(lambda: ready(url), 30, "the release service's HTTP",
+                 check=pipe.check)
+        produce(bootstrap, names.documents, corpus.records())
+        send_control(bootstrap, names, "flush")
+        # (not pipe.wait_released: the service's ``latest`` is the failed draw until it is redone)
+        published = wait_for(lambda: snapshots.latest(cfg.snapshot_dir), 90,
+                             "the published release", check=pipe.check)
+        wait_for(lambda: snapshots.latest(url) is not None, 10, "the release over HTTP")
+        served = snapshots.latest(url)
+        summary = json.loads(http_get(url + "/snapshot/latest")[1])
+    finally:
+        pipe.stop()
+        workers.stop()
+    assert len(seen_in_window) == 1
+    drawn_id, (json_status, json_body), msgpack_status = seen_in_window[0]
+    assert (json_status, msgpack_status) == (404, 404), json_body[:300]
+    assert drawn_id != published.release_id           # the failed release was redone ...
+    assert served.release_id == published.release_id  # ... and only the redone one is served
+    assert summary["release_id"] == published.release_id
+    assert [s.release_id for s in snapshots.releases(cfg.snapshot_dir)] == [published.release_id]

@@ -279,7 +279,10 @@ class ReleaseService:
             self.clip: ClipBounds | None = None
             self.continual: ContinualRelease | None = None
             self.latest: TopicSnapshot | None = None
-            self.published: bytes | None = None      # the last published snapshot's bytes (HTTP)
+            # HTTP serves only what was published (after persist): a snapshot whose state write
+            # failed is redone with a fresh draw on the same reservation, so its first draw must
+            # never leave the process (tests/test_consumers.py)
+            self.published: tuple[TopicSnapshot, bytes] | None = None
             self.refinement = cfg.refinement_config()
             self.model_epoch: int | None = None   # epoch of the first snapshot (public)
             self.forced_through = -1         # epochs an operator declared complete (0 = warm-up)
@@ -583,7 +586,7 @@ class ReleaseService:
                                           port=self.cfg.metrics_port)
         self.server.add_json_route("/snapshot/latest", self.latest_json)
         # the full snapshot and its vocabulary, for streamdp.snapshots readers (docs/consumers.md)
-        self.server.add_bytes_route("/snapshot/latest.msgpack", lambda: self.published,
+        self.server.add_bytes_route("/snapshot/latest.msgpack", lambda: self.published and self.published[1],
                                     "application/msgpack")
         self.server.add_bytes_route("/vocabulary.txt", lambda: (
             None if self.vocabulary is None else self.vocabulary.canonical_bytes()),
@@ -981,6 +984,7 @@ class ReleaseService:
         self.producer.produce(self.topics.snapshots, key=snap.release_id.encode(), value=data)
         if self.producer.flush(30) != 0:
             raise RuntimeError("snapshot not acknowledged by the broker in 30 s")
+        self.published = (snap, data)
         out = Path(self.cfg.snapshot_dir)
         tmp = out / f".{snap.release_id}.tmp"
         tmp.write_bytes(data)
@@ -989,14 +993,14 @@ class ReleaseService:
         tmp = out / ".latest.json.tmp"
         tmp.write_text(json.dumps(self.latest_json(), default=float))
         os.replace(tmp, latest)
-        self.published = data
 
     def latest_json(self) -> dict | None:
         """``latest.json`` and ``GET /snapshot/latest``: ``streamdp.snapshots.summary`` (keys in
-        docs/consumers.md), top 10 words per topic."""
-        if self.latest is None:
+        docs/consumers.md), top 10 words per topic, of the last *published* snapshot."""
+        published = self.published
+        if published is None:
             return None
-        return snapshot_summary(self.latest, self.vocabulary, 10)
+        return snapshot_summary(published[0], self.vocabulary, 10)
 
     def _send_control(self, type_: str, **fields) -> None:
         self.producer.produce(self.topics.control,
