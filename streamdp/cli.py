@@ -31,10 +31,11 @@ import numpy as np
 
 
 def _simulate(a: argparse.Namespace) -> int:
-    from streamdp import StreamingSpectralLDA
+    from streamdp import StreamingSpectralLDA, progress
     from streamdp.evaluation import matched_topic_error
     from streamdp.synthetic import make_lda_model, sample_documents
 
+    progress.apply_flag(a)
     # every argument is checked (argparse types, then the estimator's own checks) before
     # seconds of data generation
     est = StreamingSpectralLDA(a.topics, a.alpha0, epsilon=a.epsilon, delta=a.delta,
@@ -42,33 +43,50 @@ def _simulate(a: argparse.Namespace) -> int:
     if a.topics > a.vocab:
         raise ValueError(f"--topics {a.topics} is more than --vocab {a.vocab}: a model needs at "
                          "least as many words as topics")
+    say = (lambda *_: None) if a.json else print       # --json: one JSON object, nothing else
     t0 = time.time()
     model = make_lda_model(a.vocab, a.topics, alpha0=a.alpha0, beta=a.beta, seed=a.seed)
-    X = sample_documents(model, a.warmup + a.stream, mean_length=a.mean_length, seed=a.seed + 1)
-    print(f"generated {X.shape[0]:,} synthetic documents over {a.vocab:,} words "
-          f"({time.time() - t0:.1f} s)")
+    with progress.bar(total=a.warmup + a.stream, desc="generating documents", unit="doc") as bar:
+        X = sample_documents(model, a.warmup + a.stream, mean_length=a.mean_length,
+                             seed=a.seed + 1, progress=bar.update)
+    t_generate = time.time() - t0
+    say(f"generated {X.shape[0]:,} synthetic documents over {a.vocab:,} words ({t_generate:.1f} s)")
     t1 = time.time()
-    for s in range(0, a.warmup, a.batch):
-        est.warmup(X[s:min(s + a.batch, a.warmup)])
-    for s in range(a.warmup, X.shape[0], a.batch):
-        est.partial_fit(X[s:s + a.batch])
+    with progress.bar(total=X.shape[0], desc="warm-up + sketch", unit="doc") as bar:
+        for s in range(0, a.warmup, a.batch):
+            est.warmup(X[s:min(s + a.batch, a.warmup)])
+            bar.update(min(s + a.batch, a.warmup) - s)
+        for s in range(a.warmup, X.shape[0], a.batch):
+            est.partial_fit(X[s:s + a.batch])
+            bar.update(min(s + a.batch, X.shape[0]) - s)
     t2 = time.time()
     snap = est.release()
     t3 = time.time()
     err = matched_topic_error(model.topics, snap.topic_word)
-    print(f"warm-up + sketch: {t2 - t1:.1f} s ({a.stream / max(t2 - t1, 1e-9):,.0f} docs/s incl. warm-up); "
-          f"release: {t3 - t2:.2f} s")
+    say(f"warm-up + sketch: {t2 - t1:.1f} s ({a.stream / max(t2 - t1, 1e-9):,.0f} docs/s incl. warm-up); "
+        f"release: {t3 - t2:.2f} s")
     words = [f"w{i}" for i in range(a.vocab)]
     p = err["permutation"]
+    topics = []
     for i, top in enumerate(snap.top_words(words, 8)):
         true_i = int(np.flatnonzero(p == i)[0])
-        print(f"topic {i:2d}  α={snap.alpha[i]:.3f}  L2 err={np.linalg.norm(model.topics[true_i] - snap.topic_word[i]):.4f}  "
-              + " ".join(w for w, _ in top))
-    print(f"\nmean matched L2 error {err['l2_mean']:.4f} (topic norms ≈ "
-          f"{np.linalg.norm(model.topics, axis=1).mean():.3f})")
+        l2 = float(np.linalg.norm(model.topics[true_i] - snap.topic_word[i]))
+        topics.append({"topic": i, "true_topic": true_i, "alpha": float(snap.alpha[i]),
+                       "l2_error": l2, "top_words": [w for w, _ in top]})
+        say(f"topic {i:2d}  α={snap.alpha[i]:.3f}  L2 err={l2:.4f}  " + " ".join(w for w, _ in top))
+    norm = float(np.linalg.norm(model.topics, axis=1).mean())
+    say(f"\nmean matched L2 error {err['l2_mean']:.4f} (topic norms ≈ {norm:.3f})")
     pr = {k: snap.privacy.get(k) for k in ("unit", "neighbouring", "mechanism", "epsilon", "delta",
                                           "rho_budget", "rho_by_partition", "clip_bounds")}
-    print("privacy:", json.dumps(pr, indent=2, default=float))
+    say("privacy:", json.dumps(pr, indent=2, default=float))
+    if a.json:
+        print(json.dumps({
+            "documents": {"warmup": a.warmup, "stream": a.stream}, "vocab": a.vocab,
+            "topics": a.topics, "seed": a.seed, "mechanism": a.mechanism,
+            "seconds": {"generate": t_generate, "warmup_and_sketch": t2 - t1, "release": t3 - t2},
+            "stream_docs_per_s": a.stream / max(t2 - t1, 1e-9),
+            "mean_matched_l2_error": float(err["l2_mean"]), "mean_true_topic_norm": norm,
+            "per_topic": topics, "privacy": pr}, indent=2, default=float))
     return 0
 
 
@@ -122,19 +140,22 @@ def _release(a) -> int:
 
 def _produce(a) -> int:
     from streamdp.kafka.topics import ensure_topics
-    from streamdp.services.produce import Rejections, encoded_records, produce
+    from streamdp import progress
+    from streamdp.services.produce import Rejections, count_lines, encoded_records, produce
+    progress.apply_flag(a)
     cfg = _config(a)
     _reachable(cfg)
     if a.create_topics:
         ensure_topics(cfg.bootstrap, cfg.topics, partitions=a.partitions)
-    rejected = Rejections(report=lambda m: print(f"streamdp: rejected {m}", file=sys.stderr,
-                                                 flush=True))
+    rejected = Rejections(report=lambda m: progress.message(f"streamdp: rejected {m}"))
     stats: dict = {}
+    bar = progress.bar(total=count_lines(a.corpus) if progress.enabled() else None,
+                       desc="documents sent", unit="doc")
     try:
         produce(cfg.bootstrap, cfg.topics.documents, encoded_records(a.corpus, rejected),
-                producer_config=cfg.client("producer"), stats=stats,
-                progress=lambda k: print(f"  {k:,} documents queued", flush=True))
+                producer_config=cfg.client("producer"), stats=stats, progress=bar.update)
     finally:        # also after an error: say what was sent
+        bar.close()
         if stats:
             print(f"delivered {stats['delivered']:,} of {stats['queued']:,} documents to "
                   f"{cfg.topics.documents}"
@@ -324,7 +345,9 @@ def _topics(a) -> int:
 
 def _demo(a) -> int:
     import logging
+    from streamdp import progress
     from streamdp.services.demo import run_demo
+    progress.apply_flag(a)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     run_demo(epsilon=None if a.non_private else a.epsilon, warmup_docs=a.warmup_docs,
              stream_docs=a.stream_docs, epochs=a.epochs, sketchers=a.sketchers,
@@ -395,6 +418,11 @@ def _service_args(sp, *, deployment: bool = True) -> None:
                     help="log level")
 
 
+def progress_flag(sp) -> None:
+    from streamdp.progress import add_flag
+    add_flag(sp)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="streamdp", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -424,6 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--stream", type=positive_int, default=200_000, help="stream documents")
     s.add_argument("--batch", type=positive_int, default=8192, help="documents per partial_fit call")
     s.add_argument("--seed", type=int, default=0, help="seed of the synthetic data")
+    s.add_argument("--json", action="store_true",
+                   help="print one JSON object (errors, timings, privacy) instead of the text")
+    progress_flag(s)
     s.set_defaults(func=_simulate)
 
     d = sub.add_parser("demo", help="broker + sketchers + release service on a readable demo corpus",
@@ -452,6 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--sampler", choices=("opendp", "fast"), default="opendp",
                    help="noise sampler (docs/privacy_accounting.md)")
     d.add_argument("--seed", type=int, default=0, help="seed of the demo corpus")
+    progress_flag(d)
     d.set_defaults(func=_demo)
 
     b = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (Tansu) on loopback",
@@ -526,6 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--create-topics", action="store_true", help="create the streamdp topics first")
     pr.add_argument("--partitions", type=positive_int, default=2,
                     help="documents partitions when creating")
+    progress_flag(pr)
     pr.set_defaults(func=_produce)
 
     c = sub.add_parser("control", help="send a control message (flush, close, release)",

@@ -36,9 +36,10 @@ def make_lda_model(vocab_size: int, n_topics: int, *, alpha0: float = 1.0,
 
 def sample_documents(model: LDAModel, n_docs: int, *, mean_length: float = 50.0,
                      length_offset: int = 3, seed: int = 0, chunk: int = 20000,
-                     lengths=None) -> sp.csr_matrix:
+                     lengths=None, progress=None) -> sp.csr_matrix:
     """Draw ``n_docs`` documents; lengths Poisson(mean_length) + length_offset, or drawn
     with replacement from ``lengths`` (an empirical length distribution, e.g. a real corpus's).
+    ``progress`` (optional) is called with the number of documents of each finished chunk.
 
     Vectorised per token (topic by inverse CDF of the document's mixture, word by
     inverse CDF of the topic), in chunks of documents. Returns CSR (n_docs, d).
@@ -69,4 +70,6 @@ def sample_documents(model: LDAModel, n_docs: int, *, mean_length: float = 50.0,
         X = sp.csr_matrix((np.ones(doc.size), (doc, words)), shape=(n, d))
         X.sum_duplicates()
         parts.append(X)
+        if progress is not None:
+            progress(n)
     return sp.vstack(parts, format="csr")

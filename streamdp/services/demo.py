@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from streamdp import progress
 from streamdp.evaluation import matched_topic_error
 from streamdp.kafka.topics import TopicNames, ensure_topics
 from streamdp.services import control
@@ -33,8 +34,25 @@ log = logging.getLogger("streamdp.demo")
 
 
 VOCABULARY_CHOICES = ("private", "public", "corpus")
-#: how to read the demo's error figure (matched_topic_error's l2_mean)
-ERROR_SCALE = "matched L2 distance to the true topics, 0 = perfect"
+#: what the demo's error figure is (matched_topic_error's l2_mean)
+ERROR_WHAT = "mean L2 distance of each released topic to its matched true topic"
+
+
+def error_scale(truth: np.ndarray) -> str:
+    """How to read a topic error against ``truth``: 0 is exact; uniform topics (nothing
+    learned) score the value printed, so an error is also given as a share of it."""
+    return f"0 = the true topics, {uniform_error(truth):.2f} = uniform topics (nothing learned)"
+
+
+def uniform_error(truth: np.ndarray) -> float:
+    return matched_topic_error(truth, np.full_like(truth, 1.0 / truth.shape[1]))["l2_mean"]
+
+
+def describe_error(err: dict, truth: np.ndarray) -> str:
+    """"0.0302 (13% of uniform topics' 0.24; worst topic 0.0410)" for matched_topic_error's dict."""
+    u = uniform_error(truth)
+    return (f"{err['l2_mean']:.4f} ({100 * err['l2_mean'] / u:.0f}% of uniform topics' {u:.2f}; "
+            f"worst topic {err['l2_max']:.4f})")
 
 
 def align_topics(topics: np.ndarray, words: list[str], vocabulary) -> np.ndarray:
@@ -89,7 +107,9 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
         raise ValueError(f"vocabulary must be one of {VOCABULARY_CHOICES}, got {vocabulary!r}")
     if vocabulary != "private":
         selection_docs = 0
-    texts, topics, words = sample_texts(selection_docs + warmup_docs + stream_docs, seed=seed)
+    n_all = selection_docs + warmup_docs + stream_docs
+    with progress.bar(total=n_all, desc="generating the demo corpus", unit="doc") as bar:
+        texts, topics, words = sample_texts(n_all, seed=seed, progress=bar.update)
     epoch_seconds = 3600.0
     stream_start = float(int(time.time()) - 7 * 86400)    # a week ago: a replayed feed
     selection_end = stream_start - 86400.0
@@ -135,9 +155,10 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
         if selection_docs:
             out(f"producing {selection_docs:,} selection-window documents; the sketchers hold "
                 "the later ones until the vocabulary is selected")
-            produce(bootstrap, names.documents,
-                    ({"id": f"doc-{i}", "ts": float(ts[i]), "text": texts[i]}
-                     for i in range(selection_docs)))
+            with progress.bar(total=selection_docs, desc="producing", unit="doc") as bar:
+                produce(bootstrap, names.documents,
+                        ({"id": f"doc-{i}", "ts": float(ts[i]), "text": texts[i]}
+                         for i in range(selection_docs)), progress=bar.update)
         out(f"producing {warmup_docs:,} warm-up and {stream_docs:,} stream documents "
             f"({epochs} hourly epochs), one epoch at a time as a live feed would: the documents "
             "of epoch e+1 are folded into the release of epoch e (refinement)")
@@ -156,17 +177,23 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
             if snap is None or snap.release_id in seen_releases:
                 return
             seen_releases.add(snap.release_id)
-            e = matched_topic_error(truth(), snap.topic_word)["l2_mean"]
+            t = truth()
+            e = matched_topic_error(t, snap.topic_word)
+            if not seen_releases - {snap.release_id}:       # the first release: say the scale
+                out(f"  topic error = {ERROR_WHAT}: {error_scale(t)}")
             out(f"  [{time.time() - t_start:5.1f} s] epoch {snap.epoch}/{epochs} released: "
-                f"{snap.stage} topics, topic error {e:.4f} ({ERROR_SCALE})")
+                f"{snap.stage} topics, topic error {describe_error(e, t)}")
             if snap.quality_note:
                 out(f"      quality note: {snap.quality_note}")
 
         for e in range(1, epochs + 1):
             rows = np.flatnonzero(epoch_of == e)
-            produce(bootstrap, names.documents,
-                    ({"id": f"doc-{i}", "ts": float(ts[i]), "text": texts[i]} for i in rows))
             what = "warm-up and first-epoch" if e == 1 else f"epoch {e}"
+            with progress.bar(total=len(rows), desc=f"producing {what} documents",
+                              unit="doc") as bar:
+                produce(bootstrap, names.documents,
+                        ({"id": f"doc-{i}", "ts": float(ts[i]), "text": texts[i]} for i in rows),
+                        progress=bar.update)
             out(f"  [{time.time() - t_start:5.1f} s] produced {len(rows):,} {what} documents; "
                 "closing the epoch ...")
             # flush: close the warm-up and every epoch seen once all partitions are caught up
@@ -198,13 +225,14 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
                                + (f": {release.exhausted}" if release.exhausted else ""))
         vocab = release.vocabulary
         vocab.save(work / "vocabulary.txt")          # for `streamdp topics --vocabulary`
-        err = matched_topic_error(truth(), snap.topic_word)
-        count = (f"≈ {snap.n_docs:,.0f} (noised)" if epsilon is not None
-                 else f"{snap.n_docs:,.0f} (exact, non-private)")
-        out(f"\nrelease {snap.release_id} (epoch {snap.epoch}, {count} stream documents; "
-            f"{stream_docs:,} were produced)")
-        out(f"topic error {err['l2_mean']:.4f} ({ERROR_SCALE}; a true topic's own L2 norm is "
-            f"≈ {np.linalg.norm(truth(), axis=1).mean():.2f})")
+        t = truth()
+        err = matched_topic_error(t, snap.topic_word)
+        count = (f"≈ {snap.n_docs:,.0f} (a noised count" if epsilon is not None
+                 else f"{snap.n_docs:,.0f} (exact, non-private")
+        out(f"\nrelease {snap.release_id}: epoch {snap.epoch} of {epochs}; stream documents "
+            f"{count}; {stream_docs:,} were produced)")
+        out(f"topic error {describe_error(err, t)}")
+        out(f"  ({ERROR_WHAT}; {error_scale(t)})")
         names_true = list(TOPICS)
         perm = err["permutation"]
         for i, top in enumerate(snap.top_words(vocab.words, 8)):
@@ -214,25 +242,30 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
         pr = snap.privacy
         if epsilon is not None:
             acc = pr["accountant"]
-            out(f"\nprivacy: one document, add/remove; ε={pr['epsilon']:g}, δ={pr['delta']:g} for all "
-                f"{pr['horizon']} releases; epochs {pr['epochs_covered']} of horizon {pr['horizon']}")
-            out(f"  ρ spent {acc['rho_worst_case']:.4g} of {acc['rho_budget']:.4g} (zCDP; the whole "
-                f"budget is ε {pr['epsilon']:.2f} at δ {pr['delta']:g}); spent so far as ε at that δ: "
-                f"{acc['epsilon_worst_case']:.2f}")
+            spent, budget = acc["rho_worst_case"], acc["rho_budget"]
+            out(f"\nprivacy: unit one document, add/remove neighbours; budget ε={pr['epsilon']:g} at "
+                f"δ={pr['delta']:g} for all {pr['horizon']} releases (epochs "
+                f"{pr['epochs_covered']} of {pr['horizon']} released)")
+            out(f"  spent so far: ε {acc['epsilon_worst_case']:.2f} of {pr['epsilon']:.2f} at "
+                f"δ {pr['delta']:g}, {100 * spent / budget:.0f}% of the budget (counted as zCDP "
+                f"ρ, which adds up across releases where ε does not: ρ {spent:.4g} of {budget:.4g})")
             v = pr.get("vocabulary") or {}
             if v.get("mode") == "private":
                 out(f"  the vocabulary selection spent the whole budget of its own documents (the "
                     f"window before selection_end: parallel composition, ρ "
-                    f"{acc['rho_by_atom'].get('vocabulary', 0):.4g})")
+                    f"{acc['rho_by_atom'].get('vocabulary', 0):.4g}): the other documents keep "
+                    "their full budget")
         else:
-            out("\nprivacy: none (--non-private)")
+            out("\nprivacy: none (--non-private): the topics and the count are exact")
         snap_dir = Path(cfg.snapshot_dir)
-        out(f"\ndone in {time.time() - t_start:.1f} s. The snapshots are in {snap_dir} "
-            f"(epoch-*.msgpack, one per release, and latest.json). Look at them with")
-        out(f"  streamdp topics --snapshot-dir {snap_dir} --vocabulary {work / 'vocabulary.txt'}")
+        vocab_file = work / "vocabulary.txt"
+        out(f"\ndone in {time.time() - t_start:.1f} s. The snapshots are in {snap_dir}: "
+            "epoch-*.msgpack, one per release, and latest.json (format: docs/schemas.md).")
+        out("Look at them:")
+        out(f"  streamdp topics --snapshot-dir {snap_dir} --vocabulary {vocab_file}")
         out(f"A running release service also serves the latest one as JSON at GET /snapshot/latest "
-            f"(this demo's served {http_url}/snapshot/latest until it stopped; a deployment's logs "
-            "'release service HTTP on ...' at start). Reading them: docs/schemas.md.")
+            f"(this demo's was {http_url}/snapshot/latest until it stopped; a deployment logs "
+            "'release service HTTP on ...' at start).")
         return {"error": err["l2_mean"], "epoch": snap.epoch, "snapshot": snap, "workdir": str(work),
                 "vocabulary_id": vocab.id}
     finally:

@@ -49,8 +49,10 @@ def topic_matrix(vocabulary: list[str], rng: np.random.Generator) -> np.ndarray:
     return beta / beta.sum(axis=1, keepdims=True)
 
 
-def sample_texts(n: int, *, alpha0: float = 1.0, mean_length: int = 40, seed: int = 0):
-    """``n`` documents as text, with the (k, d) true topics and the vocabulary."""
+def sample_texts(n: int, *, alpha0: float = 1.0, mean_length: int = 40, seed: int = 0,
+                 progress=None):
+    """``n`` documents as text, with the (k, d) true topics and the vocabulary.
+    ``progress`` (optional) is called with 1000 after every 1,000 documents (and the rest)."""
     rng = np.random.default_rng(seed)
     vocab = demo_vocabulary()
     topics = topic_matrix(vocab, rng)
@@ -64,6 +66,10 @@ def sample_texts(n: int, *, alpha0: float = 1.0, mean_length: int = 40, seed: in
         ids = [rng.choice(len(vocab), p=topics[t]) for t in z] if lengths[i] < 8 else \
             _draw(rng, topics, z)
         texts.append(" ".join(words[ids]))
+        if progress is not None and (i + 1) % 1000 == 0:
+            progress(1000)
+    if progress is not None and n % 1000:
+        progress(n % 1000)
     return texts, topics, vocab
 
 
