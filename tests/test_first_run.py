@@ -308,3 +308,130 @@ def test_plain_clients_do_not_flood_stderr_with_librdkafka_lines():
                        env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert r.stdout.strip() == "refused", r.stderr[-2000:]
     assert "%3|" not in r.stderr and len(r.stderr.splitlines()) <= 2, r.stderr[-2000:]
+
+
+def test_librdkafka_lines_are_log_records_one_per_episode_at_warning(caplog, capfd):
+    """A producer against a closed port: librdkafka's 'Connection refused' lines (logged at
+    syslog err, one per reconnect) arrive as ONE WARNING record of the librdkafka logger,
+    the repeats counted, and nothing raw ('%3|...') on stderr."""
+    from confluent_kafka import Producer
+    from streamdp.kafka.connectivity import LIBRDKAFKA_LOGGER, LOG_GATE
+    from streamdp.kafka.topics import client_config
+    LOG_GATE.end_episode()
+    with caplog.at_level(logging.DEBUG, logger=LIBRDKAFKA_LOGGER):
+        p = Producer(client_config(f"127.0.0.1:{free_port()}", "producer", **{
+            "reconnect.backoff.ms": 10, "reconnect.backoff.max.ms": 20}))
+        p.produce("t", b"x")
+        p.flush(2)
+        del p
+    records = [r for r in caplog.records if r.name == LIBRDKAFKA_LOGGER]
+    refused = [r for r in records if "Connection refused" in r.getMessage()]
+    try:
+        assert len(refused) == 1, [r.getMessage() for r in records]
+        assert refused[0].levelno == logging.WARNING        # syslog err (ERROR), demoted
+        assert "repeats suppressed" in refused[0].getMessage()
+        assert LOG_GATE.suppressed >= 3                     # librdkafka did retry, quietly
+    finally:
+        LOG_GATE.end_episode()
+    err = capfd.readouterr().err
+    assert "%3|" not in err and "Connection refused" not in err, err[-2000:]
+
+
+def test_librdkafka_lines_are_debug_while_a_broker_is_stopped_on_purpose(caplog):
+    from confluent_kafka import Producer
+    from streamdp.kafka.connectivity import LIBRDKAFKA_LOGGER, LOG_GATE, quiet_librdkafka
+    from streamdp.kafka.topics import client_config
+    LOG_GATE.end_episode()
+    with caplog.at_level(logging.INFO, logger=LIBRDKAFKA_LOGGER), quiet_librdkafka():
+        p = Producer(client_config(f"127.0.0.1:{free_port()}", "producer"))
+        p.produce("t", b"x")
+        p.flush(1)
+        del p
+    assert not [r for r in caplog.records if r.name == LIBRDKAFKA_LOGGER]
+    assert not LOG_GATE.in_episode        # a dropped line starts no episode
+    with caplog.at_level(logging.DEBUG, logger=LIBRDKAFKA_LOGGER), quiet_librdkafka():
+        p = Producer(client_config(f"127.0.0.1:{free_port()}", "producer"))
+        p.produce("t", b"x")
+        p.flush(1)
+        del p
+    got = [r for r in caplog.records if r.name == LIBRDKAFKA_LOGGER]
+    LOG_GATE.end_episode()
+    assert got and all(r.levelno == logging.DEBUG for r in got)
+
+
+# ------------------------------------------------------------------ progress bars
+def _on_a_terminal(args, cwd=None):
+    """Run the CLI with standard error on a pseudo-terminal (80 columns), standard output on
+    a pipe: (returncode, stdout, stderr)."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import termios
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    env.pop("STREAMDP_NO_PROGRESS", None)
+    p = subprocess.Popen([sys.executable, "-m", "streamdp", *args], stdout=subprocess.PIPE,
+                         stderr=slave, stdin=subprocess.DEVNULL, cwd=cwd, env=env)
+    os.close(slave)
+    err = b""
+    out = []
+    import threading
+    reader = threading.Thread(target=lambda: out.append(p.stdout.read()))
+    reader.start()
+    while True:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            err += chunk
+        elif p.poll() is not None:
+            break
+    p.wait(120)
+    reader.join(10)
+    os.close(master)
+    return p.returncode, out[0].decode(), err.decode(errors="replace")
+
+
+SIMULATE_SMALL = ("simulate", "--warmup", "20000", "--stream", "40000", "--vocab", "200",
+                  "--topics", "4", "--sampler", "fast", "--batch", "4096", "--json")
+
+
+def test_simulate_progress_only_on_a_terminal_and_never_on_stdout():
+    r = run_cli(*SIMULATE_SMALL)                         # stderr is a pipe: no bar
+    assert r.returncode == 0, r.stderr[-2000:]
+    plain = json.loads(r.stdout)                          # stdout is exactly one JSON object
+    assert "%|" not in r.stderr and "doc/s" not in r.stderr, r.stderr[-2000:]
+    rc, out, err = _on_a_terminal(SIMULATE_SMALL)
+    assert rc == 0, err[-2000:]
+    on_tty = json.loads(out)                              # still exactly one JSON object
+    assert "generating documents" in err and "warm-up + sketch" in err and "doc/s" in err, err
+    assert on_tty.keys() == plain.keys() and on_tty["documents"] == plain["documents"]
+    assert len(on_tty["per_topic"]) == 4
+    rc, out, err = _on_a_terminal((*SIMULATE_SMALL, "--no-progress"))
+    assert rc == 0 and json.loads(out).keys() == plain.keys()
+    assert "%|" not in err and "doc/s" not in err, err
+
+
+def test_produce_progress_on_a_terminal_stdout_is_the_summary_only(kafka_broker, kafka_topics,
+                                                                 tmp_path):
+    prefix = kafka_topics.documents.rsplit(".", 1)[0]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"p{i}", "ts": 1000.0 + i, "text": "pears"}) + "\n"
+                              for i in range(3000)))
+    args = ("produce", "--bootstrap", kafka_broker.bootstrap, "--topic-prefix", prefix, str(corpus))
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = f"delivered 3,000 of 3,000 documents to {kafka_topics.documents}; 0 line(s) of {corpus} rejected"
+    assert r.stdout.splitlines() == [summary], r.stdout
+    assert "%|" not in r.stderr and "doc/s" not in r.stderr, r.stderr
+    rc, out, err = _on_a_terminal(args)
+    assert rc == 0, err[-2000:]
+    assert out.splitlines() == [summary], out
+    assert "documents sent" in err and "/3.00k" in err and "doc/s" in err, err   # of the file's lines

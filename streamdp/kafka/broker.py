@@ -298,6 +298,7 @@ class EmbeddedBroker:
     def _wait_ready(self, port: int, deadline: float) -> None:
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
+        from streamdp.kafka.topics import client_config      # librdkafka lines through logging
 
         local = _local_host(self.host)
         admin = None
@@ -312,8 +313,8 @@ class EmbeddedBroker:
                 self._fail(f"tansu exited with status {rc} during startup")
             if _tcp_accepts(local, port):
                 if admin is None:
-                    admin = AdminClient({"bootstrap.servers": _hostport(local, port),
-                                         "socket.connection.setup.timeout.ms": 2000})
+                    admin = AdminClient(client_config(_hostport(local, port), "admin", **{
+                        "socket.connection.setup.timeout.ms": 2000}))
                 try:
                     md = admin.list_topics(timeout=max(0.1, min(2.0, deadline - time.monotonic())))
                 except KafkaException as exc:

@@ -27,6 +27,7 @@ Three pieces (issue 15, "Outages"):
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -137,10 +138,71 @@ class EpisodeLogFilter(logging.Filter):
 LOG_GATE = EpisodeLogFilter()
 
 
+class LibrdkafkaLevels(logging.Filter):
+    """The level a librdkafka log line is logged at.
+
+    confluent-kafka already maps librdkafka's syslog levels to :mod:`logging`'s (0–2 emerg,
+    alert, crit → CRITICAL; 3 err → ERROR; 4 warning → WARNING; 5 notice, 6 info → INFO;
+    7 debug → DEBUG). On top of that:
+
+    * a connection failure is WARNING, not ERROR: the client reconnects by itself, a command
+      that needs the broker fails with its own message (:func:`check_bootstrap`) and a
+      service logs the outage once (:class:`OutageGuard`), so librdkafka's line is detail;
+    * while a broker is stopped on purpose (:func:`quiet_librdkafka`, e.g. at the end of the
+      demo), every line is DEBUG.
+
+    A record demoted below its logger's effective level is dropped, as if it had been logged
+    at the lower level in the first place.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._quiet = 0
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        level = record.levelno
+        if self._quiet:
+            level = logging.DEBUG
+        elif level >= logging.ERROR and level < logging.CRITICAL:
+            try:
+                if _CONNECTION_FAILURE.search(record.getMessage()):
+                    level = logging.WARNING
+            except Exception:            # noqa: BLE001 — a log filter must never raise
+                pass
+        if level != record.levelno:
+            record.levelno, record.levelname = level, logging.getLevelName(level)
+            return logging.getLogger(record.name).isEnabledFor(level)
+        return True
+
+    @contextlib.contextmanager
+    def quiet(self):
+        with self._lock:
+            self._quiet += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._quiet -= 1
+
+
+#: The process-wide level rules of librdkafka's log lines.
+LOG_LEVELS = LibrdkafkaLevels()
+
+
+def quiet_librdkafka():
+    """Context manager: librdkafka's lines are DEBUG inside it (a broker stopped on purpose)."""
+    return LOG_LEVELS.quiet()
+
+
 def librdkafka_logger() -> logging.Logger:
+    """The logger every Kafka client of streamdp gets as its ``logger`` config entry
+    (:func:`streamdp.kafka.topics.client_config`): one line per connection-failure episode
+    (:data:`LOG_GATE`), at the levels of :class:`LibrdkafkaLevels`."""
     lg = logging.getLogger(LIBRDKAFKA_LOGGER)
-    if LOG_GATE not in lg.filters:
-        lg.addFilter(LOG_GATE)
+    for f in (LOG_LEVELS, LOG_GATE):        # levels first: a line dropped as DEBUG starts no episode
+        if f not in lg.filters:
+            lg.addFilter(f)
     return lg
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from streamdp import progress
 from streamdp.evaluation import matched_topic_error
+from streamdp.kafka.connectivity import quiet_librdkafka
 from streamdp.kafka.topics import TopicNames, ensure_topics
 from streamdp.services import control
 from streamdp.services.config import ServiceConfig
@@ -269,15 +270,16 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
         return {"error": err["l2_mean"], "epoch": snap.epoch, "snapshot": snap, "workdir": str(work),
                 "vocabulary_id": vocab.id}
     finally:
-        for w in workers:
-            w.stop()
-        release.stop()
-        for t in threads:
-            t.join(timeout=30)
-        # librdkafka handles disconnect (noisily) when destroyed after the broker is gone:
-        # destroy every client first
-        import gc
-        del workers, release, threads
-        gc.collect()
-        if broker is not None:
-            broker.stop()
+        # stopping on purpose: librdkafka's disconnect lines are DEBUG, not failures
+        with quiet_librdkafka():
+            for w in workers:
+                w.stop()
+            release.stop()
+            for t in threads:
+                t.join(timeout=30)
+            # a client destroyed after the broker is gone logs its disconnects: destroy them first
+            import gc
+            del workers, release, threads
+            gc.collect()
+            if broker is not None:
+                broker.stop()
