@@ -31,6 +31,28 @@ def environment() -> dict:
             "date": time.strftime("%Y-%m-%d")}
 
 
+def parse_args(parser, argv=None):
+    """``parser.parse_args(argv)`` with ``--no-progress`` added. With a progress bar on a
+    terminal, the table lines printed to stdout are written around the bar, not through it
+    (stdout's content is unchanged; nothing of the bar ever goes to stdout)."""
+    from streamdp import progress as _progress
+    _progress.add_flag(parser)
+    a = parser.parse_args(argv)
+    _progress.apply_flag(a)
+    if _progress.enabled() and not getattr(sys.stdout, "_streamdp_around_bars", False):
+        from tqdm.contrib import DummyTqdmFile
+        sys.stdout = DummyTqdmFile(sys.stdout)
+        sys.stdout._streamdp_around_bars = True
+    return a
+
+
+def progress(iterable, desc: str):
+    """A progress bar over a benchmark's loop of settings/seeds (stderr, terminal only)."""
+    from streamdp import progress as _progress
+    items = list(iterable)
+    return _progress.bar(items, total=len(items), desc=desc, unit="run")
+
+
 def write_json(path: str | None, payload: dict) -> None:
     if path:
         payload = {"environment": environment(), "command": " ".join(sys.argv), **payload}

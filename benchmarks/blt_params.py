@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table, write_json  # noqa: E402
+from _common import markdown_table, parse_args, progress, write_json  # noqa: E402
 
 from streamdp.privacy.blt import (_PARAMS_FILE, optimize_blt, sqrt_toeplitz_error_profile,  # noqa: E402
                                   tree_error_profile)
@@ -30,10 +30,10 @@ def main(argv=None):
     p.add_argument("--objective", default="max")
     p.add_argument("--write", action="store_true")
     p.add_argument("--json", default=None)
-    a = p.parse_args(argv)
+    a = parse_args(p, argv)         # + --no-progress
     params, rows = {}, []
     t0 = time.time()
-    for k in range(1, a.max_log2 + 1):
+    for k in progress(range(1, a.max_log2 + 1), "horizons 2^k"):
         n = 2 ** k
         blt = optimize_blt(n, a.nbuf, a.objective)
         params[f"n={n},nbuf={a.nbuf},objective={a.objective}"] = blt.to_dict()

@@ -63,7 +63,7 @@ import numpy as np  # noqa: E402
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _common import markdown_table, write_json  # noqa: E402
+from _common import markdown_table, parse_args, progress, write_json  # noqa: E402
 from baselines.nonprivate import fit_gensim, fit_sklearn  # noqa: E402
 
 from streamdp import BudgetSplit, RefinementConfig, StreamingSpectralLDA  # noqa: E402
@@ -715,7 +715,7 @@ def main(argv=None) -> int:
                         "/var/lib/apt/lists; a later plain apt-get update deletes it there)")
     p.add_argument("--replot", metavar="JSON", default=None,
                    help="only redraw the PNGs from a --json file of an earlier run")
-    a = p.parse_args(argv)
+    a = parse_args(p, argv)         # + --no-progress
     if a.replot:
         import json
         make_plots(json.loads(Path(a.replot).read_text()),
@@ -745,11 +745,11 @@ def main(argv=None) -> int:
     results: dict = {}
     timings = {}
     seeds = [int(x) for x in a.seeds.split(",")] if a.seeds else [a.seed]
-    for sec in sections:
+    for sec in progress(sections, "sections"):
         t0 = time.perf_counter()
         if sec != "throughput" and len(seeds) > 1:
             per_seed = []
-            for sd in seeds:
+            for sd in progress(seeds, f"{sec}: seeds"):
                 r = run_section(sec, sizes, sd, private, a)
                 if r is not None:
                     per_seed.append(r)

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table, write_json  # noqa: E402
+from _common import markdown_table, parse_args, progress, write_json  # noqa: E402
 
 from streamdp import EpochClock, StreamingSpectralLDA  # noqa: E402
 from streamdp.continual import EpochSketches, SketchNodeMechanism, zero_sums  # noqa: E402
@@ -254,7 +254,7 @@ def main(argv=None):
     p.add_argument("--stream", type=int, default=200_000)
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
-    a = p.parse_args(argv)
+    a = parse_args(p, argv)         # + --no-progress
     Rs = [int(r) for r in a.releases.split(",")]
     mechanisms = tuple(m.strip() for m in a.mechanisms.split(",") if m.strip())
     if bad := [m for m in mechanisms if m not in ALL]:
@@ -265,10 +265,10 @@ def main(argv=None):
     t0 = time.time()
     per_step, accounted = {R: [] for R in Rs}, []
     mean_steps = {}
-    for seed in range(a.seeds):
+    for seed in progress(range(a.seeds), "seeds"):
         model, sub, clip, leaves = prepare(seed, a.d, a.k, a.warmup, a.stream, finest,
                                            a.epsilon, a.delta)
-        for R in Rs:
+        for R in progress(Rs, f"seed {seed}: release counts"):
             rows, mean_steps[R], acc = run(model, sub, clip, coarsen(leaves, R), a.k, a.epsilon,
                                            a.delta, seed, mechanisms, a.all_steps)
             per_step[R].extend(rows)

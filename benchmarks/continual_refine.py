@@ -32,7 +32,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table, write_json  # noqa: E402
+from _common import markdown_table, parse_args, progress, write_json  # noqa: E402
 
 from streamdp import BudgetSplit, EpochClock, RefinementConfig, StreamingSpectralLDA  # noqa: E402
 from streamdp.evaluation import document_completion_perplexity  # noqa: E402
@@ -132,16 +132,16 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=None, help="documents (smoke runs)")
     p.add_argument("--aggregators", default="blt")
     p.add_argument("--json", default=None)
-    a = p.parse_args(argv)
+    a = parse_args(p, argv)         # + --no-progress
     logging.getLogger("gensim").setLevel(logging.ERROR)
     corpus = debian_descriptions_corpus(limit=a.limit)
     out = []
-    for R in [int(x) for x in a.releases.split(",")]:
-        for seed in [int(x) for x in a.seeds.split(",")]:
-            for r in run(corpus, R, a.epsilon, seed, a.k, tuple(a.aggregators.split(","))):
-                out.append(r)
-                print({c: (round(v, 4) if isinstance(v, float) else v) for c, v in r.items()
-                       if c != "releases"}, flush=True)
+    settings = [(int(R), int(s)) for R in a.releases.split(",") for s in a.seeds.split(",")]
+    for R, seed in progress(settings, "releases × seed"):
+        for r in run(corpus, R, a.epsilon, seed, a.k, tuple(a.aggregators.split(","))):
+            out.append(r)
+            print({c: (round(v, 4) if isinstance(v, float) else v) for c, v in r.items()
+                   if c != "releases"}, flush=True)
     table = []
     for R, agg in sorted({(r["R"], r["aggregator"]) for r in out}):
         rs = [r for r in out if r["R"] == R and r["aggregator"] == agg]

@@ -62,7 +62,7 @@ import psutil  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table, write_json  # noqa: E402
+from _common import markdown_table, parse_args, progress, write_json  # noqa: E402
 
 from streamdp import messages  # noqa: E402
 from streamdp.kafka.broker import EmbeddedBroker  # noqa: E402
@@ -379,7 +379,7 @@ def main(argv=None):
     p.add_argument("--profile", action="store_true", help="cProfile the measured window (slows it)")
     p.add_argument("--profile-lines", type=int, default=30)
     p.add_argument("--json", default=None)
-    a = p.parse_args(argv)
+    a = parse_args(p, argv)         # + --no-progress
     logging.basicConfig(level=logging.WARNING)
     kinds = [x.strip() for x in a.inputs.split(",") if x.strip()]
     if set(kinds) - {"counts", "text"}:
@@ -400,7 +400,7 @@ def main(argv=None):
             msgs = encode_messages(X, kind, list(vocab.words), ts, a.seed + 3)
             print(f"[{kind}] encoded {a.docs:,} messages in {time.perf_counter() - t0:.1f} s", flush=True)
             mine = []
-            for rep in range(a.repeats):
+            for rep in progress(range(a.repeats), f"{kind}: repeats"):
                 r = run_one(broker.bootstrap, kind, msgs, stream_start, vocab, vocab_path, a, broker.pid)
                 r["repeat"] = rep
                 mine.append(r)

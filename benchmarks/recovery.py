@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table, write_json  # noqa: E402
+from _common import markdown_table, parse_args, progress, write_json  # noqa: E402
 
 from streamdp import ClipBounds, StreamingSpectralLDA  # noqa: E402
 from streamdp.evaluation import matched_topic_error  # noqa: E402
@@ -53,7 +53,7 @@ def capture(est, topics):
 
 def main_table(seeds, d, k, n_warm, n_stream):
     rows = []
-    for eps in EPSILONS:
+    for eps in progress(EPSILONS, "main table: ε"):
         res = {"tensor": [], "iterative": []}
         caps = []
         for seed in seeds:
@@ -77,7 +77,7 @@ def main_table(seeds, d, k, n_warm, n_stream):
 def size_table(seed, d, k, n_warm, sizes):
     model, X = corpus(seed, n_warm + max(sizes), d, k)
     rows = []
-    for n in sizes:
+    for n in progress(sizes, "stream sizes"):
         row = {"stream_docs": n}
         for eps in (None, 1.0, 4.0):
             snap = sketch(X, n_warm, n, k, eps, seed).release()
@@ -91,7 +91,7 @@ def size_table(seed, d, k, n_warm, sizes):
 def clip_table(seed, d, k, n_warm, n_stream, lengths):
     model, X = corpus(seed, n_warm + n_stream, d, k)
     rows = []
-    for L in lengths:
+    for L in progress(lengths, "clip lengths"):
         row = {"clip_length": L}
         for eps in (1.0, 4.0, 64.0):
             clip = ClipBounds.unclipped() if L is None else ClipBounds.for_length(L)
@@ -114,7 +114,7 @@ def main(argv=None):
     p.add_argument("--stream", type=int, default=200_000)
     p.add_argument("--sizes", default="50000,100000,200000,500000,1000000")
     p.add_argument("--json", default=None)
-    a = p.parse_args(argv)
+    a = parse_args(p, argv)         # + --no-progress
     tables = a.tables.split(",")
     out = {"setting": vars(a)}
     t0 = time.time()

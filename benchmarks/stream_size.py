@@ -27,7 +27,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table, write_json  # noqa: E402
+from _common import markdown_table, parse_args, progress, write_json  # noqa: E402
 
 import streamdp  # noqa: E402
 from streamdp.evaluation import topic_recovery_metrics  # noqa: E402
@@ -59,36 +59,36 @@ def main(argv=None) -> int:
     p.add_argument("--epsilon", type=float, default=1.0)
     p.add_argument("--k", type=int, default=20)
     p.add_argument("--json", default=None)
-    a = p.parse_args(argv)
+    a = parse_args(p, argv)         # + --no-progress
     logging.getLogger("gensim").setLevel(logging.ERROR)
     corpus = debian_descriptions_corpus()
     truth, lengths, ref = ground_truth(corpus, a.k, 0)
     vocab = corpus.vocabulary
     runs = []
-    for n in [int(x) for x in a.sizes.split(",")]:
-        for seed in [int(x) for x in a.seeds.split(",")]:
-            n_warm = int(0.3 * n)
-            X = sample_documents(truth, n_warm + n, seed=100 + seed, lengths=lengths)
-            ts = np.r_[np.zeros(n_warm), np.ones(n)]
-            est = streamdp.StreamingSpectralLDA(a.k, 1.0, epsilon=a.epsilon, delta=DELTA, seed=seed,
-                                                noise_seed=7 + seed, sampler="fast")
-            for s in range(0, n_warm, 8192):
-                est.warmup(X[s:min(s + 8192, n_warm)])
-            stream = [X[s:s + 8192] for s in range(n_warm, n_warm + n, 8192)]
-            for b in stream:
-                est.partial_fit(b)
-            cfg = est.refinement
-            start = est.release(1 - cfg.share, split=streamdp.BudgetSplit.spectral_start())
-            for _ in range(cfg.passes):
-                snap = est.refine(stream, budget_fraction=cfg.share / cfg.passes)
-            row = {"n_stream": n, "seed": seed}
-            for name, B in (("refined", snap.topic_word), ("start", start.topic_word)):
-                row[f"{name}_l2"] = topic_recovery_metrics(truth.topics, B)["l2_mean"]
-                row[f"{name}_npmi"] = npmi_coherence(B, vocab, ref, topn=10, window_size=10)["npmi"]
-            row["noise_to_signal_median"] = float(np.median(snap.noise_to_signal))
-            runs.append(row)
-            print({c: (round(v, 4) if isinstance(v, float) else v) for c, v in row.items()},
-                  flush=True)
+    settings = [(int(n), int(s)) for n in a.sizes.split(",") for s in a.seeds.split(",")]
+    for n, seed in progress(settings, "stream size × seed"):
+        n_warm = int(0.3 * n)
+        X = sample_documents(truth, n_warm + n, seed=100 + seed, lengths=lengths)
+        ts = np.r_[np.zeros(n_warm), np.ones(n)]
+        est = streamdp.StreamingSpectralLDA(a.k, 1.0, epsilon=a.epsilon, delta=DELTA, seed=seed,
+                                            noise_seed=7 + seed, sampler="fast")
+        for s in range(0, n_warm, 8192):
+            est.warmup(X[s:min(s + 8192, n_warm)])
+        stream = [X[s:s + 8192] for s in range(n_warm, n_warm + n, 8192)]
+        for b in stream:
+            est.partial_fit(b)
+        cfg = est.refinement
+        start = est.release(1 - cfg.share, split=streamdp.BudgetSplit.spectral_start())
+        for _ in range(cfg.passes):
+            snap = est.refine(stream, budget_fraction=cfg.share / cfg.passes)
+        row = {"n_stream": n, "seed": seed}
+        for name, B in (("refined", snap.topic_word), ("start", start.topic_word)):
+            row[f"{name}_l2"] = topic_recovery_metrics(truth.topics, B)["l2_mean"]
+            row[f"{name}_npmi"] = npmi_coherence(B, vocab, ref, topn=10, window_size=10)["npmi"]
+        row["noise_to_signal_median"] = float(np.median(snap.noise_to_signal))
+        runs.append(row)
+        print({c: (round(v, 4) if isinstance(v, float) else v) for c, v in row.items()},
+              flush=True)
     truth_npmi = npmi_coherence(truth.topics, vocab, ref, topn=10, window_size=10)["npmi"]
     table = []
     for n in sorted({r["n_stream"] for r in runs}):

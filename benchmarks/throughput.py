@@ -28,7 +28,7 @@ import psutil  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table, write_json  # noqa: E402
+from _common import markdown_table, parse_args, progress, write_json  # noqa: E402
 
 from streamdp import ClipBounds, Subspace, WhitenedSketch  # noqa: E402
 from streamdp.refinement import RefinementModel, RefinementSketch  # noqa: E402
@@ -88,15 +88,15 @@ def main(argv=None):
     p.add_argument("--pool-batches", type=int, default=16)
     p.add_argument("--refine", default="0", help="0, 1 or 0,1: without / with refinement")
     p.add_argument("--json", default=None)
-    a = p.parse_args(argv)
+    a = parse_args(p, argv)         # + --no-progress
     rows = []
     with threadpool_limits(1):
-        for d in [int(x) for x in a.d.split(",")]:
-            for k in [int(x) for x in a.k.split(",")]:
-              for refine in [bool(int(x)) for x in a.refine.split(",")]:
-                r = run(d, k, a.docs, a.batch, a.pool_batches, refine=refine)
-                rows.append(r)
-                print({kk: (round(v, 2) if isinstance(v, float) else v) for kk, v in r.items()}, flush=True)
+        settings = [(int(d), int(k), bool(int(r))) for d in a.d.split(",") for k in a.k.split(",")
+                    for r in a.refine.split(",")]
+        for d, k, refine in progress(settings, "d × k × refine"):
+            r = run(d, k, a.docs, a.batch, a.pool_batches, refine=refine)
+            rows.append(r)
+            print({kk: (round(v, 2) if isinstance(v, float) else v) for kk, v in r.items()}, flush=True)
     cols = ["d", "k", "k_prime", "refine", "docs", "docs_per_s", "sums_seconds", "state_MB", "rss_start_MB",
             "rss_25pct_MB", "rss_50pct_MB", "rss_end_MB", "peak_rss_MB"]
     print("\n## Sketch throughput, one thread\n")

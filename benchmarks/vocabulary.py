@@ -43,7 +43,7 @@ import numpy as np  # noqa: E402
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))   # this checkout's streamdp, not an installed one
-from _common import markdown_table, write_json  # noqa: E402
+from _common import markdown_table, parse_args, progress, write_json  # noqa: E402
 from compare import DELTA, fit_streamdp  # noqa: E402
 
 from streamdp.evaluation import document_completion_perplexity  # noqa: E402
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     p.add_argument("--combine", nargs="+", metavar="JSON",
                    help="only print the tables of the rows of earlier --json files together "
                         "(e.g. runs over different seeds of the same setting)")
-    a = p.parse_args(argv)
+    a = parse_args(p, argv)         # + --no-progress
     if a.combine:
         import json
         rows, seeds = [], []
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
         except FileNotFoundError as exc:
             print(f"NOTE: {sec} skipped: {exc}")
             continue
-        for seed in seeds:
+        for seed in progress(seeds, f"{sec}: seeds"):
             rows += corpus_section(sec, corpus, cfg, seed, epsilons, a.slice_share, candidates,
                                    public5k)
     return report(rows, seeds, a.json, a.slice_share)

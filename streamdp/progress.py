@@ -43,9 +43,9 @@ def bar(iterable: Iterable[T] | None = None, *, total: float | None = None, desc
     ``leave=False`` by default: the bar is erased when done, and the command's own summary
     line says what happened."""
     from tqdm import tqdm
+    kw.setdefault("unit_scale", unit == "doc")      # 12.3k doc/s; runs and items as counts
     return tqdm(iterable, total=total, desc=desc, unit=unit, leave=leave, file=sys.stderr,
-                disable=not enabled(), dynamic_ncols=True, unit_scale=unit != "it",
-                mininterval=0.2, **kw)
+                disable=not enabled(), dynamic_ncols=True, mininterval=0.2, **kw)
 
 
 def message(text: str) -> None:
