@@ -54,20 +54,30 @@ def test_demo_runs_end_to_end_on_the_embedded_broker(tmp_path):
     assert "epoch 2/2 released" in r.stdout, r.stdout[-2000:]
     err = float(r.stdout.split("\ntopic error ")[1].split()[0])
     assert err < 0.05, r.stdout
-    # numbers come with their scale (issue 14): a noised count says so, the error and ρ say
-    # what they are measured against
-    assert "(noised) stream documents" in r.stdout
-    assert "matched L2 distance to the true topics, 0 = perfect" in r.stdout
-    assert "privacy: one document, add/remove; ε=4" in r.stdout
-    assert "ρ spent " in r.stdout and "(zCDP; the whole budget is ε 4.00 at δ 1e-06)" in r.stdout
+    # numbers come with their scale (issue 14): a noised count says so, the error says what it
+    # is and what no information scores, the budget is spent-of-total as ε at δ with a percentage
+    assert "stream documents ≈ " in r.stdout and "(a noised count; 12,000 were produced)" in r.stdout
+    assert "mean L2 distance of each released topic to its matched true topic" in r.stdout
+    scale = r.stdout.split("0 = the true topics, ")[1]
+    uniform = float(scale.split()[0])
+    assert scale.startswith(f"{uniform:.2f} = uniform topics (nothing learned)") and 0.1 < uniform < 1
+    share = r.stdout.split("\ntopic error ")[1].split("(")[1].split("%")[0]
+    assert abs(int(share) - 100 * err / uniform) < 1.5, (share, err, uniform)   # printed roundings
+    assert "worst topic " in r.stdout
+    assert "budget ε=4 at δ=1e-06 for all 2 releases" in r.stdout
+    assert "spent so far: ε 4.00 of 4.00 at δ 1e-06, 100% of the budget" in r.stdout, r.stdout
+    # librdkafka's disconnect lines at shutdown are debug-level: nothing on stderr
+    assert "rdkafka" not in r.stderr and "%3|" not in r.stderr, r.stderr[-2000:]
     snaps = sorted((tmp_path / "snapshots").glob("epoch-*.msgpack"))
     assert len(snaps) == 2
     # it ends by saying how to look at the snapshots, and the command it prints works
     assert "/snapshot/latest" in r.stdout
     printed = [ln.split() for ln in r.stdout.splitlines() if ln.strip().startswith("streamdp topics")]
-    assert len(printed) == 1, r.stdout[-1500:]
+    assert printed, r.stdout[-1500:]
+    for cmd in printed:                       # every command it prints works
+        t = run(*cmd[1:])
+        assert t.returncode == 0, (cmd, t.stderr)
     t = run(*printed[0][1:], "-n", "5")
-    assert t.returncode == 0, t.stderr
     assert t.stdout.count("topic ") == 6 and "epoch 2" in t.stdout
 
 

@@ -244,9 +244,11 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
         if epsilon is not None:
             acc = pr["accountant"]
             spent, budget = acc["rho_worst_case"], acc["rho_budget"]
+            first, last = pr["epochs_covered"][0], pr["epochs_covered"][-1]
+            span = f"{first}–{last}" if first != last else f"{first}"
             out(f"\nprivacy: unit one document, add/remove neighbours; budget ε={pr['epsilon']:g} at "
                 f"δ={pr['delta']:g} for all {pr['horizon']} releases (epochs "
-                f"{pr['epochs_covered']} of {pr['horizon']} released)")
+                f"{span} of {pr['horizon']} released)")
             out(f"  spent so far: ε {acc['epsilon_worst_case']:.2f} of {pr['epsilon']:.2f} at "
                 f"δ {pr['delta']:g}, {100 * spent / budget:.0f}% of the budget (counted as zCDP "
                 f"ρ, which adds up across releases where ε does not: ρ {spent:.4g} of {budget:.4g})")
