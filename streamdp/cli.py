@@ -591,3 +591,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:       # includes ConfigError: bad configuration says what to fix
         print(f"streamdp: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:         # the reader went away (`streamdp topics --json | head`)
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit
+        return 1

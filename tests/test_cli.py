@@ -1,3 +1,4 @@
+import json
 import subprocess
 import sys
 
@@ -73,10 +74,12 @@ def test_demo_runs_end_to_end_on_the_embedded_broker(tmp_path):
     # it ends by saying how to look at the snapshots, and the command it prints works
     assert "/snapshot/latest" in r.stdout
     printed = [ln.split() for ln in r.stdout.splitlines() if ln.strip().startswith("streamdp topics")]
-    assert printed, r.stdout[-1500:]
-    for cmd in printed:                       # every command it prints works
-        t = run(*cmd[1:])
-        assert t.returncode == 0, (cmd, t.stderr)
+    assert len(printed) == 2 and "--json" in printed[1], r.stdout[-1500:]
+    # every command it prints works (the explanation after the command is not part of it)
+    printed = [cmd[:cmd.index("--json") + 1] if "--json" in cmd else cmd[:5] for cmd in printed]
+    t = run(*printed[1][1:])
+    assert t.returncode == 0, (printed[1], t.stderr)
+    assert json.loads(t.stdout)["epoch"] == 2
     t = run(*printed[0][1:], "-n", "5")
     assert t.stdout.count("topic ") == 6 and "epoch 2" in t.stdout
 

@@ -265,7 +265,9 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
         out(f"\ndone in {time.time() - t_start:.1f} s. The snapshots are in {snap_dir}: "
             "epoch-*.msgpack, one per release, and latest.json (format: docs/schemas.md).")
         out("Look at them:")
-        out(f"  streamdp topics --snapshot-dir {snap_dir} --vocabulary {vocab_file}")
+        topics_cmd = f"streamdp topics --snapshot-dir {snap_dir} --vocabulary {vocab_file}"
+        out(f"  {topics_cmd}            the latest topics, in words")
+        out(f"  {topics_cmd} --json     the same as JSON (reading snapshots: docs/consumers.md)")
         out(f"A running release service also serves the latest one as JSON at GET /snapshot/latest "
             f"(this demo's was {http_url}/snapshot/latest until it stopped; a deployment logs "
             "'release service HTTP on ...' at start).")
