@@ -76,7 +76,7 @@ def test_demo_runs_end_to_end_on_the_embedded_broker(tmp_path):
     printed = [ln.split() for ln in r.stdout.splitlines() if ln.strip().startswith("streamdp topics")]
     assert len(printed) == 2 and "--json" in printed[1], r.stdout[-1500:]
     # every command it prints works (the explanation after the command is not part of it)
-    printed = [cmd[:cmd.index("--json") + 1] if "--json" in cmd else cmd[:5] for cmd in printed]
+    printed = [cmd[:cmd.index("--json") + 1] if "--json" in cmd else cmd[:6] for cmd in printed]
     t = run(*printed[1][1:])
     assert t.returncode == 0, (printed[1], t.stderr)
     assert json.loads(t.stdout)["epoch"] == 2
