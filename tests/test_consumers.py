@@ -21,6 +21,7 @@ from confluent_kafka import Producer
 
 from streamdp import snapshots
 from streamdp.cli import main as cli_main
+from streamdp.evaluation.matching import match_topics
 from streamdp.kafka.broker import free_port
 from streamdp.kafka.topics import client_config
 from streamdp.services.produce import produce
@@ -151,6 +152,10 @@ def test_follow_yields_each_release_once_on_every_source(run):
     on_topic = [snapshots.read(r.value) for r in run["records"][:2]]
     assert [s.epoch for s in on_topic] == [1, 2]
     assert [s.stage for s in on_topic] == ["spectral", "refined"]
+    # docs/consumers.md: a refined release keeps the first release's topic numbering
+    k = on_topic[0].n_topics
+    np.testing.assert_array_equal(match_topics(on_topic[0].topic_word, on_topic[1].topic_word),
+                                  np.arange(k))
     for name, (got, error) in run["followed"].items():
         assert error is None, (name, error)
         assert [s.release_id for s in got] == [s.release_id for s in on_topic], name
