@@ -112,6 +112,9 @@ def _decode(raw: bytes, origin: str) -> Snapshot:
     if k is None or snap.alpha.shape != (k,):
         raise SnapshotError(f"{origin}: malformed topic snapshot: topic_word {snap.topic_word.shape}"
                             f" and alpha {snap.alpha.shape} do not describe k topics")
+    if not isinstance(snap.release_id, str) or not snap.release_id or not isinstance(snap.privacy, dict):
+        raise SnapshotError(f"{origin}: malformed topic snapshot: release_id must be a non-empty "
+                            "string and privacy a map")
     return snap
 
 

@@ -104,6 +104,10 @@ def malformed_cases(good: bytes) -> dict[str, tuple[bytes, str]]:
                            "unsupported schema version 2"),
         "missing field": (msgpack.packb(no_alpha, use_bin_type=True), "missing field 'alpha'"),
         "inconsistent shapes": (msgpack.packb(bad_shape, use_bin_type=True), "do not describe k topics"),
+        "privacy not a map": (msgpack.packb(dict(obj, privacy=[1]), use_bin_type=True),
+                              "privacy a map"),
+        "no release id": (msgpack.packb(dict(obj, release_id=""), use_bin_type=True),
+                          "release_id must be"),
         "empty": (b"", "not a valid msgpack record"),
     }
 
@@ -236,6 +240,13 @@ def test_the_pure_part_never_imports_kafka():
     assert r.returncode == 0, r.stderr
 
 
+def test_an_unreachable_kafka_is_a_clear_error():
+    from streamdp.kafka.broker import free_port
+    src = snapshots.KafkaSource(f"127.0.0.1:{free_port()}", "x.snapshots", timeout=2)
+    with pytest.raises(snapshots.SourceError, match="cannot reach Kafka at bootstrap '127.0.0.1:"):
+        snapshots.latest(src)
+
+
 def test_http_source_errors_are_clear():
     from streamdp.kafka.broker import free_port
     url = f"http://127.0.0.1:{free_port()}"
@@ -306,3 +317,50 @@ def test_summary_of_a_non_private_snapshot_says_so(released):
     # without a vocabulary: column ids, no words
     doc = snapshots.summary(snaps[0], None, 2)
     assert all(e["word"] is None and isinstance(e["id"], int) for t in doc["topics"] for e in t)
+
+
+# ------------------------------------------------------------------ HTTP, on the service's server class
+@pytest.fixture
+def http_server():
+    from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
+    server = ObservabilityServer(ServiceMetrics("release"), HealthState(liveness_timeout=60))
+    yield server
+    server.close()
+
+
+def test_http_source_on_a_server_without_the_routes(http_server):
+    with pytest.raises(snapshots.SourceError, match="does not serve /snapshot/latest.msgpack"):
+        snapshots.latest(http_server.url)
+
+
+def test_follow_over_http_yields_each_release_once(released, http_server):
+    """The release service's routes, served as it serves them (gzip included): the latest
+    release changes twice, stays for several polls, and is re-published (decoded and encoded
+    again, as at a restart); the follower sees each release once."""
+    snaps, vocab = released
+    box = {"snap": None}
+    http_server.add_bytes_route("/snapshot/latest.msgpack",
+                                lambda: box["snap"] and box["snap"].to_bytes(), "application/msgpack")
+    http_server.add_json_route("/snapshot/latest",
+                               lambda: box["snap"] and snapshots.summary(box["snap"], vocab))
+    http_server.add_bytes_route("/vocabulary.txt", vocab.canonical_bytes, "text/plain")
+    url = http_server.url
+    assert snapshots.latest(url) is None                  # nothing released yet
+    assert snapshots.vocabulary(url) == vocab
+    got: list[TopicSnapshot] = []
+    stop = threading.Event()
+    t = threading.Thread(target=lambda: [got.append(s) for s in
+                                         snapshots.follow(url, poll_seconds=0.05, stop=stop)],
+                         daemon=True)
+    t.start()
+    for s in (snaps[0], snaps[1], snaps[1], snaps[2]):
+        box["snap"] = s
+        time.sleep(0.4)
+    box["snap"] = snapshots.read(snaps[2].to_bytes())     # re-published after a restart
+    time.sleep(0.4)
+    stop.set()
+    t.join(5)
+    assert not t.is_alive()
+    assert [s.release_id for s in got] == [s.release_id for s in snaps]
+    same(got[-1], snaps[2])
+    same(snapshots.latest(url), snaps[2])
