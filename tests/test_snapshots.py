@@ -232,6 +232,15 @@ def test_open_source_forms():
         snapshots.open_source(42)
 
 
+def test_kafka_source_from_a_deployment_config(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"bootstrap": "k1:9092", "topic_prefix": "prod",
+                               "kafka": {"security.protocol": "SASL_SSL"}}))
+    src = snapshots.KafkaSource.from_config(cfg)
+    assert (src.bootstrap, src.topic, src.config) == ("k1:9092", "prod.snapshots",
+                                                      {"security.protocol": "SASL_SSL"})
+
+
 def test_the_pure_part_never_imports_kafka():
     code = ("import sys, streamdp.snapshots as s; s.latest; "
             "assert 'confluent_kafka' not in sys.modules, 'kafka imported'")
