@@ -14,6 +14,7 @@ STREAMDP_<FIELD> environment variables override both — see docs/configuration.
   streamdp topics   --snapshot-dir snapshots --vocabulary vocab.txt   print the latest topics
                                      (--json: the same as JSON; reading snapshots from code:
                                      streamdp.snapshots, docs/consumers.md)
+  streamdp report   snapshots --out report.html    HTML page: topics, their history, privacy spent
 
 Vocabularies (docs/vocabulary.md):
   streamdp vocab public  --lang en --size 5000 --out vocab.txt        from wordfreq, no budget
@@ -343,6 +344,53 @@ def _topics(a) -> int:
     return 0
 
 
+def _report(a) -> int:
+    from streamdp.report import write_report
+    from streamdp.report.load import load_vocabulary, snapshots_from_path, snapshots_from_topic
+    if a.bootstrap is not None:
+        if a.source is not None:
+            raise ValueError(f"give either a snapshot folder/file ({a.source}) or --bootstrap "
+                             "(the snapshots topic), not both")
+        vocab = load_vocabulary(a.vocabulary)          # first: the topic does not carry it
+        snaps = snapshots_from_topic(a.bootstrap, a.topic, timeout=a.timeout)
+        source = f"topic {a.topic} at {a.bootstrap}"
+    else:
+        path = a.source if a.source is not None else "snapshots"
+        snaps = snapshots_from_path(path)
+        source = path
+        vocab = load_vocabulary(a.vocabulary, near=path)
+    out = write_report(snaps, vocab, a.out, source=source, n_words=a.n, last=a.last)
+    print(f"wrote {out} ({len(snaps)} snapshot(s) read from {source}); open it in a browser: "
+          f"file://{out.resolve()}")
+    return 0
+
+
+def _report_parser(sub) -> None:
+    r = sub.add_parser("report", help="write a self-contained HTML report of the snapshots",
+                       formatter_class=HelpFormatter,
+                       description="One static HTML page (charts inlined, nothing loaded from the "
+                                   "network) from a snapshot folder, one snapshot file or the "
+                                   "snapshots topic: each topic's top words, α and noise level; "
+                                   "topics followed across releases; privacy spent against the "
+                                   "budget; the privacy report in plain words (docs/report.md).")
+    r.add_argument("source", nargs="?",
+                   help="the release service's snapshot_dir, or one epoch-*.msgpack file "
+                        "(default: snapshots; not with --bootstrap)")
+    r.add_argument("--bootstrap", help="read the snapshots topic from this Kafka instead of files "
+                                       "(then --vocabulary is needed)")
+    r.add_argument("--topic", default="streamdp.snapshots",
+                   help="the snapshots topic (<topic_prefix>.snapshots), with --bootstrap")
+    r.add_argument("--vocabulary", help="the snapshots' vocabulary file (default: vocabulary.txt "
+                                        "next to the snapshots, written by the release service)")
+    r.add_argument("--out", default="report.html", help="HTML file to write")
+    r.add_argument("-n", type=positive_int, default=10, help="words per topic")
+    r.add_argument("--last", type=positive_int,
+                   help="only the last N releases (default: every release read)")
+    r.add_argument("--timeout", type=positive_float, default=30.0,
+                   help="seconds to read the topic, with --bootstrap")
+    r.set_defaults(func=_report)
+
+
 def _demo(a) -> int:
     import logging
     from streamdp import progress
@@ -581,6 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--json", action="store_true",
                    help="print the snapshot's summary as JSON (stable keys, docs/consumers.md)")
     t.set_defaults(func=_topics)
+    _report_parser(sub)
     return p
 
 

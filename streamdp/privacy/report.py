@@ -74,3 +74,114 @@ def add_budget_context(report: dict, *, epsilon, delta, rho_budget, warmup_event
         out["accountant"] = accountant.report()
     out.update(extra)
     return out
+
+
+# ------------------------------------------------------------------ the report in words
+_ATOMS_IN_WORDS = {"warmup": "warm-up documents", "vocabulary": "vocabulary-selection documents",
+                   "stream_worst_epoch_rho": "stream documents (the worst epoch)"}
+_VOCABULARY_IN_WORDS = {
+    "public": "a public word list (wordfreq), chosen without looking at any document: no budget",
+    "private": "selected with differential privacy from the documents of the selection window "
+               "(before selection_end), which are used for nothing else: their budget is their own "
+               "(parallel composition)",
+    "file": "a file the operator declared public: its words are assumed not to come from the "
+            "protected documents (nothing is charged for it)",
+}
+
+
+def is_non_private(report: dict) -> bool:
+    """True when the snapshot carries no privacy guarantee: made without noise, or with noise
+    drawn from a known seed."""
+    return bool(report.get("non_private") or report.get("insecure_reproducible_noise")
+                or "INSECURE" in str(report.get("sampler"))
+                or (report.get("mechanism") == "none" and report.get("epsilon") is None))
+
+
+def describe(report: dict, *, n_docs: float | None = None) -> list[tuple[str, str]]:
+    """The report in plain words: (heading, sentence) pairs for a person who does not read
+    the keys (guarantee, unit, neighbouring relation, ε, δ, spent, what is public). Only
+    the report's own values are used; a key it lacks is left out, never guessed."""
+    out: list[tuple[str, str]] = []
+    eps, delta = report.get("epsilon"), report.get("delta")
+    acc = report.get("accountant") if isinstance(report.get("accountant"), dict) else {}
+    sampler = report.get("sampler")
+    if report.get("non_private") or (report.get("mechanism") == "none" and eps is None):
+        out.append(("Guarantee", "NONE. " + str(report.get("privacy_mode") or
+                    "This snapshot was made without clipping or noise: it is an exact function "
+                    "of the documents and carries no privacy guarantee.")))
+    elif report.get("insecure_reproducible_noise") or "INSECURE" in str(sampler):
+        out.append(("Guarantee", f"NONE in practice: the noise was drawn from a known seed "
+                    f"({sampler}), so anyone who knows the seed can subtract it. For tests and "
+                    "benchmarks only, never for real documents."))
+    elif eps is not None:
+        out.append(("Guarantee", f"({eps:g}, {delta:g})-differential privacy for every document, "
+                    "for everything published under this budget taken together (every release, "
+                    "whatever else an observer knows); the accountant refuses any release that "
+                    "would exceed it."))
+    unit = report.get("unit")
+    if unit:
+        out.append(("Unit of privacy", f"{unit}: what is hidden is whether any single document "
+                    "was in the data. Someone who wrote many documents is protected document by "
+                    "document, not as a person."))
+    neighbouring = report.get("neighbouring")
+    if neighbouring:
+        out.append(("Neighbouring datasets", f"{neighbouring}: two streams that differ by one "
+                    "document, added or removed. Every published value is almost equally likely "
+                    "under both (within a factor e^ε, except with probability δ)."))
+    if eps is not None:
+        out.append(("ε and δ", f"ε = {eps:g} bounds how much one document can change what is "
+                    f"published (smaller is more private); δ = {delta:g} is the probability that "
+                    "this bound may fail. Accounted as zero-concentrated DP with budget "
+                    f"ρ = {report.get('rho_budget', acc.get('rho_budget', float('nan'))):.4g}, "
+                    "converted to (ε, δ) by the accountant."))
+    if acc.get("rho_worst_case") is not None and acc.get("rho_budget"):
+        share = acc["rho_worst_case"] / acc["rho_budget"]
+        by_atom = acc.get("rho_by_atom") or {}
+        parts = [f"{name} ρ {by_atom[key]:.4g}" for key, name in _ATOMS_IN_WORDS.items()
+                 if isinstance(by_atom.get(key), (int, float)) and by_atom[key] > 0]
+        text = (f"ρ {acc['rho_worst_case']:.4g} of {acc['rho_budget']:.4g} ({share:.0%}) for the "
+                f"most-charged document")
+        if acc.get("epsilon_worst_case") is not None:
+            text += f", that is ε {acc['epsilon_worst_case']:.3g} of {eps:g} at δ {delta:g}"
+        text += (". Each document is charged only for the group it belongs to (by its "
+                 "timestamp), so the groups' spends do not add up")
+        text += (": " + "; ".join(parts) + "." if parts else ".")
+        remaining = (acc.get("rho_remaining_by_atom") or {}).get("stream_new_epoch")
+        if remaining is not None:
+            text += f" Left for documents of a new epoch: ρ {remaining:.4g}."
+        out.append(("Spent so far", text))
+    covered = report.get("epochs_covered")
+    if covered:
+        mech = report.get("mechanism")
+        text = (f"epochs {covered[0]}–{covered[1]}" if covered[0] != covered[1]
+                else f"epoch {covered[0]}")
+        if report.get("horizon") is not None:
+            text += f" of a horizon of {report['horizon']} epochs"
+        text += (f"; Gaussian noise through {'the binary tree' if mech == 'tree' else 'BLT matrix factorisation' if mech == 'blt' else mech}"
+                 " (continual release: every release re-uses noised partial sums, nothing is "
+                 "charged twice)")
+        out.append(("Releases covered", text + "."))
+    if sampler and not report.get("non_private"):
+        out.append(("Noise", f"drawn by {sampler}; sensitivities bounded by clipping every "
+                    "document (the clip bounds are in the report)."))
+    vocab = report.get("vocabulary") if isinstance(report.get("vocabulary"), dict) else None
+    if is_non_private(report):
+        out.append(("What is public", "Whatever this snapshot is published to. Without a "
+                    "guarantee it is as sensitive as the documents themselves: give it the "
+                    "documents' access control."))
+        return out
+    public = ["the topics (word probabilities), α and the eigenvalues",
+              (f"the noised document count (≈ {n_docs:,.0f})" if n_docs is not None
+               else "the noised document count"),
+              "each topic's noise estimate and this privacy report"]
+    text = ("This snapshot is computed from noised values only, so all of it is public: "
+            + ", ".join(public) + ". ")
+    if vocab is not None:
+        text += f"The vocabulary is {_VOCABULARY_IN_WORDS.get(vocab.get('mode'), vocab.get('mode'))}. "
+    else:
+        text += "The vocabulary is the caller's and is assumed public. "
+    text += ("Public by design: the clip bounds, the epoch schedule and when releases happen. Not "
+             "public (operators only): exact counts in /metrics, the logs, the state topic and the "
+             "privacy ledger (docs/privacy.md, Trust boundary).")
+    out.append(("What is public", text))
+    return out

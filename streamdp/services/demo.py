@@ -25,6 +25,7 @@ from streamdp import progress
 from streamdp.evaluation import matched_topic_error
 from streamdp.kafka.connectivity import quiet_librdkafka
 from streamdp.kafka.topics import TopicNames, ensure_topics
+from streamdp.report import report_from_dir
 from streamdp.services import control
 from streamdp.services.config import ServiceConfig
 from streamdp.services.demo_corpus import TOPICS, sample_texts
@@ -271,8 +272,10 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
         out(f"A running release service also serves the latest one as JSON at GET /snapshot/latest "
             f"(this demo's was {http_url}/snapshot/latest until it stopped; a deployment logs "
             "'release service HTTP on ...' at start).")
+        report_path = report_from_dir(snap_dir, work / "report.html", vocabulary=vocab)
+        out(f"\nThe report (topics, their history, privacy spent), to open in a browser: {report_path}")
         return {"error": err["l2_mean"], "epoch": snap.epoch, "snapshot": snap, "workdir": str(work),
-                "vocabulary_id": vocab.id}
+                "vocabulary_id": vocab.id, "report": str(report_path)}
     finally:
         # stopping on purpose: librdkafka's disconnect lines are DEBUG, not failures
         with quiet_librdkafka():

@@ -1,0 +1,237 @@
+"""The HTML page: Plotly figures (plotly.js inlined once, nothing loaded from the network) in a
+jinja2 template. Pure: snapshots and a vocabulary in, one self-contained HTML string out."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from pathlib import Path
+
+import jinja2
+import numpy as np
+import plotly
+import plotly.graph_objects as go
+import plotly.offline
+from plotly.subplots import make_subplots
+
+from streamdp.privacy.report import describe, is_non_private
+from streamdp.report.analysis import (ATOM_NAMES, budget_series, check_vocabulary,
+                                      follow_topics, noise_level, order_releases, release_label)
+from streamdp.report.load import ReportInputError
+from streamdp.snapshot import TopicSnapshot
+
+#: one colour per topic (Plotly's qualitative palette, cycled)
+PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692",
+           "#B6E880", "#FF97FF", "#FECB52")
+#: figure options: no Plotly logo, no cloud button, resize with the page
+PLOT_CONFIG = {"displaylogo": False, "responsive": True,
+               "modeBarButtonsToRemove": ["sendDataToCloud"]}
+#: words-entered/left rows shown per topic (the charts show every release)
+MAX_CHANGE_ROWS = 8
+
+_env = jinja2.Environment(loader=jinja2.PackageLoader("streamdp.report", "templates"),
+                          autoescape=True, undefined=jinja2.StrictUndefined,
+                          trim_blocks=True, lstrip_blocks=True)
+
+
+def _div(fig: go.Figure, div_id: str) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, config=PLOT_CONFIG,
+                       div_id=div_id, default_width="100%")
+
+
+def _layout(fig: go.Figure, height: int, **kw) -> go.Figure:
+    fig.update_layout(height=height, margin=dict(l=10, r=10, t=kw.pop("top", 10), b=30),
+                      template="plotly_white", font=dict(size=12), **kw)
+    return fig
+
+
+def topic_bar_figure(history, colour: str) -> go.Figure:
+    """The latest release's top words of one topic as bars; the previous release's
+    probabilities of the same words as markers (drift at a glance)."""
+    step = history.steps[-1]
+    words = [w for w, _ in step.top_words][::-1]            # most probable at the top
+    probs = [p for _, p in step.top_words][::-1]
+    fig = go.Figure(go.Bar(x=probs, y=words, orientation="h", marker_color=colour,
+                           name=step.label, hovertemplate="%{y}: p = %{x:.4f}<extra></extra>"))
+    if step.previous_p is not None:
+        prev = history.steps[-2]
+        fig.add_trace(go.Scatter(
+            x=step.previous_p[::-1], y=words, mode="markers", name=prev.label,
+            marker=dict(symbol="line-ns-open", size=14, color="#222", line=dict(width=2)),
+            hovertemplate=f"%{{y}} in {prev.label}: p = %{{x:.4f}}<extra></extra>"))
+    return _layout(fig, 40 + 22 * len(words), showlegend=False,
+                   xaxis=dict(title=None, tickformat=".2f", rangemode="tozero"),
+                   yaxis=dict(automargin=True))
+
+
+def drift_figure(histories) -> go.Figure | None:
+    """Per topic across releases: drift (total variation to the previous release), α and the
+    noise-to-signal estimate. None when there is only one release."""
+    if max(len(h.steps) for h in histories) < 2:
+        return None
+    any_noise = any(s.noise_to_signal is not None for h in histories for s in h.steps)
+    rows = 3 if any_noise else 2
+    titles = ["drift: share of the topic's probability mass that moved since the previous release",
+              "α (topic weight)"] + (["estimated noise-to-signal (above 1: mostly noise)"] if any_noise else [])
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.09,
+                        subplot_titles=titles)
+    for h in histories:
+        colour = PALETTE[h.topic % len(PALETTE)]
+        name = f"topic {h.topic}: " + " ".join(w for w, _ in h.steps[-1].top_words[:3])
+        xs = [s.x for s in h.steps]
+        labels = [f"{s.label}, index {s.topic}" for s in h.steps]
+        common = dict(legendgroup=name, line=dict(color=colour), mode="lines+markers",
+                      customdata=labels)
+        fig.add_trace(go.Scatter(x=xs[1:], y=[s.drift for s in h.steps[1:]], name=name,
+                                 customdata=labels[1:],
+                                 hovertemplate="%{customdata}: moved %{y:.1%}<extra></extra>",
+                                 **{k: v for k, v in common.items() if k != "customdata"}),
+                      row=1, col=1)
+        fig.add_trace(go.Scatter(x=xs, y=[s.alpha for s in h.steps], name=name, showlegend=False,
+                                 hovertemplate="%{customdata}: α = %{y:.3f}<extra></extra>",
+                                 **common), row=2, col=1)
+        if any_noise:
+            fig.add_trace(go.Scatter(
+                x=xs, y=[None if s.noise_to_signal is None or not math.isfinite(s.noise_to_signal)
+                         else s.noise_to_signal for s in h.steps], name=name, showlegend=False,
+                hovertemplate="%{customdata}: noise/signal = %{y:.3f}<extra></extra>", **common),
+                row=3, col=1)
+    fig.update_yaxes(tickformat=".0%", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="epoch", row=rows, col=1, dtick=1)
+    return _layout(fig, 180 * rows + 60, top=30, legend=dict(orientation="h", y=-0.12))
+
+
+def budget_figure(points) -> go.Figure | None:
+    """ρ spent per group of documents and ε of the most-charged document, per release, against
+    the budget. None without an accountant report (non-private snapshots)."""
+    if not points:
+        return None
+    xs = [p.x for p in points]
+    labels = [p.label for p in points]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=[
+        "ρ (zCDP) spent by each group of documents; a document is charged only in its own group",
+        "ε spent, at the budget's δ"])
+    for i, name in enumerate(ATOM_NAMES.values()):
+        ys = [p.rho_by_atom.get(name) for p in points]
+        if all(not y for y in ys):          # a group this deployment does not have
+            continue
+        fig.add_trace(go.Scatter(x=xs, y=ys, name=name, mode="lines+markers", customdata=labels,
+                                 line=dict(color=("#636EFA", "#00CC96", "#AB63FA")[i]),
+                                 hovertemplate="%{customdata}: ρ %{y:.4g}<extra>" + name + "</extra>"),
+                      row=1, col=1)
+    fig.add_trace(go.Scatter(x=xs, y=[p.rho_budget for p in points], name="ρ budget",
+                             mode="lines", line=dict(color="#EF553B", dash="dash"),
+                             customdata=labels,
+                             hovertemplate="%{customdata}: budget ρ %{y:.4g}<extra></extra>"),
+                  row=1, col=1)
+    if any(p.epsilon_spent is not None for p in points):
+        fig.add_trace(go.Scatter(x=xs, y=[p.epsilon_spent for p in points],
+                                 name="ε spent (most-charged document)",
+                                 mode="lines+markers", line=dict(color="#FFA15A"),
+                                 customdata=labels,
+                                 hovertemplate="%{customdata}: ε %{y:.3g}<extra></extra>"),
+                      row=2, col=1)
+    if any(p.epsilon_stream is not None for p in points):
+        fig.add_trace(go.Scatter(x=xs, y=[p.epsilon_stream for p in points],
+                                 name="ε spent (stream documents)", connectgaps=True,
+                                 mode="lines+markers", line=dict(color="#00CC96"),
+                                 customdata=labels,
+                                 hovertemplate="%{customdata}: ε %{y:.3g}<extra>stream</extra>"),
+                      row=2, col=1)
+    fig.add_trace(go.Scatter(x=xs, y=[p.epsilon for p in points], name="ε budget", mode="lines",
+                             line=dict(color="#EF553B", dash="dot"), customdata=labels,
+                             hovertemplate="%{customdata}: budget ε %{y:.3g}<extra></extra>"),
+                  row=2, col=1)
+    fig.update_yaxes(rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="epoch", row=2, col=1, dtick=1)
+    return _layout(fig, 480, top=30, legend=dict(orientation="h", y=-0.15))
+
+
+def _when(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _identity_summary(links) -> dict:
+    by_method = {m: [l for l in links if l.method == m] for m in ("refinement", "matched")}
+    refined = by_method["refinement"]
+    disagree = [(i, l) for i, l in enumerate(links) if l.method == "refinement" and l.disagreements]
+    return {"n_links": len(links), "n_refinement": len(refined), "n_matched": len(by_method["matched"]),
+            "n_broken": sum(l.method is None for l in links),
+            "n_agree": len(refined) - len(disagree), "disagree": disagree,
+            "broken": [(i, l.reason) for i, l in enumerate(links) if l.method is None]}
+
+
+def render_report(snapshots: list[TopicSnapshot], vocabulary, *, source: str, n_words: int = 10,
+                  last: int | None = None, generated_at: float | None = None) -> str:
+    """The report as one self-contained HTML page (plotly.js inlined)."""
+    if not snapshots:
+        raise ReportInputError(f"no snapshots in {source}")
+    releases, republished = order_releases(snapshots)
+    if last is not None:
+        releases = releases[-last:]
+    check_vocabulary(releases, vocabulary)
+    words = vocabulary.words
+    latest = releases[-1]
+    links, histories = follow_topics(releases, words, n_words)
+    points = budget_series(releases)
+
+    topics = []
+    for h in histories:
+        step = h.steps[-1]
+        noise_text, noise_class = noise_level(step.noise_to_signal)
+        changes = [s for s in h.steps[1:] if s.entered or s.left][-MAX_CHANGE_ROWS:]
+        topics.append({
+            "index": h.topic, "alpha": step.alpha, "noise_text": noise_text,
+            "noise_class": noise_class, "noise_ratio": step.noise_to_signal,
+            "headline": " ".join(w for w, _ in step.top_words[:3]),
+            "div": _div(topic_bar_figure(h, PALETTE[h.topic % len(PALETTE)]), f"topic-{h.topic}"),
+            "followed_from": h.steps[0].label, "n_steps": len(h.steps),
+            "drift_last": h.steps[-1].drift,
+            "indices": [s.topic for s in h.steps],
+            "changes": [{"label": s.label, "entered": s.entered, "left": s.left, "drift": s.drift}
+                        for s in changes],
+            "n_changes_hidden": max(0, sum(1 for s in h.steps[1:] if s.entered or s.left)
+                                    - MAX_CHANGE_ROWS),
+        })
+    drift = drift_figure(histories)
+    budget = budget_figure(points)
+    privacy = latest.privacy if isinstance(latest.privacy, dict) else {}
+    page = _env.get_template("report.html.j2").render(
+        plotly_js=plotly.offline.get_plotlyjs(), plotly_version=plotly.__version__,
+        source=source, generated=_when(generated_at if generated_at is not None
+                                       else _dt.datetime.now().timestamp()),
+        latest={"release_id": latest.release_id, "label": release_label(latest, len(releases) - 1),
+                "stage": latest.stage, "created": _when(latest.created_at),
+                "n_docs": latest.n_docs, "k": latest.n_topics, "d": latest.topic_word.shape[1],
+                "mechanism": latest.mechanism, "vocabulary_id": vocabulary.id,
+                "quality_note": latest.quality_note},
+        n_releases=len(releases), republished=republished,
+        first_label=release_label(releases[0], 0), n_words=n_words,
+        non_private=is_non_private(privacy), topics=topics,
+        identity=_identity_summary(links), releases=[release_label(s, i) for i, s in enumerate(releases)],
+        drift_div=None if drift is None else _div(drift, "topics-across-releases"),
+        budget_div=None if budget is None else _div(budget, "privacy-budget"),
+        budget_last=points[-1] if points else None,
+        plain_words=describe(privacy, n_docs=latest.n_docs),
+        privacy_json=json.dumps(privacy, indent=1, default=_json_default, ensure_ascii=False))
+    return page
+
+
+def _json_default(o):
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    return str(o)
+
+
+def write_report(snapshots: list[TopicSnapshot], vocabulary, out: str | Path, **kw) -> Path:
+    """Render and write atomically; returns the path written."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(render_report(snapshots, vocabulary, **kw), encoding="utf-8")
+    tmp.replace(out)
+    return out
