@@ -26,7 +26,8 @@ def test_bad_arguments_fail_with_a_message():
 
 
 def test_every_subcommand_has_help():
-    for cmd in ("demo", "broker", "sketcher", "release", "produce", "control", "topics", "simulate"):
+    for cmd in ("demo", "broker", "sketcher", "release", "produce", "control", "topics", "simulate",
+                "report"):
         r = run(cmd, "--help")
         assert r.returncode == 0, (cmd, r.stderr)
         assert "usage:" in r.stdout
@@ -82,6 +83,12 @@ def test_demo_runs_end_to_end_on_the_embedded_broker(tmp_path):
     assert json.loads(t.stdout)["epoch"] == 2
     t = run(*printed[0][1:], "-n", "5")
     assert t.stdout.count("topic ") == 6 and "epoch 2" in t.stdout
+    # and it ends by pointing at the HTML report it wrote (tests/test_report.py renders one)
+    last = r.stdout.strip().splitlines()[-1]
+    assert "open in a browser" in last and last.endswith(str(tmp_path / "report.html")), last
+    page = (tmp_path / "report.html").read_text()
+    assert page.count('class="card topic-card"') == 6 and 'id="privacy-budget"' in page
+    assert "2 releases read (epoch 1 → epoch 2)" in page
 
 
 def test_control_messages_from_the_cli_are_signed(kafka_broker, kafka_topics, tmp_path):

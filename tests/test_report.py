@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ from streamdp.services.demo_corpus import sample_texts
 from streamdp.snapshot import TopicSnapshot
 from streamdp.text.vocabulary import Vocabulary
 
-CHROMIUM = os.environ.get("STREAMDP_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM = os.environ.get("STREAMDP_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 K, EPOCHS, N_WORDS = 6, 4, 10
@@ -97,8 +98,12 @@ def browser():
     return sync_playwright
 
 
-def test_report_renders_in_headless_chromium_with_no_network(private_dir, tmp_path):
-    sync_playwright = browser()
+@pytest.fixture(scope="module")
+def sync_playwright():
+    return browser()        # module scope, before private_dir: no snapshots made for a skip
+
+
+def test_report_renders_in_headless_chromium_with_no_network(sync_playwright, private_dir, tmp_path):
     out = tmp_path / "report.html"
     r = cli("report", str(private_dir), "--out", str(out), "-n", str(N_WORDS))
     assert r.returncode == 0, r.stderr
