@@ -346,22 +346,25 @@ def _topics(a) -> int:
 
 def _report(a) -> int:
     from streamdp.report import write_report
-    from streamdp.report.load import load_vocabulary, snapshots_from_path, snapshots_from_topic
+    from streamdp.report.load import load_snapshots, load_vocabulary, open_source
+    from streamdp.snapshots import KafkaSource
     if a.bootstrap is not None:
         if a.source is not None:
-            raise ValueError(f"give either a snapshot folder/file ({a.source}) or --bootstrap "
-                             "(the snapshots topic), not both")
+            raise ValueError(f"give either a snapshot source ({a.source}) or --bootstrap (the "
+                             "snapshots topic), not both")
         vocab = load_vocabulary(a.vocabulary)          # first: the topic does not carry it
-        snaps = snapshots_from_topic(a.bootstrap, a.topic, timeout=a.timeout)
-        source = f"topic {a.topic} at {a.bootstrap}"
+        src = KafkaSource(a.bootstrap, a.topic, timeout=a.timeout)
+        where = f"topic {a.topic} at {a.bootstrap}"
     else:
-        path = a.source if a.source is not None else "snapshots"
-        snaps = snapshots_from_path(path)
-        source = path
-        vocab = load_vocabulary(a.vocabulary, near=path)
-    out = write_report(snaps, vocab, a.out, source=source, n_words=a.n, last=a.last)
-    print(f"wrote {out} ({len(snaps)} snapshot(s) read from {source}); open it in a browser: "
-          f"file://{out.resolve()}")
+        where = a.source if a.source is not None else "snapshots"
+        src = open_source(where, timeout=a.timeout)
+        vocab = None if a.vocabulary is None else load_vocabulary(a.vocabulary)
+    snaps = load_snapshots(src)
+    if vocab is None:
+        vocab = load_vocabulary(None, src)
+    out = write_report(snaps, vocab, a.out, source=where, n_words=a.n, last=a.last)
+    print(f"wrote {out} ({len(snaps)} release(s) read from {where}); open it in a browser: "
+          f"{out.resolve().as_uri()}")
     return 0
 
 
@@ -374,20 +377,22 @@ def _report_parser(sub) -> None:
                                    "topics followed across releases; privacy spent against the "
                                    "budget; the privacy report in plain words (docs/report.md).")
     r.add_argument("source", nargs="?",
-                   help="the release service's snapshot_dir, or one epoch-*.msgpack file "
-                        "(default: snapshots; not with --bootstrap)")
+                   help="the release service's snapshot_dir, one epoch-*.msgpack file, its HTTP "
+                        "address (http://HOST:PORT: the latest release only) or "
+                        "kafka://BOOTSTRAP/TOPIC (default: snapshots; not with --bootstrap)")
     r.add_argument("--bootstrap", help="read the snapshots topic from this Kafka instead of files "
                                        "(then --vocabulary is needed)")
     r.add_argument("--topic", default="streamdp.snapshots",
                    help="the snapshots topic (<topic_prefix>.snapshots), with --bootstrap")
-    r.add_argument("--vocabulary", help="the snapshots' vocabulary file (default: vocabulary.txt "
-                                        "next to the snapshots, written by the release service)")
+    r.add_argument("--vocabulary", help="the snapshots' vocabulary file (default: the source's "
+                                        "own: vocabulary.txt in the snapshot folder, GET "
+                                        "/vocabulary.txt over HTTP; needed for the topic)")
     r.add_argument("--out", default="report.html", help="HTML file to write")
     r.add_argument("-n", type=positive_int, default=10, help="words per topic")
     r.add_argument("--last", type=positive_int,
                    help="only the last N releases (default: every release read)")
     r.add_argument("--timeout", type=positive_float, default=30.0,
-                   help="seconds to read the topic, with --bootstrap")
+                   help="seconds to read the topic or wait for the HTTP service")
     r.set_defaults(func=_report)
 
 

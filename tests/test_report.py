@@ -24,7 +24,7 @@ from streamdp import StreamingSpectralLDA
 from streamdp.privacy.conversions import zcdp_epsilon
 from streamdp.privacy.epochs import EpochClock
 from streamdp.report.analysis import budget_series, follow_topics, link_releases, order_releases
-from streamdp.report.load import ReportInputError, load_vocabulary, snapshots_from_path
+from streamdp.report.load import ReportInputError, load_snapshots, load_vocabulary, open_source
 from streamdp.report.render import render_report
 from streamdp.services.demo_corpus import sample_texts
 from streamdp.snapshot import TopicSnapshot
@@ -206,7 +206,7 @@ def test_topics_followed_by_refinement_and_by_matching():
 
 
 def test_budget_series_and_plain_words_read_the_accountant(private_dir):
-    snaps, _ = order_releases(snapshots_from_path(private_dir))
+    snaps, _ = order_releases(load_snapshots(open_source(private_dir)))
     points = budget_series(snaps)
     assert [p.x for p in points] == [1.0, 2.0, 3.0, 4.0]
     for p, s in zip(points, snaps):
@@ -224,8 +224,8 @@ def test_budget_series_and_plain_words_read_the_accountant(private_dir):
 
 
 def test_republished_snapshots_count_once_and_last_limits(private_dir):
-    snaps = snapshots_from_path(private_dir)
-    vocab = load_vocabulary(None, near=private_dir)
+    snaps = load_snapshots(open_source(private_dir))
+    vocab = load_vocabulary(None, open_source(private_dir))
     ordered, dropped = order_releases(snaps + snaps[-1:])
     assert dropped == 1 and [s.epoch for s in ordered] == [1, 2, 3, 4]
     html = render_report(snaps + snaps[-1:], vocab, source="x", last=2)
@@ -241,8 +241,8 @@ def test_non_private_snapshots_say_so(tmp_path):
 
 
 def test_page_is_self_contained_and_escapes_words(private_dir):
-    snaps = snapshots_from_path(private_dir)
-    vocab = load_vocabulary(None, near=private_dir)
+    snaps = load_snapshots(open_source(private_dir))
+    vocab = load_vocabulary(None, open_source(private_dir))
     evil = Vocabulary(["<script>alert(1)</script>" if w == vocab.words[0] else w
                        for w in vocab.words])
     for s in snaps:            # the estimator's snapshots carry no vocabulary id
@@ -266,7 +266,7 @@ def test_bad_input_is_one_line_not_a_traceback(private_dir, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     cases = [((str(tmp_path / "missing"),), "no snapshot folder or file"),
-             ((str(tmp_path / "notes.txt"),), "is not a streamdp topic snapshot"),
+             ((str(tmp_path / "notes.txt"),), "not a readable streamdp topic snapshot"),
              ((str(tmp_path / "latest.json"),), "is JSON, not a snapshot"),
              ((str(empty),), "no snapshots in"),
              ((str(private_dir), "--vocabulary", str(wrong_vocab)), "words per topic"),
@@ -284,8 +284,8 @@ def test_bad_input_is_one_line_not_a_traceback(private_dir, tmp_path, capsys):
     # and once through a real process: exit status 2, one line, no traceback
     r = cli("report", str(tmp_path / "notes.txt"), "--out", str(tmp_path / "r.html"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
-    with pytest.raises(ReportInputError, match="no vocabulary"):
-        load_vocabulary(None, near=tmp_path / "missing")
+    with pytest.raises(ReportInputError, match="--vocabulary"):
+        load_vocabulary(None, open_source(empty))
 
 
 def test_report_from_the_snapshots_topic(kafka_broker, kafka_topics, private_dir, tmp_path):
@@ -294,7 +294,7 @@ def test_report_from_the_snapshots_topic(kafka_broker, kafka_topics, private_dir
     from confluent_kafka import Producer
 
     from streamdp.kafka.topics import client_config
-    snaps = sorted(snapshots_from_path(private_dir), key=lambda s: s.epoch)
+    snaps = sorted(load_snapshots(open_source(private_dir)), key=lambda s: s.epoch)
     p = Producer(client_config(kafka_broker.bootstrap, "producer"))
     for s in snaps + snaps[-1:]:
         p.produce(kafka_topics.snapshots, key=s.release_id.encode(), value=s.to_bytes())
@@ -304,8 +304,42 @@ def test_report_from_the_snapshots_topic(kafka_broker, kafka_topics, private_dir
             "--vocabulary", str(private_dir / "vocabulary.txt"), "--out", str(out))
     assert r.returncode == 0, r.stderr
     html = out.read_text()
-    assert "4 releases read (epoch 1 → epoch 4)" in html and "1 re-publication" in html
+    assert "4 releases read (epoch 1 → epoch 4)" in html     # the re-publication counted once
     assert snaps[-1].release_id in html
     # the topic does not carry the vocabulary: without --vocabulary, a message
     r = cli("report", "--bootstrap", kafka_broker.bootstrap, "--topic", kafka_topics.snapshots)
     assert r.returncode == 2 and "--vocabulary" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_report_from_the_release_service_over_http(private_dir, tmp_path, capsys):
+    """http://HOST:PORT reads the latest release and the vocabulary as the release service
+    serves them (GET /snapshot/latest.msgpack, /vocabulary.txt)."""
+    import http.server
+    import threading
+
+    from streamdp.cli import main
+    latest = max(load_snapshots(open_source(private_dir)), key=lambda s: s.epoch)
+    bodies = {"/snapshot/latest.msgpack": latest.to_bytes(),
+              "/vocabulary.txt": (private_dir / "vocabulary.txt").read_bytes()}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = bodies.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.end_headers()
+            self.wfile.write(body if body is not None else b'{"routes": []}')
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        out = tmp_path / "http.html"
+        assert main(["report", url, "--out", str(out)]) == 0, capsys.readouterr().err
+    finally:
+        server.shutdown()
+    html = out.read_text()
+    assert "1 release read (epoch 4 → epoch 4)" in html and latest.release_id in html
+    assert html.count('class="card topic-card"') == K

@@ -2,8 +2,8 @@
 
 Rendering (:mod:`streamdp.report.render`) is pure: snapshots and a vocabulary in, HTML out
 (Plotly charts with plotly.js inlined, a jinja2 template; nothing is loaded from the network).
-Reading snapshots (a folder, a file, the snapshots topic) goes through
-:mod:`streamdp.report.load`. docs/report.md.
+Reading snapshots (a folder, a file, the release service over HTTP, the snapshots topic) goes
+through :mod:`streamdp.report.load`, a thin layer over :mod:`streamdp.snapshots`. docs/report.md.
 """
 from __future__ import annotations
 
@@ -22,11 +22,13 @@ def write_report(*args, **kw):
     return _write(*args, **kw)
 
 
-def report_from_dir(snapshot_dir, out, *, vocabulary=None, **kw):
-    """Write the report of a snapshot folder (or one snapshot file) to ``out``; returns the path.
-    ``vocabulary``: a Vocabulary or a file (default: vocabulary.txt next to the snapshots)."""
-    from streamdp.report.load import load_vocabulary, snapshots_from_path
-    snaps = snapshots_from_path(snapshot_dir)
-    if vocabulary is None or isinstance(vocabulary, (str, bytes)) or hasattr(vocabulary, "__fspath__"):
-        vocabulary = load_vocabulary(vocabulary, near=snapshot_dir)
-    return write_report(snaps, vocabulary, out, source=str(snapshot_dir), **kw)
+def report_from_dir(source, out, *, vocabulary=None, **kw):
+    """Write the report of a snapshot folder, one snapshot file, an http(s):// release service
+    or kafka://BOOTSTRAP/TOPIC to ``out``; returns the path written. ``vocabulary``: a
+    Vocabulary, a file, or None (the source's own: a folder's vocabulary.txt, GET /vocabulary.txt)."""
+    from streamdp.report.load import load_snapshots, load_vocabulary, open_source
+    src = open_source(source)
+    snaps = load_snapshots(src)
+    if vocabulary is None or isinstance(vocabulary, str) or hasattr(vocabulary, "__fspath__"):
+        vocabulary = load_vocabulary(vocabulary, src)
+    return write_report(snaps, vocabulary, out, source=str(source), **kw)
