@@ -258,6 +258,13 @@ def test_page_is_self_contained_and_escapes_words(private_dir):
         assert needle not in rest, needle
 
 
+def test_rendering_does_not_import_kafka():
+    r = subprocess.run([sys.executable, "-c", "import sys, streamdp.report.render, streamdp.report; "
+                        "print(sorted(m for m in sys.modules if 'kafka' in m))"],
+                       capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
 def test_bad_input_is_one_line_not_a_traceback(private_dir, tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("hello\n")
     (tmp_path / "latest.json").write_text('{"release_id": "x"}')
