@@ -181,7 +181,7 @@ def describe(report: dict, *, n_docs: float | None = None) -> list[tuple[str, st
     else:
         text += "The vocabulary is the caller's and is assumed public. "
     text += ("Public by design: the clip bounds, the epoch schedule and when releases happen. Not "
-             "public (operators only): exact counts in /metrics, the logs, the state topic and the "
-             "privacy ledger (docs/privacy.md, Trust boundary).")
+             "public (operators only, in the services): exact counts in /metrics, the logs, the state "
+             "topic and the privacy ledger (docs/privacy.md, Trust boundary).")
     out.append(("What is public", text))
     return out
