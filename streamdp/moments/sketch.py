@@ -16,11 +16,12 @@ w3 = scale/(l(l−1)(l−2)):
 
     Zacc += Xᵀ (w2 ⊙ Y),  a2 += Xᵀ w2        (z = Zacc − diag(a2) Q)
     B3   += Xᵀ (w3 ⊙ Y),  a3 += Xᵀ w3        (Σ_i q_i⊗q_i⊗B3_i, Σ_i a3_i q_i^{⊗3})
-    T3   += (w3 ⊙ Y)ᵀ (Y ⊙_row Y)_{j≤k}       (Σ w3 y⊗y⊗y, one GEMM per batch; only
-                                              the k'(k'+1)/2 pairs j ≤ k, y⊗y is symmetric)
+    T3   += Σ_n w3 y⊗y⊗y on a ≤ b ≤ c          (symmetric: only the k'(k'+1)(k'+2)/6
+                                              distinct entries, packed; :mod:`.symmetric3`)
 
-and expand only when the sums are read (:meth:`WhitenedSketch.sums`, O(d·k'³)).
-Per document that is O(nnz·k' + k'³) work, all of it BLAS or sparse kernels.
+and expand only when the sums are read (:meth:`WhitenedSketch.sums`, O(d·k'³); T3 is
+expanded there to the full symmetric k'³ tensor, so the released s3 is the same tensor).
+Per document that is O(nnz·k' + k'³/6) work, all of it BLAS or sparse kernels.
 All accumulators are sums, so sketches of disjoint document sets merge by
 addition.
 
@@ -41,13 +42,15 @@ import scipy.sparse as sp
 
 from streamdp import serialization as ser
 from streamdp.documents import PendingRows, as_count_batch, keep_long_documents
-from streamdp.moments import clipping
+from streamdp.moments import clipping, symmetric3
 from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy import rounding
 from streamdp.privacy.rounding import BATCH_ROWS_MAX, READ_CHUNK_MAX, MAGNITUDE_FACTOR
 from streamdp.whitening.subspace import Subspace
 
-SCHEMA_VERSION = 1
+#: v2: t3 holds the packed distinct entries (a ≤ b ≤ c, :mod:`.symmetric3`); v1 states
+#: (t3 over (a, pair b ≤ c)) still load, converted
+SCHEMA_VERSION = 2
 
 # Rows of the (batch × k'²) Khatri–Rao product materialised at once (~32 MB).
 _KR_ELEMENTS = 1 << 22
@@ -179,8 +182,7 @@ class WhitenedSketch:
         self.a2 = np.zeros(d)
         self.b3 = np.zeros((d, k))
         self.a3 = np.zeros(d)
-        self._pairs = np.triu_indices(k)
-        self.t3 = np.zeros((k, len(self._pairs[0])))
+        self.t3 = np.zeros(symmetric3.packed_size(k))    # Σ w3 y⊗y⊗y, packed a ≤ b ≤ c
         # compensation (low) part of every accumulator: value = accumulator + compensation
         self.comp = {n: np.zeros_like(getattr(self, n)) for n in _ACCUMULATORS}
         self.pending = PendingRows(d, BATCH_ROWS_MAX)
@@ -231,15 +233,9 @@ class WhitenedSketch:
         W3Y = Y * w3[:, None]
         self._add("b3", Xt @ W3Y)
         self._add("a3", Xt @ w3)
-        j, kk = self._pairs
-        step = max(1, _KR_ELEMENTS // len(j))
-        # sub-chunks summed plainly: a term passes ≤ step + ⌈n/step⌉ ≤ n + 1 additions
-        t3 = None
-        for s in range(0, Y.shape[0], step):
-            Ys = Y[s:s + step]
-            part = W3Y[s:s + step].T @ (Ys[:, j] * Ys[:, kk])
-            t3 = part if t3 is None else t3.__iadd__(part)
-        self._add("t3", t3)
+        # only the distinct entries a ≤ b ≤ c of the symmetric Σ w3 y⊗y⊗y (documents in
+        # blocks summed plainly: a term passes ≤ n + 1 additions)
+        self._add("t3", symmetric3.cube_sums(np.ascontiguousarray(Y.T), np.ascontiguousarray(W3Y.T)))
         self._n_clipped += int(np.count_nonzero(scale < 1.0))
         self.weight_sum, self.weight_sum_lo = rounding.accumulate_scalar(
             self.weight_sum, self.weight_sum_lo, float(scale.sum()))
@@ -370,11 +366,7 @@ class WhitenedSketch:
         P = rounding.collapse(P, P_lo).reshape(k, k, k)
         D = rounding.collapse(D, D_lo).reshape(k, k, k)
         # term order: q⊗q⊗B → P[a,b,c]; q⊗B⊗q → P[a,c,b]; B⊗q⊗q → P[b,c,a]
-        yyy = np.empty((k, k, k))
-        j, kk = self._pairs
-        t3 = self.value("t3")
-        yyy[:, j, kk] = t3
-        yyy[:, kk, j] = t3
+        yyy = symmetric3.expand(self.value("t3"), k)     # the full symmetric tensor
         s3 = (yyy
               - (P + P.transpose(0, 2, 1) + P.transpose(2, 0, 1)) + 2.0 * D)
         return SketchSums(count=self.weight_sum + self.weight_sum_lo, m1=m1, z=z, s1=s1, s2=s2,
@@ -401,19 +393,24 @@ class WhitenedSketch:
 
     @classmethod
     def from_dict(cls, obj: dict, subspace: Subspace) -> "WhitenedSketch":
-        ser.check_header(obj, "whitened_sketch", SCHEMA_VERSION)
+        pair_layout = isinstance(obj, dict) and obj.get("v") == 1   # t3 over (a, pair b ≤ c)
+        ser.check_header(obj, "whitened_sketch", 1 if pair_layout else SCHEMA_VERSION)
         if obj.get("subspace_id") != subspace.id:
             raise ser.SchemaError(f"sketch was built on subspace {obj.get('subspace_id')}, "
                                   f"not on {subspace.id}")
         out = cls(subspace, ClipBounds.from_dict(obj["clip"]))
         for n in _ACCUMULATORS:
             a = ser.unpack_array(obj["acc"][n], name=n)
+            if n == "t3" and pair_layout:
+                a = _t3_from_pair_layout(a, subspace.dim)
             if a.shape != getattr(out, n).shape:
                 raise ser.SchemaError(f"sketch block {n}: shape {a.shape}, expected {getattr(out, n).shape}")
             setattr(out, n, a.astype(np.float64, copy=False))
             # states written before compensation existed carry none (their value is exact as is)
             if "comp" in obj:
                 c = ser.unpack_array(obj["comp"][n], name=f"comp.{n}")
+                if n == "t3" and pair_layout:
+                    c = _t3_from_pair_layout(c, subspace.dim)
                 if c.shape != a.shape:
                     raise ser.SchemaError(f"sketch compensation {n}: shape {c.shape}, expected {a.shape}")
                 out.comp[n] = c.astype(np.float64, copy=True)
@@ -429,3 +426,12 @@ class WhitenedSketch:
     @classmethod
     def from_bytes(cls, data: bytes, subspace: Subspace) -> "WhitenedSketch":
         return cls.from_dict(ser.loads(data), subspace)
+
+
+def _t3_from_pair_layout(t3: np.ndarray, k: int) -> np.ndarray:
+    """A v1 state's t3 (k', k'(k'+1)/2) as packed entries (the value and its compensation
+    alike: each packed entry keeps the same stored pair)."""
+    try:
+        return symmetric3.from_pair_layout(t3, k)
+    except ValueError as e:
+        raise ser.SchemaError(f"sketch block t3 (v1 layout): {e}") from None
