@@ -16,7 +16,8 @@ of real documents (Debian bookworm package descriptions, d = 5000, k = 20, as
 the rest warm up a private estimator, ε = 1; the next ``--gensim-docs`` documents are the
 block). Repeats run interleaved (streamdp, gensim, streamdp, gensim, …) so both see the same
 load on a shared machine; the table gives each model's median, min and max documents/s, the
-ratio of the medians and the worst and best ratio of adjacent (same-repeat) pairs.
+ratio of the medians and the worst and best ratio of adjacent (same-repeat) pairs, and the
+ratio of median CPU-time rates (``x_gensim_cpu``: less sensitive to other processes' load).
 ``state_MB`` is the sketch's state (accumulators, compensation, pending rows) and
 ``chunk_peak_MB`` the peak of the temporaries one 4,096-document chunk allocates (tracemalloc).
 """
@@ -39,6 +40,8 @@ import psutil  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# measure this checkout's streamdp (not whichever the environment installed, e.g. another worktree)
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from _common import markdown_table, parse_args, progress, write_json  # noqa: E402
 
 from streamdp import ClipBounds, StreamingSpectralLDA, Subspace, WhitenedSketch  # noqa: E402
@@ -126,16 +129,21 @@ def versus_gensim(n_block: int, repeats: int, seed: int = 0, batch: int = 8192) 
     est.partial_fit(X[:0])
     batches = [block[s0:s0 + batch] for s0 in range(0, block.shape[0], batch)]
     n = block.shape[0]
-    sketch_rates, gensim_rates = [], []
+    sketch_rates, gensim_rates, sketch_cpu, gensim_cpu = [], [], [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for B in batches:
             est.partial_fit(B)
         sketch_rates.append(n / (time.perf_counter() - t0))
+        sketch_cpu.append(n / (time.process_time() - c0))
+        c0 = time.process_time()
         gensim_rates.append(fit_gensim(block, k, seed=seed)[1]["docs_per_s"])
+        gensim_cpu.append(n / (time.process_time() - c0))     # includes its input conversion
         print(f"[gensim] sketch {sketch_rates[-1]:,.0f}/s, gensim {gensim_rates[-1]:,.0f}/s, "
-              f"ratio {sketch_rates[-1] / gensim_rates[-1]:.1f}", flush=True)
+              f"ratio {sketch_rates[-1] / gensim_rates[-1]:.1f} (CPU time: "
+              f"{sketch_cpu[-1] / gensim_cpu[-1]:.1f}), load {os.getloadavg()[0]:.2f}", flush=True)
     pairs = [a / b for a, b in zip(sketch_rates, gensim_rates)]
+    cpu_pairs = [a / b for a, b in zip(sketch_cpu, gensim_cpu)]
     med_s, med_g = float(np.median(sketch_rates)), float(np.median(gensim_rates))
     sk = est.sketch_
     return {"setting": f"debian d={X.shape[1]} k={k} (k'={sk.subspace.dim})", "docs": n,
@@ -143,6 +151,9 @@ def versus_gensim(n_block: int, repeats: int, seed: int = 0, batch: int = 8192) 
             "sketch_max": max(sketch_rates), "gensim_docs_per_s": med_g,
             "gensim_min": min(gensim_rates), "gensim_max": max(gensim_rates),
             "x_gensim": med_s / med_g, "x_gensim_worst": min(pairs), "x_gensim_best": max(pairs),
+            "x_gensim_cpu": float(np.median(sketch_cpu)) / float(np.median(gensim_cpu)),
+            "x_gensim_cpu_worst": min(cpu_pairs), "x_gensim_cpu_best": max(cpu_pairs),
+            "sketch_cpu_all": sketch_cpu, "gensim_cpu_all": gensim_cpu,
             "state_MB": sk.nbytes / 2**20, "chunk_peak_MB": chunk_peak_mb(sk, block),
             "sketch_all": sketch_rates, "gensim_all": gensim_rates, "x_gensim_pairs": pairs,
             "load_avg": os.getloadavg(), "streamdp": str(Path(sys.modules["streamdp"].__file__).parent)}
@@ -184,8 +195,8 @@ def main(argv=None):
               f"(load average {', '.join(f'{x:.2f}' for x in os.getloadavg())})\n")
         print(markdown_table(vs, ["setting", "docs", "sketch_docs_per_s", "sketch_min",
                                   "sketch_max", "gensim_docs_per_s", "gensim_min", "gensim_max",
-                                  "x_gensim", "x_gensim_worst", "x_gensim_best", "state_MB",
-                                  "chunk_peak_MB"]))
+                                  "x_gensim", "x_gensim_worst", "x_gensim_best", "x_gensim_cpu",
+                                  "state_MB", "chunk_peak_MB"]))
     write_json(a.json, {"rows": rows, "versus_gensim": vs})
 
 
