@@ -32,23 +32,17 @@ def packed_size(k: int) -> int:
     return k * (k + 1) * (k + 2) // 6
 
 
-@lru_cache(maxsize=16)
-def _layout(k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets (k+1,), full_index (k,k,k)): block b starts at offsets[b]; full_index[a,b,c]
-    is the packed position of the sorted triple of (a, b, c)."""
+@lru_cache(maxsize=64)
+def _offsets(k: int) -> np.ndarray:
+    """Start of block b (the entries with middle index b) in the packed vector, b = 0 … k."""
     sizes = np.array([(b + 1) * (k - b) for b in range(k)], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
-    idx = np.indices((k, k, k)).reshape(3, -1)
-    lo, mid, hi = np.sort(idx, axis=0)
-    full = (offsets[mid] + lo * (k - mid) + (hi - mid)).reshape(k, k, k)
     offsets.setflags(write=False)
-    full.setflags(write=False)
-    return offsets, full
+    return offsets
 
 
 def triples(k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(a, b, c) with a ≤ b ≤ c of every packed position, in packed order."""
-    offsets, _ = _layout(k)
     a, b, c = [], [], []
     for m in range(k):
         aa, cc = np.meshgrid(np.arange(m + 1), np.arange(m, k), indexing="ij")
@@ -74,7 +68,7 @@ def cube_sums(Yt: np.ndarray, WYt: np.ndarray, out: np.ndarray | None = None) ->
         raise ValueError(f"WYt has shape {WYt.shape}, expected {(k, n)}")
     Yt = np.ascontiguousarray(Yt, dtype=np.float64)
     WYt = np.ascontiguousarray(WYt, dtype=np.float64)
-    offsets, _ = _layout(k)
+    offsets = _offsets(k)
     if out is None:
         out = np.empty(packed_size(k))
     elif out.shape != (packed_size(k),) or not out.flags.c_contiguous:
@@ -108,7 +102,18 @@ def expand(packed: np.ndarray, k: int) -> np.ndarray:
     packed = np.asarray(packed)
     if packed.shape != (packed_size(k),):
         raise ValueError(f"packed vector of shape {packed.shape}, expected ({packed_size(k)},)")
-    return packed[_layout(k)[1]]
+    offsets = _offsets(k)
+    full = np.empty((k, k, k), dtype=packed.dtype)
+    for b in range(k):
+        B = packed[offsets[b]:offsets[b + 1]].reshape(b + 1, k - b)    # [a, c], a ≤ b ≤ c
+        # the six placements of (a, b, c); ties (a = b or b = c) write the same value twice
+        full[:b + 1, b, b:] = B
+        full[:b + 1, b:, b] = B
+        full[b, :b + 1, b:] = B
+        full[b, b:, :b + 1] = B.T
+        full[b:, :b + 1, b] = B.T
+        full[b:, b, :b + 1] = B.T
+    return full
 
 
 def pack(T: np.ndarray) -> np.ndarray:
