@@ -104,8 +104,8 @@ def row_sums(X: sp.csr_matrix, values: np.ndarray) -> np.ndarray:
 
 
 def power_sums(X: sp.csr_matrix, powers=(2, 4, 6)) -> dict[int, np.ndarray]:
-    # even powers by repeated squaring/multiplication (≈ 5× faster than the float pow); exact for
-    # counts below 2^(53/p), ≤ 3 roundings otherwise (the callers' headroom counts 10)
+    # even powers by multiplication (faster than the float pow; this runs per chunk): exact
+    # for counts below 2^(53/p), ≤ 3 roundings otherwise (the callers' headroom counts 10)
     c = X.data
     c2 = c * c
     pw = {2: c2}
