@@ -514,10 +514,12 @@ class EpochSketches:
         self.closed_through = 0
         self.late_documents = 0
 
-    def add(self, X, timestamps, model: RefinementModel | None = None) -> "EpochSketches":
+    def add(self, X, timestamps, model: RefinementModel | None = None,
+            weights=None) -> "EpochSketches":
         """Route documents to their epochs; with ``model`` (the last snapshot's, public) also
         add their refinement contributions. An epoch is refined only if all its documents
-        were folded into a model (the first refinement starts with a fresh epoch)."""
+        were folded into a model (the first refinement starts with a fresh epoch).
+        ``weights``: user-level weights, one per row (streamdp.privacy.user_bounding)."""
         X = as_count_batch(X, self.subspace.d)
         ts = np.asarray(timestamps, dtype=np.float64).ravel()
         if ts.shape[0] != X.shape[0]:
@@ -531,12 +533,13 @@ class EpochSketches:
             sk = self.open.get(int(e))
             if sk is None:
                 sk = self.open[int(e)] = WhitenedSketch(self.subspace, self.clip)
-            sk.update(X[rows])
+            w = None if weights is None else np.asarray(weights, dtype=np.float64)[rows]
+            sk.update(X[rows], weights=w)
             if model is not None and self.n_topics is not None:
                 rs = self.refine.get(int(e))
                 if rs is None:
                     rs = self.refine[int(e)] = RefinementSketch(self.n_topics, self.subspace.d)
-                rs.update(X[rows], model)
+                rs.update(X[rows], model, weights=w)
         return self
 
     def pop_through(self, epoch: int) -> list[tuple[int, EpochSums | None]]:

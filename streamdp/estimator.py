@@ -19,7 +19,8 @@ from streamdp.privacy.noise import GaussianSampler, make_sampler
 from streamdp.privacy.report import add_budget_context, release_report
 from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, check_max_documents,
                                        require_within_premise, warn_not_covered)
-from streamdp.privacy.spend import spend
+from streamdp.privacy.spend import UnitSpender, spend
+from streamdp.privacy.user_bounding import DEFAULT_MAX_USERS, SCHEDULES, UserBounder
 from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch,
                                  plan_refinement, refined_topics)
@@ -34,6 +35,9 @@ DEFAULT_CLIP_BUDGET_SHARE = 0.05
 # (sequential composition, replace sensitivity); this share of ρ goes to the warm-up.
 COUNT_BOUNDARY_WARMUP_SHARE = 0.25
 WARMUP_BOUNDARIES = ("document", "count")
+PRIVACY_UNITS = ("document", "user")
+#: user mode: kept documents per user per epoch when not configured (the issue's target m)
+DEFAULT_MAX_DOCS_PER_USER_EPOCH = 5
 
 
 def _check_positive_int(name: str, v, minimum: int = 1) -> int:
@@ -117,6 +121,21 @@ class StreamingSpectralLDA:
                                    include the float64 rounding headroom for sums of that size
                                    (+1.9% σ at the default 10⁹); a larger sum is refused before
                                    anything is noised (docs/privacy.md, "Floating point")
+    privacy_unit : {"document", "user"}
+                                   "document" (default): add/remove one document. "user":
+                                   add/remove every document of one user — pass ``users=`` (one
+                                   id per row) to warmup/partial_fit/refine; each user's documents
+                                   get weights summing to ≤ 1 (streamdp.privacy.user_bounding),
+                                   and the warm-up is charged to the stream partition
+                                   (``warmup_share``; a user may have documents on both sides).
+                                   docs/privacy.md, "The user-level unit"
+    max_docs_per_user_epoch : int  m: a user's documents kept per epoch (user mode; default 5;
+                                   one-shot streams are one epoch)
+    max_docs_per_user : int        M: a user's documents kept over the whole stream (default m)
+    user_weights : {"uniform", "decaying"}
+                                   weight of a user's j-th kept document: 1/M, or ∝ 1/j²
+    max_users : int                memory cap of the per-user counters; past it the estimator
+                                   raises UserCapacityExceeded (fails closed)
     run_id : str, optional         names this run in the accountant's ledger: every draw is
                                    reserved under the key ``"<run_id>:<draw>"`` (spend protocol,
                                    :mod:`streamdp.privacy.spend`). Required with an accountant on a
@@ -149,7 +168,10 @@ class StreamingSpectralLDA:
                  warmup_share: float = COUNT_BOUNDARY_WARMUP_SHARE,
                  continual_aggregator: str = "blt",
                  max_documents_per_sum: int = DEFAULT_MAX_DOCUMENTS_PER_SUM,
-                 run_id: str | None = None):
+                 run_id: str | None = None, privacy_unit: str = "document",
+                 max_docs_per_user_epoch: int | None = None,
+                 max_docs_per_user: int | None = None, user_weights: str = "uniform",
+                 max_users: int = DEFAULT_MAX_USERS):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
             raise ValueError(f"seed must be an integer or None, got {seed!r}")
         self.n_topics = _check_positive_int("n_topics", n_topics)
@@ -219,7 +241,10 @@ class StreamingSpectralLDA:
             raise ValueError(f"warmup_share must be in (0, 1), got {warmup_share!r}")
         self.warmup_boundary, self.warmup_share = warmup_boundary, float(warmup_share)
         self.max_documents_per_sum = check_max_documents(max_documents_per_sum)
+        self._init_users(privacy_unit, max_docs_per_user_epoch, max_docs_per_user, user_weights,
+                         max_users)
         self._stream_events: list = []      # every event charged to stream documents so far
+        self._stream_rows_closed = 0         # user mode: stream rows of the closed epochs
         self._model: RefinementModel | None = None
         self._model_epoch: int | None = None   # epoch of the first continual snapshot
         self.continual_ = None
@@ -227,9 +252,15 @@ class StreamingSpectralLDA:
         if accountant is None and self.epsilon is not None:
             from streamdp.privacy.accountant import Accountant
             from streamdp.privacy.memory_ledger import MemoryLedger
-            accountant = Accountant(self.epsilon, self.delta, MemoryLedger())
+            accountant = Accountant(self.epsilon, self.delta, MemoryLedger(),
+                                    unit=self.privacy_unit)
+        if (self.privacy_unit == "user" and accountant is not None
+                and getattr(accountant, "privacy_unit", "user") != "user"):
+            raise ValueError("privacy_unit='user' with a document-level accountant: create it "
+                             "with Accountant(..., unit='user') so its ledger records and "
+                             "enforces the user unit")
         self.accountant = accountant
-        self._spender = self._spend_session(accountant, run_id)
+        self._spender = self._spend_session(accountant, run_id, unit=self.privacy_unit)
         self._draws: dict[str, int] = {}
         # ρ is derived once, by the accountant (a plain EventLog spender has none)
         self.rho_ = None if self.epsilon is None else getattr(
@@ -239,8 +270,51 @@ class StreamingSpectralLDA:
         self.sketch_: WhitenedSketch | None = None
         self.snapshot_: TopicSnapshot | None = None
 
+    def _init_users(self, privacy_unit, m, M, schedule, max_users) -> None:
+        if privacy_unit not in PRIVACY_UNITS:
+            raise ValueError(f"privacy_unit must be one of {PRIVACY_UNITS}, got {privacy_unit!r}")
+        self.privacy_unit = privacy_unit
+        if privacy_unit == "document":
+            if m is not None or M is not None or schedule != "uniform":
+                raise ValueError("max_docs_per_user_epoch, max_docs_per_user and user_weights "
+                                 "bound users: set privacy_unit='user' to use them")
+            self.user_bounding = None
+            self._warmup_users = self._stream_users = None
+            return
+        if self.warmup_boundary == "count":
+            raise ValueError("privacy_unit='user' needs a per-document warm-up boundary "
+                             "(timestamps=, stream_start=): a row count can move documents of "
+                             "many users across it")
+        m = DEFAULT_MAX_DOCS_PER_USER_EPOCH if m is None else _check_positive_int(
+            "max_docs_per_user_epoch", m)
+        M = m if M is None else _check_positive_int("max_docs_per_user", M)
+        if schedule not in SCHEDULES:
+            raise ValueError(f"user_weights must be one of {SCHEDULES}, got {schedule!r}")
+        cfg = dict(max_docs_per_epoch=m, max_docs=M, schedule=schedule,
+                   max_users=_check_positive_int("max_users", max_users))
+        # one weight sequence per side: a user may have documents in the warm-up and in the
+        # stream; the two sums compose sequentially (both charged to the stream partition)
+        self._warmup_users, self._stream_users = UserBounder(**cfg), UserBounder(**cfg)
+        self.user_bounding = {**self._stream_users.config(),
+                              "warmup": "own weight sequence, charged to the stream partition "
+                                        "(sequential composition)",
+                              "clip_histogram": "each user's first warm-up document"}
+
+    def _user_weights(self, bounder, X, users, epochs=None):
+        """Weights (and ranks) of the rows of X in user mode; None in document mode."""
+        if self.privacy_unit == "document":
+            if users is not None:
+                raise ValueError("users= is for privacy_unit='user'")
+            return None, None
+        if users is None:
+            raise ValueError("privacy_unit='user': pass users= (one user id per row)")
+        users = list(users)
+        if len(users) != X.shape[0]:
+            raise ValueError(f"{X.shape[0]} documents but {len(users)} user ids")
+        return bounder.assign(users, epochs)
+
     @staticmethod
-    def _spend_session(accountant, run_id):
+    def _spend_session(accountant, run_id, unit: str = "document"):
         """The spender every draw goes through: a keyed session on an Accountant."""
         from streamdp.privacy.accountant import Accountant
         from streamdp.privacy.spend import SpendSession, output_store_for
@@ -248,7 +322,9 @@ class StreamingSpectralLDA:
                                    or run_id.startswith("refuse:")):
             raise ValueError(f"run_id must be a non-empty string, got {run_id!r}")
         if not isinstance(accountant, Accountant):
-            return accountant          # an EventLog or another BudgetSpender: unkeyed
+            # an EventLog or another BudgetSpender: unkeyed
+            return (accountant if unit == "document" or accountant is None
+                    else UnitSpender(accountant, unit))
         store = output_store_for(accountant)
         if run_id is None and getattr(accountant.ledger, "path", None) is not None:
             raise ValueError(
@@ -257,7 +333,7 @@ class StreamingSpectralLDA:
                 "and persisted outputs instead of spending the budget again (a new run_id "
                 "spends anew)")
         import uuid
-        return SpendSession(accountant, scope=run_id or uuid.uuid4().hex, store=store)
+        return SpendSession(accountant, scope=run_id or uuid.uuid4().hex, store=store, unit=unit)
 
     def _draw_label(self, what: str) -> str:
         """``release#1``, ``refine#2``, …: the n-th draw of a kind in this run (its key)."""
@@ -279,17 +355,22 @@ class StreamingSpectralLDA:
             return self._warmup.k_prime
         raise AttributeError("subspace_dim_ is known once warmup() has seen the vocabulary size")
 
-    def warmup(self, X) -> "StreamingSpectralLDA":
-        """Add warm-up documents (used only to find the subspace Q)."""
+    def warmup(self, X, *, users=None) -> "StreamingSpectralLDA":
+        """Add warm-up documents (used only to find the subspace Q). User mode: ``users``,
+        one user id per row."""
         if self.subspace_ is not None:
             raise ValueError("the subspace is fixed (partial_fit was called); warm-up documents "
                              "can no longer be added — start a new estimator to re-whiten")
         X = as_count_batch(X)
+        w, ranks = self._user_weights(self._warmup_users, X, users)
         if self._warmup is None:
             d = X.shape[1]
             self._warmup = WarmupSketch(d, self._k_prime(d), clip=self.clip.warmup,
                                         seed=0 if self.seed is None else int(self.seed))
-        self._warmup.update(X)
+        if w is None:
+            self._warmup.update(X)
+        else:
+            self._warmup.update(X, weights=w, in_histogram=ranks == 1)
         return self
 
     def _fix_subspace(self) -> None:
@@ -302,6 +383,11 @@ class StreamingSpectralLDA:
             # sequential composition: the warm-up is paid by (possibly) the same documents
             rho = rho * self.warmup_share
             where = {"partition": STREAM, "sensitivity_factor": 2.0}
+        elif rho is not None and self.privacy_unit == "user":
+            # a user may have documents on both sides: sequential composition, on the stream
+            # partition; add/remove of a user moves the warm-up sums by ≤ its clip bound
+            rho = rho * self.warmup_share
+            where = {"partition": STREAM, "sensitivity_factor": 1.0}
         if self._auto_clip:
             hist_rho = None if rho is None else rho * self.clip_budget_share
             rho = None if rho is None else rho - hist_rho
@@ -324,23 +410,31 @@ class StreamingSpectralLDA:
         self._warmup = None   # the warm-up's raw sums are no longer needed
 
     # ----------------------------------------------------------------- stream
-    def partial_fit(self, X, timestamps=None) -> "StreamingSpectralLDA":
+    def partial_fit(self, X, timestamps=None, *, users=None) -> "StreamingSpectralLDA":
         """Add stream documents (the first call fixes the subspace).
 
         In continual mode ``timestamps`` (n_docs,) are required: each document
         goes to the epoch its timestamp says; documents of closed epochs are
-        dropped and counted in ``late_documents_``.
+        dropped and counted in ``late_documents_``. User mode: ``users``, one user id per
+        row (each user's rows weighted in arrival order, docs/privacy.md).
         """
         if (timestamps is None) != (self.epochs is None):
             raise ValueError("timestamps are required with epochs=EpochClock(...) and only then"
                              if self.epochs is not None else
                              "timestamps given but the estimator has no epochs=EpochClock(...)")
+        if self.privacy_unit == "user":
+            X = as_count_batch(X)
+            epochs = (None if self.epochs is None
+                      else self.epochs.epochs(np.asarray(timestamps, dtype=np.float64).ravel()))
+            w, _ = self._user_weights(self._stream_users, X, users, epochs)
+        else:
+            w, _ = self._user_weights(None, X, users)
         if self.subspace_ is None:
             self._fix_subspace()
         if self.epochs is not None:
-            self._epoch_sketches.add(X, timestamps, model=self._refinement_model())
+            self._epoch_sketches.add(X, timestamps, model=self._refinement_model(), weights=w)
         else:
-            self.sketch_.update(X)
+            self.sketch_.update(X, weights=w)
         return self
 
     def _refinement_model(self) -> RefinementModel | None:
@@ -354,8 +448,10 @@ class StreamingSpectralLDA:
 
     @property
     def stream_rho_(self) -> float | None:
-        """ρ available to stream documents (all of it unless a count boundary shares it)."""
-        if self.rho_ is None or self.warmup_boundary == "document":
+        """ρ available to stream documents (all of it unless a count boundary or the user unit
+        shares it with the warm-up)."""
+        if self.rho_ is None or (self.warmup_boundary == "document"
+                                 and self.privacy_unit == "document"):
             return self.rho_
         return self.rho_ * (1.0 - self.warmup_share)
 
@@ -382,6 +478,15 @@ class StreamingSpectralLDA:
         snaps = []
         limit = self.continual_.epoch_limit
         target = int(min(self.epochs.closable_through(watermark), limit))
+        if self.privacy_unit == "user" and self.rho_ is not None:
+            # a user's documents can sit in many epochs: the rounding of every epoch sum they
+            # touch adds up, so the premise covers all stream documents released so far
+            # (docs/privacy.md, "The user-level unit")
+            upto = self._stream_rows_closed + sum(
+                sk.n_rows for e, sk in self._epoch_sketches.open.items() if e <= target)
+            require_within_premise(upto, self.max_documents_per_sum,
+                                   "user-level continual release (all stream documents so far)")
+            self._stream_rows_closed = upto
         for epoch, sums in self._epoch_sketches.pop_through(target):
             # refined iff a snapshot was public before this epoch opened for refinement
             refined = self._model_epoch is not None and epoch > self._model_epoch
@@ -390,6 +495,8 @@ class StreamingSpectralLDA:
                 self._model_epoch = epoch
             snap = self._finish_snapshot(snap)
             snaps.append(snap)
+        if self._stream_users is not None:
+            self._stream_users.close_through(target)
         if self.epochs.closable_through(watermark) > limit:
             from streamdp.privacy.tree import HorizonExceeded
             raise HorizonExceeded(f"watermark {watermark} is past the horizon of T={self.horizon} "
@@ -426,7 +533,7 @@ class StreamingSpectralLDA:
                               label=self._draw_label("release"))
         return self._finish_snapshot(snap)
 
-    def refine(self, X, budget_fraction: float | None = None) -> TopicSnapshot:
+    def refine(self, X, budget_fraction: float | None = None, *, users=None) -> TopicSnapshot:
         """One private refinement pass over stream documents under the last released model.
 
         Each document of ``X`` (a count matrix, or an iterable of count batches: the stream
@@ -437,6 +544,10 @@ class StreamingSpectralLDA:
         is the refinement of topic i of the model. Pass the same stream documents as to
         :meth:`partial_fit`: they pay the spectral release and each pass (sequential
         composition, docs/privacy.md). Raises BudgetExhausted when the budget is spent.
+
+        User mode: ``users`` — one id per row of ``X`` (for an iterable of batches, an
+        iterable of per-batch id lists); each pass weights the users' rows afresh (a new weight
+        sequence per pass, Σ ≤ 1 per user: the pass's sum moves by ≤ 1 per user).
 
         Returns the refined :class:`TopicSnapshot` (``stage="refined"``).
         """
@@ -453,8 +564,27 @@ class StreamingSpectralLDA:
         model = RefinementModel.from_snapshot(self.snapshot_,
                                               fold_in_iter=cfg.fold_in_iter)
         sketch = RefinementSketch(*model.shape)
-        for batch in ([X] if sp.issparse(X) or isinstance(X, np.ndarray) else X):
-            sketch.update(batch, model)
+        single = sp.issparse(X) or isinstance(X, np.ndarray)
+        batches = [X] if single else list(X)
+        if self.privacy_unit == "user":
+            if users is None:
+                raise ValueError("privacy_unit='user': pass users= to refine()")
+            user_batches = [list(users)] if single else list(users)
+            if len(user_batches) != len(batches):
+                raise ValueError(f"{len(batches)} batches but {len(user_batches)} user lists")
+            su = self._stream_users
+            bounder = UserBounder(max_docs_per_epoch=su.max_docs_per_epoch,
+                                  max_docs=su.max_docs, schedule=su.schedule,
+                                  max_users=su.max_users)
+        elif users is not None:
+            raise ValueError("users= is for privacy_unit='user'")
+        for i, batch in enumerate(batches):
+            if self.privacy_unit == "user":
+                batch = as_count_batch(batch)
+                w, _ = self._user_weights(bounder, batch, user_batches[i])
+                sketch.update(batch, model, weights=w)
+            else:
+                sketch.update(batch, model)
         if sketch.n_docs == 0:
             raise ValueError("refine() got no non-empty documents")
         events = []
@@ -495,6 +625,7 @@ class StreamingSpectralLDA:
             stream_events=[e.to_dict() for e in self._stream_events],
             rho_stream_spent=float(sum(e.rho for e in self._stream_events)),
             warmup_boundary=self.warmup_boundary,
+            privacy_unit=self.privacy_unit, user_bounding=self.user_bounding,
             partitions={WARMUP: "warm-up documents (subspace only)",
                         STREAM: "stream documents (sketches only)"})
         snap = dataclasses.replace(snap, privacy=privacy)
@@ -508,7 +639,7 @@ def fit(counts, n_topics: int, *, alpha0: float = 1.0, epsilon: float | None = N
         delta: float = 1e-6, warmup_docs: int | None = None, seed: int | None = None,
         batch_size: int = 4096, timestamps=None, stream_start: float | None = None,
         refinement: RefinementConfig | bool | None = True, vocabulary_selection=None,
-        candidates=None, **kwargs) -> TopicSnapshot:
+        candidates=None, users=None, **kwargs) -> TopicSnapshot:
     """Fit on a count matrix: warm up, sketch the stream, release, refine.
 
     Which rows warm up (used only for the whitening subspace) decides the accounting:
@@ -536,9 +667,24 @@ def fit(counts, n_topics: int, *, alpha0: float = 1.0, epsilon: float | None = N
     the selected vocabulary; its words and the selection's report are in
     ``snapshot.privacy["vocabulary_selection"]``.
 
+    ``users`` (n_docs,) with ``privacy_unit="user"``: one user id per row; the unit is then
+    the user (rows weighted per user in row order; docs/privacy.md, "The user-level unit").
+
     Returns the released :class:`TopicSnapshot` (``.topic_word`` (k, d), ``.alpha`` (k,)).
     Extra keyword arguments go to :class:`StreamingSpectralLDA`.
     """
+    user_mode = kwargs.get("privacy_unit", "document") == "user"
+    if user_mode and users is None:
+        raise ValueError("privacy_unit='user': pass users= (one user id per row)")
+    if users is not None and not user_mode:
+        raise ValueError("users= is for privacy_unit='user'")
+    if user_mode and vocabulary_selection not in (None, False):
+        raise ValueError("vocabulary_selection is per document: with privacy_unit='user' use a "
+                         "public vocabulary (streamdp vocab public); a user-level selection is "
+                         "not implemented")
+    if user_mode and warmup_docs is not None:
+        raise ValueError("privacy_unit='user' needs a per-document boundary (timestamps= and "
+                         "stream_start=), not warmup_docs (a row count)")
     if vocabulary_selection is not None and vocabulary_selection is not False:
         return _fit_selecting_vocabulary(
             counts, n_topics, vocabulary_selection, candidates, alpha0=alpha0, epsilon=epsilon,
@@ -573,18 +719,28 @@ def fit(counts, n_topics: int, *, alpha0: float = 1.0, epsilon: float | None = N
     kwargs.setdefault("warmup_boundary", boundary)
     model = StreamingSpectralLDA(n_topics, alpha0, epsilon=epsilon, delta=delta, seed=seed,
                                  refinement=refinement, **kwargs)
+    if users is not None:
+        users = np.asarray(list(users), dtype=object)
+        if users.shape != (n,):
+            raise ValueError(f"users must be {n} user ids, one per row")
+
+    def ids(rows):
+        return None if users is None else list(users[rows])
+
     for s in range(0, warm_rows.size, batch_size):
-        model.warmup(X[warm_rows[s:s + batch_size]])
-    stream = [X[stream_rows[s:s + batch_size]] for s in range(0, stream_rows.size, batch_size)]
-    for batch in stream:
-        model.partial_fit(batch)
+        model.warmup(X[warm_rows[s:s + batch_size]], users=ids(warm_rows[s:s + batch_size]))
+    cuts = range(0, stream_rows.size, batch_size)
+    stream = [X[stream_rows[s:s + batch_size]] for s in cuts]
+    stream_users = None if users is None else [ids(stream_rows[s:s + batch_size]) for s in cuts]
+    for i, batch in enumerate(stream):
+        model.partial_fit(batch, users=None if users is None else stream_users[i])
     cfg = model.refinement
     if cfg is None:
         return model.release()
     model._spectral_release(1.0 - cfg.share, model._spectral_split())
     snap = None
     for _ in range(cfg.passes):
-        snap = model.refine(stream, budget_fraction=cfg.share / cfg.passes)
+        snap = model.refine(stream, budget_fraction=cfg.share / cfg.passes, users=stream_users)
     return snap
 
 

@@ -323,17 +323,26 @@ class RefinementSketch:
     def sums_lo(self) -> np.ndarray:
         return self.total()[1]
 
-    def update(self, X, model: RefinementModel) -> "RefinementSketch":
+    def update(self, X, model: RefinementModel, weights=None) -> "RefinementSketch":
+        """Fold documents into ``model`` and add their R_d. ``weights`` (n,), optional:
+        user-level weights in [0, 1] (:mod:`streamdp.privacy.user_bounding`) multiplying each
+        R_d (rows of weight 0 are not added), so a user's total stays ≤ Σ w ≤ 1."""
         if model.shape != self.shape:
             raise ValueError(f"model has shape {model.shape}, the sketch {self.shape}")
         d = self._d
         X = as_count_batch(X, d)
+        w = None
+        if weights is not None:
+            from streamdp.moments.sketch import weighted_rows
+            X, w = weighted_rows(X, weights)
         a, n = 0, X.shape[0]
         while a < n:          # segments end where this sketch's chunks end
             take = min(REFINE_CHUNK - self.pending_rows, n - a)
             Xb = X[a:a + take]
             if Xb.nnz:
                 vals, nb = model.document_terms(Xb)
+                if w is not None:
+                    vals = vals * w[a:a + take][_row_ids(Xb)][:, None]
                 self.pending = _sequential_column_sum(
                     Xb.indices, vals, d, self.pending if self.pending_rows else None)
                 self.n_docs += nb

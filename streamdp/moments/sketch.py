@@ -41,7 +41,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from streamdp import serialization as ser
-from streamdp.documents import PendingRows, as_count_batch, keep_long_documents
+from streamdp.documents import (MIN_DOC_LENGTH, PendingRows, as_count_batch,
+                                keep_long_documents)
 from streamdp.moments import clipping, symmetric3
 from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy import rounding
@@ -186,23 +187,34 @@ class WhitenedSketch:
         # compensation (low) part of every accumulator: value = accumulator + compensation
         self.comp = {n: np.zeros_like(getattr(self, n)) for n in _ACCUMULATORS}
         self.pending = PendingRows(d, BATCH_ROWS_MAX)
+        self.pending_weights = np.ones(0)     # the pending rows' user-level weights
 
     # ------------------------------------------------------------------ update
-    def update(self, X) -> "WhitenedSketch":
-        """Add a batch of documents (CSR counts, shape (n, d)). Returns self."""
+    def update(self, X, weights=None) -> "WhitenedSketch":
+        """Add a batch of documents (CSR counts, shape (n, d)). Returns self.
+
+        ``weights`` (n,), optional: user-level weights in [0, 1]
+        (:mod:`streamdp.privacy.user_bounding`); each document's clip factor is multiplied by
+        its weight, rows of weight 0 are not added at all."""
         X = as_count_batch(X, self.subspace.d)
+        X, w = weighted_rows(X, weights)
         self.n_rows += X.shape[0]
-        X, _ = keep_long_documents(X)
+        X, w = keep_long_weighted(X, w)
         self.n_docs += X.shape[0]
+        w_all = np.concatenate([self.pending_weights, np.ones(X.shape[0]) if w is None else w])
+        pos = 0
         # exactly BATCH_ROWS_MAX terms per product, chunks counted in this sketch's sequence
         for chunk in self.pending.feed(X):
-            self._update_chunk(chunk)
+            self._update_chunk(chunk, w_all[pos:pos + chunk.shape[0]])
+            pos += chunk.shape[0]
+        self.pending_weights = w_all[pos:]
         return self
 
     def _flush_pending(self) -> None:
         """Process the pending rows as this sketch's final chunk (ends its chunk sequence)."""
         if self.pending.n:
-            self._update_chunk(self.pending.take())
+            self._update_chunk(self.pending.take(), self.pending_weights)
+            self.pending_weights = np.ones(0)
 
     @property
     def n_clipped(self) -> int:
@@ -216,13 +228,17 @@ class WhitenedSketch:
     def _add(self, name: str, value) -> None:
         rounding.accumulate(getattr(self, name), self.comp[name], value)
 
-    def _update_chunk(self, X: sp.csr_matrix) -> None:
+    def _update_chunk(self, X: sp.csr_matrix, weights: np.ndarray | None = None) -> None:
         if X.shape[0] == 0:
             return
         lengths = np.asarray(X.sum(axis=1)).ravel()
         Q = self.subspace.Q
         Y = X @ Q                                    # (n, k') — y = Qᵀc per document
         scale = self.document_scale(X, lengths, Y)
+        if weights is not None:
+            # user-level weight: the factor fl(w·ŝ) ≤ w·ŝ·(1 + u) stays within w·C_b thanks to
+            # the clip headroom (docs/privacy.md, "The user-level unit")
+            scale = scale * weights
         w1 = scale / lengths
         w2 = w1 / (lengths - 1)
         w3 = w2 / (lengths - 2)
@@ -322,6 +338,7 @@ class WhitenedSketch:
         out.n_docs, out.n_rows, out._n_clipped = self.n_docs, self.n_rows, self._n_clipped
         out.weight_sum, out.weight_sum_lo = self.weight_sum, self.weight_sum_lo
         out.pending = self.pending.copy()
+        out.pending_weights = self.pending_weights.copy()
         return out
 
     # -------------------------------------------------------------------- read
@@ -386,7 +403,10 @@ class WhitenedSketch:
                 "acc": {n: ser.pack_array(getattr(self, n)) for n in _ACCUMULATORS},
                 "comp": {n: ser.pack_array(self.comp[n]) for n in _ACCUMULATORS},
                 # rows of the partial last chunk (raw counts; n_docs already counts them)
-                "pending": self.pending.to_dict()}
+                "pending": self.pending.to_dict(),
+                # their user-level weights (only when some is not 1: older states stay as they were)
+                **({"pending_weights": ser.pack_array(self.pending_weights)}
+                   if np.any(self.pending_weights != 1.0) else {})}
 
     def to_bytes(self) -> bytes:
         return ser.dumps(self.to_dict())
@@ -421,6 +441,7 @@ class WhitenedSketch:
         out.weight_sum_lo = float(obj.get("weight_sum_lo", 0.0))
         # states written before pending rows existed have none (their chunks were all processed)
         out.pending = PendingRows.from_dict(obj.get("pending"), subspace.d, BATCH_ROWS_MAX)
+        out.pending_weights = _pending_weights_from(obj.get("pending_weights"), out.pending.n)
         return out
 
     @classmethod
@@ -435,3 +456,36 @@ def _t3_from_pair_layout(t3: np.ndarray, k: int) -> np.ndarray:
         return symmetric3.from_pair_layout(t3, k)
     except ValueError as e:
         raise ser.SchemaError(f"sketch block t3 (v1 layout): {e}") from None
+
+
+def weighted_rows(X: sp.csr_matrix, weights):
+    """(X, w) without the rows of weight 0; ``w`` None when no weights were given."""
+    if weights is None:
+        return X, None
+    w = np.asarray(weights, dtype=np.float64).ravel()
+    if w.shape[0] != X.shape[0]:
+        raise ValueError(f"{X.shape[0]} documents but {w.shape[0]} weights")
+    if not np.all((w >= 0) & (w <= 1)):
+        raise ValueError("user-level weights must be in [0, 1]")
+    keep = w > 0
+    if not keep.all():
+        X, w = X[keep], w[keep]
+    return X, w
+
+
+def keep_long_weighted(X: sp.csr_matrix, w: np.ndarray | None):
+    """:func:`keep_long_documents` carrying the weights along: (X, w)."""
+    if w is None:
+        return keep_long_documents(X)[0], None
+    keep = np.asarray(X.sum(axis=1)).ravel() >= MIN_DOC_LENGTH
+    return (X, w) if keep.all() else (X[keep], w[keep])
+
+
+def _pending_weights_from(obj, n: int) -> np.ndarray:
+    """Pending rows' weights of a checkpoint (absent: all 1, as written before weights)."""
+    if obj is None:
+        return np.ones(n)
+    w = ser.unpack_array(obj, name="pending_weights").astype(np.float64)
+    if w.shape != (n,) or not np.all((w > 0) & (w <= 1)):
+        raise ser.SchemaError(f"pending weights: {w.shape} for {n} pending rows, or out of (0, 1]")
+    return w

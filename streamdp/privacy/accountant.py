@@ -88,6 +88,9 @@ from streamdp.privacy.events import (STREAM, VOCABULARY, WARMUP, GaussianEvent, 
 from streamdp.privacy.ledger import CHAIN_SEED, FileLedger, Ledger, LedgerRecord, chain_step
 
 UNIT = "one document, add/remove"
+#: the ledger's unit by privacy unit (events.PRIVACY_UNITS); a "user" ledger refuses
+#: document-level events (their sensitivities do not cover a whole user)
+LEDGER_UNITS = {"document": UNIT, "user": "one user (all of its documents), add/remove"}
 CONVERSION = ("Canonne-Kamath-Steinke 2020 zCDP->(eps,delta) (OpenDP cdp_epsilon; "
               "cross-checked against dp_accounting RdpAccountant)")
 COMPOSITION = ("zCDP: rho adds up over events covering an atom (sequential, adaptive); "
@@ -285,7 +288,7 @@ def _event_from_dict(d: dict) -> GaussianEvent:
     return GaussianEvent(block=d["block"], sensitivity=float(d["sensitivity"]),
                          sigma=float(d["sigma"]), count=int(d["count"]),
                          partition=d["partition"], mechanism=d["mechanism"],
-                         delta=float(d.get("delta", 0.0)))
+                         delta=float(d.get("delta", 0.0)), unit=d.get("unit", "document"))
 
 
 def _epsilon_worst_case(loads: AtomLoads, delta: float) -> float:
@@ -362,9 +365,15 @@ class Accountant:
 
     unit = UNIT
 
-    def __init__(self, epsilon: float, delta: float, ledger: Ledger | str | os.PathLike) -> None:
+    def __init__(self, epsilon: float, delta: float, ledger: Ledger | str | os.PathLike, *,
+                 unit: str = "document") -> None:
         self.epsilon = float(epsilon)
         self.delta = float(delta)
+        if unit not in LEDGER_UNITS:
+            raise ValueError(f"unit must be one of {tuple(LEDGER_UNITS)}, got {unit!r}")
+        self.privacy_unit = unit
+        UNIT = LEDGER_UNITS[unit]       # noqa: N806 (the ledger's unit, as recorded)
+        self.unit = UNIT
         self.ledger: Ledger = ledger if isinstance(ledger, Ledger) else FileLedger(ledger)
         self._lock = threading.RLock()
         self._fold = _Fold()
@@ -433,6 +442,10 @@ class Accountant:
             if not isinstance(e, GaussianEvent):
                 raise TypeError(f"reserve() takes GaussianEvents, got {type(e).__name__}")
             parts.append(parse_partition(e.partition))      # strict: refuse to guess
+            if self.privacy_unit == "user" and e.unit != "user":
+                raise ValueError(f"event {e.block!r} is {e.unit}-level but the ledger "
+                                 f"{self.ledger!r} protects users: its sensitivity does not "
+                                 "cover all documents of a user (docs/privacy.md)")
             if e.delta and parts[-1].kind != VOCABULARY:
                 raise ValueError(f"event {e.block!r} is approximate (delta={e.delta}) on partition "
                                  f"{e.partition!r}: only the {VOCABULARY!r} partition may carry "
@@ -560,7 +573,7 @@ class Accountant:
             reservations, uncommitted, refusals = (len(st.keys), len(st.keys - st.committed),
                                                    st.refusals)
         return {
-            "unit": UNIT,
+            "unit": self.unit,
             "currency": "rho (zCDP)",
             "epsilon": self.epsilon,
             "delta": self.delta,

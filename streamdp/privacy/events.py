@@ -31,6 +31,8 @@ VOCABULARY = "vocabulary"
 # tagged "stream:epochs=a-b"; plain "stream" covers every epoch, present and
 # future (e.g. a one-shot release of the whole stream).
 _EPOCHS_PREFIX = STREAM + ":epochs="
+#: what one event's sensitivity protects (docs/privacy.md, "The user-level unit")
+PRIVACY_UNITS = ("document", "user")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,10 @@ class GaussianEvent:
         selection, whose privacy map returns (ρ, δ). Under composition ρ's and δ's add
         (ibid., Lemma 8.3). The accountant accepts such events only on the
         ``"vocabulary"`` partition (streamdp.privacy.accountant).
+    unit : str
+        The privacy unit the sensitivity is for: ``"document"`` (add/remove one document) or
+        ``"user"`` (add/remove every document of one user, under user-level contribution
+        bounding: streamdp.privacy.user_bounding). Recorded in the ledger.
     """
 
     block: str
@@ -68,6 +74,7 @@ class GaussianEvent:
     partition: str = STREAM
     mechanism: str = "tensor"
     delta: float = 0.0
+    unit: str = "document"
 
     def __post_init__(self) -> None:
         if not (self.sensitivity > 0 and self.sigma > 0):
@@ -76,6 +83,9 @@ class GaussianEvent:
                 f"got {self.sensitivity}, {self.sigma}")
         if self.count < 1:
             raise ValueError(f"GaussianEvent({self.block}): count must be >= 1")
+        if self.unit not in PRIVACY_UNITS:
+            raise ValueError(f"GaussianEvent({self.block}): unit must be one of "
+                             f"{PRIVACY_UNITS}, got {self.unit!r}")
         if not (0.0 <= self.delta < 1.0):
             raise ValueError(f"GaussianEvent({self.block}): delta must be in [0, 1), "
                              f"got {self.delta}")
@@ -97,6 +107,8 @@ class GaussianEvent:
                "rho": self.rho}
         if self.delta:       # only approximate events carry it (older records stay identical)
             out["delta"] = self.delta
+        if self.unit != "document":     # likewise: document-level records are unchanged
+            out["unit"] = self.unit
         return out
 
 

@@ -21,6 +21,26 @@ from streamdp.privacy.rounding import DEFAULT_MAX_DOCUMENTS_PER_SUM
 
 UNIT = "one document"
 NEIGHBOURING = "add/remove one document"
+#: privacy unit → (unit, neighbouring relation) as the report states them
+UNIT_WORDS = {
+    "document": (UNIT, NEIGHBOURING),
+    "user": ("one user (every document with the same user id, as assigned by the producer)",
+             "add/remove all documents of one user"),
+}
+
+
+def unit_fields(privacy_unit: str, user_bounding: dict | None = None) -> dict:
+    """``unit``, ``neighbouring``, ``privacy_unit`` and, for users, ``user_bounding`` (m, M,
+    the weight schedule and its sum, the memory cap, how the warm-up composes)."""
+    if privacy_unit not in UNIT_WORDS:
+        raise ValueError(f"privacy_unit must be one of {tuple(UNIT_WORDS)}, got {privacy_unit!r}")
+    unit, neighbouring = UNIT_WORDS[privacy_unit]
+    out = {"unit": unit, "neighbouring": neighbouring, "privacy_unit": privacy_unit}
+    if privacy_unit == "user":
+        if user_bounding is None:
+            raise ValueError("a user-level report needs the bounding configuration")
+        out["user_bounding"] = dict(user_bounding)
+    return out
 
 
 def rounding_report(clip, max_documents: int) -> dict:
@@ -65,9 +85,12 @@ def release_report(*, mechanism: str, events: Iterable[GaussianEvent], noise_sd:
 
 
 def add_budget_context(report: dict, *, epsilon, delta, rho_budget, warmup_events,
-                       accountant=None, **extra) -> dict:
-    """A copy of ``report`` with the budget it was charged to (and the accountant's report)."""
+                       accountant=None, privacy_unit: str = "document",
+                       user_bounding: dict | None = None, **extra) -> dict:
+    """A copy of ``report`` with the budget it was charged to (and the accountant's report).
+    ``privacy_unit``: "document" or "user" (then ``user_bounding`` describes the bounding)."""
     out = dict(report)
+    out.update(unit_fields(privacy_unit, user_bounding))
     out.update({"epsilon": epsilon, "delta": delta, "rho_budget": rho_budget,
                 "warmup": list(warmup_events)})
     if accountant is not None and hasattr(accountant, "report"):

@@ -60,6 +60,8 @@ this). What "persist" is depends on the spender:
 """
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import logging
 import os
@@ -97,19 +99,20 @@ class SpendSession:
     """
 
     def __init__(self, accountant: Accountant, scope: str = "",
-                 store: "OutputStore | None" = None) -> None:
+                 store: "OutputStore | None" = None, *, unit: str = "document") -> None:
         if not isinstance(accountant, Accountant):
             raise TypeError(f"SpendSession needs an Accountant, got {type(accountant).__name__}")
         self.accountant = accountant
         self.scope = scope
         self.store = store
+        self.unit = unit        # the privacy unit every reserved event is recorded under
         self._drawn: list[Reservation] = []
 
     # ------------------------------------------------------------ the protocol
     def spend(self, events: Sequence[GaussianEvent], *, label: str, draw: Callable[[], T],
               codec: "Codec | None" = None) -> T:
         """reserve (keyed) → draw → persist → commit; see :func:`spend`."""
-        events = tuple(events)
+        events = tag_unit(events, self.unit)
         key = spend_key(self.scope, label)
         codec = codec or ARRAY_CODEC
         if self.store is not None:
@@ -148,7 +151,7 @@ class SpendSession:
     def reserve(self, events: Sequence[GaussianEvent], *, label: str = "") -> Reservation:
         """Step 1: durable, keyed reservation (an uncommitted one of the same key is reused)."""
         key = spend_key(self.scope, label)
-        token = self.accountant.reserve(events, label=key, key=key)
+        token = self.accountant.reserve(tag_unit(events, self.unit), label=key, key=key)
         if token.fulfilling:
             log.warning("fulfilling reservation %r left uncommitted by a crash: its noised output "
                         "was never persisted, a fresh draw replaces it (no new charge)", key)
@@ -197,6 +200,25 @@ class SpendSession:
             else:
                 left.append(token.id)
         return left
+
+
+def tag_unit(events: Sequence[GaussianEvent], unit: str) -> tuple[GaussianEvent, ...]:
+    """The events recorded under privacy ``unit`` (their sensitivities are for that unit)."""
+    return tuple(e if e.unit == unit else dataclasses.replace(e, unit=unit) for e in events)
+
+
+class UnitSpender:
+    """A plain :class:`BudgetSpender` (an EventLog, …) whose events are recorded under
+    ``unit``; a :class:`SpendSession` takes ``unit=`` itself."""
+
+    def __init__(self, inner: BudgetSpender, unit: str) -> None:
+        self.inner, self.unit = inner, unit
+
+    def reserve(self, events: Sequence[GaussianEvent], *, label: str = "") -> object:
+        return self.inner.reserve(tag_unit(events, self.unit), label=label)
+
+    def commit(self, token: object) -> None:
+        self.inner.commit(token)
 
 
 def spend(spender: BudgetSpender | None, events: Sequence[GaussianEvent], *, label: str,

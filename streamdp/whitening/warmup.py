@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from streamdp import serialization as ser
-from streamdp.documents import PendingRows, as_count_batch, keep_long_documents
+from streamdp.documents import MIN_DOC_LENGTH, PendingRows, as_count_batch
 from streamdp.moments import clipping
 from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy import rounding
@@ -86,27 +86,58 @@ class WarmupSketch:
         # chunks of exactly BATCH_ROWS_MAX documents of this sketch's own sequence (as in
         # WhitenedSketch): the range sum does not depend on how the callers batched
         self.pending = PendingRows(d, rounding.BATCH_ROWS_MAX)
+        self.pending_weights = np.ones(0)     # the pending rows' user-level weights
 
-    def update(self, X) -> "WarmupSketch":
+    def update(self, X, weights=None, in_histogram=None) -> "WarmupSketch":
+        """Add warm-up documents. User-level unit (:mod:`streamdp.privacy.user_bounding`):
+        ``weights`` (n,) multiply each document's clip factor in the range sum (rows of
+        weight 0 are left out), and only rows with ``in_histogram`` true (each user's first
+        warm-up document) are counted in the clip histogram, so a user adds ≤ 1 to one bin
+        of each histogram and the counts stay integers."""
         X = as_count_batch(X, self.d)
-        X, lengths = keep_long_documents(X)
+        lengths = np.asarray(X.sum(axis=1)).ravel()
+        keep = lengths >= MIN_DOC_LENGTH
+        w = None
+        if weights is not None:
+            w = np.asarray(weights, dtype=np.float64).ravel()
+            if w.shape[0] != X.shape[0] or not np.all((w >= 0) & (w <= 1)):
+                raise ValueError(f"{X.shape[0]} documents need {X.shape[0]} weights in [0, 1]")
+            keep &= w > 0
+        if in_histogram is not None:
+            in_histogram = np.asarray(in_histogram, dtype=bool).ravel()
+            if in_histogram.shape[0] != X.shape[0] or w is None or np.any(in_histogram & ~(w > 0)):
+                raise ValueError("in_histogram needs weights and one flag per document, true "
+                                 "only for documents of weight > 0")
+        if not keep.all():
+            X = X[keep]
+            w = None if w is None else w[keep]
+            in_histogram = None if in_histogram is None else in_histogram[keep]
         if X.shape[0] == 0:
             return self
+        lengths = np.asarray(X.sum(axis=1)).ravel()
         self.n_docs += X.shape[0]
         # the norm histograms are integer counts (exact in any order): counted here, per batch
-        norms = (np.sqrt(clipping.row_sums(X, X.data**2)) / lengths,
-                 clipping.e2_norm(X, lengths), clipping.e3_norm(X, lengths))
-        for b, n in enumerate(norms):
-            self.norm_hist[b] += np.bincount(np.searchsorted(NORM_BIN_EDGES, n, side="right"),
-                                             minlength=self.norm_hist.shape[1])
+        H = X if in_histogram is None else X[in_histogram]
+        hl = lengths if in_histogram is None else lengths[in_histogram]
+        if H.shape[0]:
+            norms = (np.sqrt(clipping.row_sums(H, H.data**2)) / hl,
+                     clipping.e2_norm(H, hl), clipping.e3_norm(H, hl))
+            for b, n in enumerate(norms):
+                self.norm_hist[b] += np.bincount(np.searchsorted(NORM_BIN_EDGES, n, side="right"),
+                                                 minlength=self.norm_hist.shape[1])
+        w_all = np.concatenate([self.pending_weights, np.ones(X.shape[0]) if w is None else w])
+        pos = 0
         for chunk in self.pending.feed(X):
-            self._update_chunk(chunk)
+            self._update_chunk(chunk, w_all[pos:pos + chunk.shape[0]])
+            pos += chunk.shape[0]
+        self.pending_weights = w_all[pos:]
         return self
 
     def _flush_pending(self) -> None:
         """Process the pending rows as this sketch's final chunk (ends its chunk sequence)."""
         if self.pending.n:
-            self._update_chunk(self.pending.take())
+            self._update_chunk(self.pending.take(), self.pending_weights)
+            self.pending_weights = np.ones(0)
 
     def copy(self) -> "WarmupSketch":
         """An independent copy of the state (Ω, public, is shared: never written)."""
@@ -115,14 +146,17 @@ class WarmupSketch:
         for name in ("yacc", "a2", "yacc_lo", "a2_lo", "norm_hist"):
             setattr(out, name, getattr(self, name).copy())
         out.pending = self.pending.copy()
+        out.pending_weights = self.pending_weights.copy()
         return out
 
-    def _update_chunk(self, X) -> None:
+    def _update_chunk(self, X, weights: np.ndarray | None = None) -> None:
         if X.shape[0] == 0:
             return
         lengths = np.asarray(X.sum(axis=1)).ravel()
         U = X @ self.omega
         scale = self._scale(X, lengths, U)
+        if weights is not None:
+            scale = scale * weights          # user-level weight (docs/privacy.md)
         w2 = scale / (lengths * (lengths - 1))
         Xt = X.T.tocsr()
         rounding.accumulate(self.yacc, self.yacc_lo, Xt @ (U * w2[:, None]))
@@ -254,7 +288,9 @@ class WarmupSketch:
                           "yacc": ser.pack_array(self.yacc), "a2": ser.pack_array(self.a2),
                           "yacc_lo": ser.pack_array(self.yacc_lo), "a2_lo": ser.pack_array(self.a2_lo),
                           "norm_hist": ser.pack_array(self.norm_hist),
-                          "pending": self.pending.to_dict()})
+                          "pending": self.pending.to_dict(),
+                          **({"pending_weights": ser.pack_array(self.pending_weights)}
+                             if np.any(self.pending_weights != 1.0) else {})})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "WarmupSketch":
@@ -272,4 +308,7 @@ class WarmupSketch:
         out.n_docs, out._n_clipped = int(obj["n_docs"]), int(obj["n_clipped"])
         # states written before pending rows existed have none
         out.pending = PendingRows.from_dict(obj.get("pending"), out.d, rounding.BATCH_ROWS_MAX)
+        from streamdp.moments.sketch import _pending_weights_from
+        out.pending_weights = _pending_weights_from(obj.get("pending_weights"), out.pending.n)
         return out
+

@@ -1,0 +1,364 @@
+"""User-level unit (issue 16): weights that depend only on the user's own documents, attacked.
+
+Each attack removes one whole user and measures the change of every block against its bound
+(docs/privacy.md, "The user-level unit")."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import streamdp
+from streamdp.continual import EpochSketches
+from streamdp.moments.clipping import ClipBounds
+from streamdp.moments.sketch import WhitenedSketch
+from streamdp.privacy.accountant import Accountant
+from streamdp.privacy.blt import default_params
+from streamdp.privacy.epochs import EpochClock
+from streamdp.privacy.memory_ledger import MemoryLedger
+from streamdp.privacy.user_bounding import (MissingUser, UserBounder, UserCapacityExceeded,
+                                            weight_schedule)
+from streamdp.refinement import RefinementModel, RefinementSketch
+from streamdp.release import block_sensitivities
+from streamdp.synthetic import make_lda_model, sample_documents
+from streamdp.whitening.subspace import Subspace
+from streamdp.whitening.warmup import WarmupSketch
+
+D, KP = 40, 4
+BLOCKS = ("count", "m1", "z", "s1", "s2", "s3")
+
+
+def _subspace(seed=0):
+    """A public orthonormal basis whose first column is word 0 (the attacker's word), so the
+    attacker's whitened blocks keep their full norm: the worst case for the bounds."""
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((D, KP))
+    A[:, 0] = 0.0
+    A[0, 0] = 1.0
+    A[0, 1:] = 0.0
+    Q, _ = np.linalg.qr(A)
+    return Subspace(Q)
+
+
+def _corpus(n, seed=1):
+    return sample_documents(make_lda_model(D, 3, seed=seed), n, mean_length=12, seed=seed)
+
+
+def _attacker_docs(n):
+    """n copies of the worst document for the tight blocks: one word three times (every block
+    norm is maximal and all copies point the same way, so the triangle inequality is tight)."""
+    return sp.csr_matrix((np.full(n, 3.0), (np.arange(n), np.zeros(n, dtype=int))), shape=(n, D))
+
+
+def _block_change(a, b):
+    return {k: float(np.linalg.norm(np.asarray(getattr(a, k)) - np.asarray(getattr(b, k))))
+            for k in BLOCKS}
+
+
+def _bounds(clip):
+    s = block_sensitivities(clip)
+    return {"count": s["count"], "m1": s["m1"], "s1": s["s1"], "z": s["z"], "s2": s["s2"],
+            "s3": s["s3"]}
+
+
+# ----------------------------------------------------------------------- the weights
+@pytest.mark.parametrize("schedule", ["uniform", "decaying"])
+def test_weight_schedule_sums_to_at_most_one_in_float(schedule):
+    for M in list(range(1, 60)) + [97, 1000, 12345]:
+        w = weight_schedule(schedule, M)
+        assert w.shape == (M,) and np.all(w > 0)
+        assert math.fsum(w) <= 1.0
+        assert math.fsum(w) > 1 - 1e-12
+        assert np.all(np.diff(w) <= 0)
+    assert weight_schedule("decaying", 5)[0] > 0.6 > weight_schedule("uniform", 5)[0]
+    with pytest.raises(ValueError, match="schedule"):
+        weight_schedule("zipf", 3)
+
+
+def test_bounder_caps_per_epoch_and_lifetime_in_arrival_order():
+    b = UserBounder(max_docs_per_epoch=2, max_docs=3, key=b"k")
+    users = ["a", "a", "a", "b", "a", "a", "a"]
+    epochs = [1, 1, 1, 1, 2, 2, 3]
+    w, r = b.assign(users, epochs)
+    table = weight_schedule("uniform", 3)
+    # a: epoch 1 keeps 2 (3rd dropped), epoch 2 keeps 1 more (lifetime 3), then nothing
+    assert r.tolist() == [1, 2, 0, 1, 3, 0, 0]
+    assert w.tolist() == [table[0], table[1], 0.0, table[0], table[2], 0.0, 0.0]
+    # out of order: an earlier epoch after a later one still has its own per-epoch count
+    b2 = UserBounder(max_docs_per_epoch=1, max_docs=10, key=b"k")
+    _, r2 = b2.assign(["u"] * 5, [3, 1, 3, 2, 1])
+    assert r2.tolist() == [1, 2, 0, 3, 0]
+
+
+def test_weights_of_a_user_do_not_depend_on_other_users():
+    """Brute force: every user's weight sequence is the same with or without any other user."""
+    rng = np.random.default_rng(3)
+    users = rng.integers(0, 30, 600).astype(str).tolist()
+    epochs = np.sort(rng.integers(1, 6, 600))
+    full = UserBounder(max_docs_per_epoch=3, max_docs=7, schedule="decaying", key=b"x")
+    w_full, _ = full.assign(users, epochs)
+    for removed in ("0", "7", "29"):
+        keep = [i for i, u in enumerate(users) if u != removed]
+        alone = UserBounder(max_docs_per_epoch=3, max_docs=7, schedule="decaying", key=b"x")
+        w_alone, _ = alone.assign([users[i] for i in keep], epochs[keep])
+        assert np.array_equal(w_alone, w_full[keep])
+    for u in set(users):
+        assert math.fsum(w_full[[i for i, v in enumerate(users) if v == u]]) <= 1.0
+
+
+def test_memory_cap_fails_closed_without_changing_state():
+    b = UserBounder(max_docs_per_epoch=2, max_docs=2, max_users=3, key=b"k")
+    b.assign(["a", "b", "c", "a"])
+    before = b.to_dict()
+    with pytest.raises(UserCapacityExceeded, match="max_users=3"):
+        b.assign(["a", "d"])                 # "a" would be fine, "d" is a 4th user
+    assert b.to_dict() == before            # nothing was counted, not even "a"
+    w, _ = b.assign(["a", "b"])             # known users still work
+    assert w.tolist() == [0.0, 0.5]
+    with pytest.raises(MissingUser):
+        b.assign(["a", None])
+    with pytest.raises(MissingUser):
+        b.assign([""])
+    assert b.to_dict()["users"] == UserBounder.from_dict(b.to_dict()).to_dict()["users"]
+
+
+def test_epoch_expiry_keeps_lifetime_counts():
+    b = UserBounder(max_docs_per_epoch=1, max_docs=2, key=b"k")
+    b.assign(["a"], [1])
+    b.close_through(1)
+    assert b.to_dict()["users"][0][1:] == [1, []]
+    w, r = b.assign(["a", "a", "a"], [2, 3, 4])
+    assert r.tolist() == [2, 0, 0]
+
+
+def test_restore_in_the_middle_of_a_users_documents_equals_a_clean_run():
+    """Crash mid-user: the bounder state and the sketch (pending rows with their weights) are
+    checkpointed and restored; the result is bit-identical to an uninterrupted run (no reset of
+    the user's numbering to j = 1)."""
+    X = _corpus(3000, seed=5)
+    users = (["heavy"] * 1500 + [f"u{i % 200}" for i in range(1500)])
+    order = np.random.default_rng(0).permutation(3000)
+    X, users = X[order], [users[i] for i in order]
+    sub, clip = _subspace(), ClipBounds.for_length(8)
+    cfg = dict(max_docs_per_epoch=4, max_docs=6, schedule="decaying", key=b"key")
+
+    clean_b, clean_s = UserBounder(**cfg), WhitenedSketch(sub, clip)
+    w, _ = clean_b.assign(users)
+    clean_s.update(X, weights=w)
+
+    b, s = UserBounder(**cfg), WhitenedSketch(sub, clip)
+    cut = 1234                                   # inside "heavy"'s documents
+    w1, _ = b.assign(users[:cut])
+    s.update(X[:cut], weights=w1)
+    assert s.pending.n > 0 and np.any(s.pending_weights < 1)
+    b = UserBounder.from_dict(b.to_dict())       # crash: restore both from their states
+    s = WhitenedSketch.from_bytes(s.to_bytes(), sub)
+    w2, _ = b.assign(users[cut:])
+    s.update(X[cut:], weights=w2)
+    assert np.array_equal(np.concatenate([w1, w2]), w)
+    a, c = s.sums(), clean_s.sums()
+    for k in BLOCKS:
+        assert np.array_equal(np.asarray(getattr(a, k)), np.asarray(getattr(c, k))), k
+
+
+# ------------------------------------------------------------------- the sketches
+def test_weighted_sums_equal_brute_force_weighted_documents():
+    """Σ_i w_i·(document i's clipped contribution), each document sketched alone."""
+    X = _corpus(150, seed=2)
+    sub, clip = _subspace(), ClipBounds.for_length(8)
+    w = np.random.default_rng(1).random(150)
+    w[::7] = 0.0
+    s = WhitenedSketch(sub, clip).update(X, weights=w).sums()
+    ref = None
+    for i in range(150):
+        one = WhitenedSketch(sub, clip).update(X[i]).sums()
+        term = {k: w[i] * np.asarray(getattr(one, k), dtype=float) for k in BLOCKS}
+        ref = term if ref is None else {k: ref[k] + term[k] for k in BLOCKS}
+    for k in BLOCKS:
+        np.testing.assert_allclose(np.asarray(getattr(s, k)), ref[k], rtol=1e-10, atol=1e-13)
+    # weights of 1 are the unweighted sketch, bit for bit
+    a = WhitenedSketch(sub, clip).update(X, weights=np.ones(150)).sums()
+    b = WhitenedSketch(sub, clip).update(X).sums()
+    for k in BLOCKS:
+        assert np.array_equal(np.asarray(getattr(a, k)), np.asarray(getattr(b, k)))
+
+
+@pytest.mark.parametrize("schedule", ["uniform", "decaying"])
+def test_user_with_10000_documents_in_one_epoch_moves_each_block_by_at_most_its_bound(schedule):
+    base = _corpus(2000, seed=4)
+    base_users = [f"u{i % 300}" for i in range(2000)]
+    attack = _attacker_docs(10_000)
+    sub, clip = _subspace(), ClipBounds.for_length(6)
+    bound = _bounds(clip)
+    cfg = dict(max_docs_per_epoch=10, max_docs=10, schedule=schedule, key=b"k")
+    # the attacker's documents interleaved with everyone else's
+    X = sp.vstack([base, attack], format="csr")
+    users = base_users + ["attacker"] * 10_000
+    order = np.random.default_rng(2).permutation(X.shape[0])
+    X, users = X[order], [users[i] for i in order]
+    w, _ = UserBounder(**cfg).assign(users)
+    with_u = WhitenedSketch(sub, clip).update(X, weights=w).sums()
+    keep = np.array([u != "attacker" for u in users])
+    w0, _ = UserBounder(**cfg).assign([u for u, k in zip(users, keep) if k])
+    without = WhitenedSketch(sub, clip).update(X[keep], weights=w0).sums()
+    change = _block_change(with_u, without)
+    for k in BLOCKS:
+        assert change[k] <= bound[k], (k, change[k], bound[k])
+    # the attack reaches the bound of its binding block (s3 for this document): tight
+    assert change["s3"] > 0.99 * clip.s3
+    # without bounding the same attacker moves count by 10,000
+    raw = WhitenedSketch(sub, clip).update(X).sums().count - WhitenedSketch(sub, clip).update(
+        X[keep]).sums().count
+    assert raw > 9000
+
+
+def test_user_spread_over_every_epoch_and_out_of_order_blt_loss_within_one_document():
+    """A user with documents in every epoch (arriving out of order across the open epochs):
+    Σ_s ‖x'_s − x_s‖ ≤ Δ_b (the user's weights sum to ≤ 1), and the BLT's loss
+    Σ_t (Σ_s c_{t−s}·‖x'_s − x_s‖/Δ_b)² stays below what the accountant charges for one
+    document of epoch 1, Σ_{j<T} c_j² (docs/privacy.md, "The user-level unit")."""
+    T = 16
+    sub, clip = _subspace(), ClipBounds.for_length(6)
+    bound = _bounds(clip)
+    clock = EpochClock(stream_start=0.0, epoch_seconds=10.0)
+    base = _corpus(1600, seed=6)
+    base_ts = np.random.default_rng(0).uniform(0, 10 * T, 1600)
+    base_users = [f"u{i % 100}" for i in range(1600)]
+    n_att = 40 * T
+    att = _attacker_docs(n_att)
+    att_ts = np.random.default_rng(1).permutation(np.repeat(np.arange(T) * 10.0 + 5.0, 40))
+    for schedule in ("uniform", "decaying"):
+        cfg = dict(max_docs_per_epoch=3, max_docs=4 * T, schedule=schedule, key=b"k")
+
+        # one arrival order; the neighbour is the same order without the attacker's rows
+        X_all = sp.vstack([base, att], format="csr")
+        ts_all = np.concatenate([base_ts, att_ts])
+        users_all = base_users + ["att"] * n_att
+        order = np.random.default_rng(7).permutation(X_all.shape[0])
+        X_all, ts_all, users_all = X_all[order], ts_all[order], [users_all[i] for i in order]
+
+        def run(with_attacker):
+            keep = np.array([with_attacker or u != "att" for u in users_all])
+            X, ts = X_all[keep], ts_all[keep]
+            users = [u for u, k in zip(users_all, keep) if k]
+            w, _ = UserBounder(**cfg).assign(users, clock.epochs(ts))
+            es = EpochSketches(sub, clip, clock)
+            for a in range(0, X.shape[0], 333):        # count-based batches
+                es.add(X[a:a + 333], ts[a:a + 333], weights=w[a:a + 333])
+            return {e: s.sketch for e, s in es.pop_through(T)}
+
+        with_u, without = run(True), run(False)
+        per_epoch = {k: np.array([_block_change(with_u[e], without[e])[k] for e in range(1, T + 1)])
+                     for k in BLOCKS}
+        c = default_params(T).coefs(T)
+        for k in BLOCKS:
+            assert per_epoch[k].sum() <= bound[k], (schedule, k)
+            assert np.count_nonzero(per_epoch[k]) == T          # every epoch was touched
+            r = per_epoch[k] / bound[k]
+            loss = sum(sum(c[t - s] * r[s] for s in range(t + 1)) ** 2 for t in range(T))
+            assert loss <= float(np.sum(c[:T] ** 2)) + 1e-12, (schedule, k)
+
+
+def test_warmup_user_bounded_range_sum_and_histogram():
+    base = _corpus(500, seed=8)
+    att = _attacker_docs(10_000)
+    X = sp.vstack([base, att], format="csr")
+    users = [f"u{i % 50}" for i in range(500)] + ["att"] * 10_000
+
+    def sketch(keep):
+        b = UserBounder(max_docs_per_epoch=5, max_docs=5, key=b"k")
+        Xk, uk = X[keep], [u for u, k in zip(users, keep) if k]
+        w, r = b.assign(uk)
+        return WarmupSketch(D, KP, clip=0.05, seed=0).update(Xk, weights=w, in_histogram=r == 1)
+
+    full = sketch(np.ones(X.shape[0], bool))
+    without = sketch(np.array([u != "att" for u in users]))
+    cw = block_sensitivities(ClipBounds(m1=1, z=1, s3=1, warmup=0.05))["warmup"]
+    change = np.linalg.norm(full.range_sum() - without.range_sum())
+    assert 0.99 * 0.05 < change <= cw
+    # the histogram counts each user's first warm-up document only: ≤ 1 per histogram
+    dh = full.norm_hist - without.norm_hist
+    assert np.all(dh.sum(axis=1) == 1) and np.all(dh >= 0)
+    assert full.norm_hist[0].sum() == 51
+
+
+def test_refinement_user_with_10000_documents_moves_T_by_at_most_one():
+    model = make_lda_model(D, 3, seed=9)
+    rm = RefinementModel(topic_word=model.topics, alpha=model.alpha, model_id="m")
+    base = _corpus(300, seed=9)
+    att = _attacker_docs(10_000)
+    X = sp.vstack([base, att], format="csr")
+    users = [f"u{i % 40}" for i in range(300)] + ["att"] * 10_000
+
+    def total(keep):
+        w, _ = UserBounder(max_docs_per_epoch=7, max_docs=7, key=b"k").assign(
+            [u for u, k in zip(users, keep) if k])
+        return RefinementSketch(3, D).update(X[keep], rm, weights=w).sums
+
+    change = np.linalg.norm(total(np.ones(X.shape[0], bool))
+                            - total(np.array([u != "att" for u in users])))
+    # one attacker document alone moves T by ‖r‖ ≤ 1; 10,000 of them, weighted, by the same
+    one = np.linalg.norm(RefinementSketch(3, D).update(att[:1], rm).sums)
+    assert change <= 1.0 + 1e-9
+    assert abs(change - one) < 1e-9
+
+
+# ------------------------------------------------------------------- the estimator
+def _fit_data(n=6000, seed=0):
+    model = make_lda_model(200, 4, seed=seed)
+    X = sample_documents(model, n, seed=seed)
+    users = (np.random.default_rng(seed).zipf(1.8, n) % 1500).astype(str)
+    ts = np.arange(n, dtype=float)
+    return X, users, ts
+
+
+def test_fit_user_mode_reports_the_unit_and_the_ledger_records_it():
+    X, users, ts = _fit_data()
+    ledger = MemoryLedger()
+    acc = Accountant(4.0, 1e-6, ledger, unit="user")
+    snap = streamdp.fit(X, 4, epsilon=4.0, timestamps=ts, stream_start=1500.0, seed=0,
+                        sampler="fast", privacy_unit="user", users=users,
+                        max_docs_per_user_epoch=5, accountant=acc, run_id="u")
+    p = snap.privacy
+    assert p["privacy_unit"] == "user" and p["neighbouring"] == "add/remove all documents of one user"
+    assert p["user_bounding"]["max_docs_per_user_epoch"] == 5
+    assert p["user_bounding"]["max_docs_per_user"] == 5
+    assert p["accountant"]["unit"].startswith("one user")
+    # warm-up charged to the stream partition (sequential composition): nothing on "warmup"
+    assert p["accountant"]["rho_by_atom"]["warmup"] == 0.0
+    assert p["accountant"]["rho_worst_case"] <= acc.rho_budget * (1 + 1e-12)
+    assert p["accountant"]["rho_worst_case"] > 0.999 * acc.rho_budget
+    events = [e for r in ledger.read() if r.kind in ("reserve", "commit")
+              for e in r.payload["events"]]
+    assert events and all(e["unit"] == "user" for e in events)
+    assert any(e["block"] == "warmup" and e["partition"] == "stream" for e in events)
+    budget = [r for r in ledger.read() if r.kind == "budget"][0]
+    assert budget.payload["unit"].startswith("one user")
+    assert snap.topic_word.shape == (4, 200)
+
+
+def test_user_mode_refuses_what_it_cannot_bound():
+    X, users, ts = _fit_data(800)
+    with pytest.raises(ValueError, match="users="):
+        streamdp.fit(X, 4, epsilon=4.0, timestamps=ts, stream_start=200.0,
+                     privacy_unit="user", sampler="fast")
+    with pytest.raises(ValueError, match="per-document boundary"):
+        streamdp.fit(X, 4, epsilon=4.0, warmup_docs=200, privacy_unit="user", users=users)
+    with pytest.raises(ValueError, match="unit='user'"):
+        streamdp.StreamingSpectralLDA(4, epsilon=4.0, privacy_unit="user",
+                                      accountant=Accountant(4.0, 1e-6, MemoryLedger()))
+    with pytest.raises(ValueError, match="privacy_unit='user'"):
+        streamdp.StreamingSpectralLDA(4, epsilon=4.0, max_docs_per_user_epoch=3)
+    # a user-level ledger refuses document-level events
+    from streamdp.privacy.events import GaussianEvent
+    acc = Accountant(4.0, 1e-6, MemoryLedger(), unit="user")
+    with pytest.raises(ValueError, match="protects users"):
+        acc.reserve([GaussianEvent("z", 1.0, 1.0)])
+    acc.reserve([GaussianEvent("z", 1.0, 2.0, unit="user")])
+    est = streamdp.StreamingSpectralLDA(4, epsilon=4.0, privacy_unit="user", sampler="fast")
+    with pytest.raises(ValueError, match="users="):
+        est.warmup(X[:100])
+    with pytest.raises(MissingUser):
+        est.warmup(X[:2], users=["a", None])
