@@ -228,7 +228,7 @@ def test_chunking_caps_rows_per_product():
     seen = []
     sk = WhitenedSketch(sub, ClipBounds.for_length(10))
     orig = sk._update_chunk
-    sk._update_chunk = lambda Xc: (seen.append(Xc.shape[0]), orig(Xc))
+    sk._update_chunk = lambda Xc, *w: (seen.append(Xc.shape[0]), orig(Xc, *w))
     sk.update(X)
     assert seen and set(seen) == {rounding.BATCH_ROWS_MAX}
     assert sum(seen) + sk.pending.n == n_long and 0 < sk.pending.n < rounding.BATCH_ROWS_MAX
@@ -236,7 +236,7 @@ def test_chunking_caps_rows_per_product():
     w = WarmupSketch(50, 4, clip=1e-6)
     wseen = []
     worig = w._update_chunk
-    w._update_chunk = lambda Xc: (wseen.append(Xc.shape[0]), worig(Xc))
+    w._update_chunk = lambda Xc, *wt: (wseen.append(Xc.shape[0]), worig(Xc, *wt))
     w.update(X)
     assert set(wseen) == {rounding.BATCH_ROWS_MAX} and sum(wseen) + w.pending.n == n_long
     assert w.n_docs == n_long
