@@ -53,7 +53,7 @@ from streamdp.whitening.subspace import Subspace
 #: (t3 over (a, pair b ≤ c)) still load, converted
 SCHEMA_VERSION = 2
 
-# Rows of the (batch × k'²) Khatri–Rao product materialised at once (~32 MB).
+# Elements of the read-time (words × k'²) Khatri–Rao block materialised at once (~32 MB).
 _KR_ELEMENTS = 1 << 22
 
 
