@@ -89,6 +89,18 @@ def test_vw_recovers_synthetic_topics(corpus):
     assert info["settings"]["bits"] == 6                     # 2^6 = 64 ≥ d = 60
 
 
+def test_vw_minibatch_larger_than_its_default_queue(corpus):
+    """vowpalwabbit 9.11.9 segfaults with --lda --minibatch > 256 unless its example queue is
+    enlarged (fit_vw does): a regression would crash this test's process."""
+    pytest.importorskip("vowpalwabbit")
+    from baselines.vw import fit_vw
+
+    truth, X = corpus
+    B, info = fit_vw(X[:3000], K, seed=0, minibatch=600)
+    assert info["settings"]["example_queue_limit"] == 1024
+    check_topics(B, truth)
+
+
 def test_vw_text_format_is_column_index_and_count(tmp_path):
     from baselines.vw import write_vw_text
 

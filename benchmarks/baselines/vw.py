@@ -74,6 +74,10 @@ def fit_vw(counts, n_topics: int, *, seed: int, alpha: float | None = None,
     alpha = 1.0 / k if alpha is None else float(alpha)
     rho = 1.0 / k if rho is None else float(rho)
     bits = max(1, math.ceil(math.log2(d)))
+    # vowpalwabbit 9.11.9 segfaults when --minibatch exceeds its example queue (256 by default):
+    # --lda then swaps in a larger parser queue and crashes. A queue that holds a minibatch from
+    # the start avoids that path.
+    queue = max(256, 1 << max(0, int(minibatch) - 1).bit_length())
     with tempfile.TemporaryDirectory(dir=workdir, prefix="vw_lda_") as tmp:
         data = os.path.join(tmp, "train.vw")
         t0 = time.perf_counter()
@@ -82,6 +86,7 @@ def fit_vw(counts, n_topics: int, *, seed: int, alpha: float | None = None,
         args = (f"--lda {k} --lda_D {n} --lda_alpha {alpha!r} --lda_rho {rho!r} "
                 f"--minibatch {int(minibatch)} --power_t {power_t!r} --initial_t {initial_t!r} "
                 f"--learning_rate {learning_rate!r} -b {bits} --random_seed {int(seed)} "
+                f"--example_queue_limit {queue} "
                 f"--quiet --no_stdin {extra_args} -d {data}")
         cpu0, t1 = time.process_time(), time.perf_counter()
         ws = vowpalwabbit.Workspace(args)          # parses and learns the whole file
@@ -104,4 +109,4 @@ def fit_vw(counts, n_topics: int, *, seed: int, alpha: float | None = None,
         "examples_seen": examples, "own_average_loss": loss,
         "settings": {"args": args.replace(data, "FILE"), "lda_alpha": alpha, "lda_rho": rho,
                      "minibatch": int(minibatch), "power_t": power_t, "initial_t": initial_t,
-                     "learning_rate": learning_rate, "bits": bits}}
+                     "learning_rate": learning_rate, "bits": bits, "example_queue_limit": queue}}
