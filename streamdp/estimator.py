@@ -22,7 +22,7 @@ from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, check_max_
 from streamdp.privacy.spend import UnitSpender, spend
 from streamdp.privacy.user_bounding import DEFAULT_MAX_USERS, SCHEDULES, UserBounder
 from streamdp.refinement import BLOCK as REFINE_BLOCK
-from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch,
+from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch, epoch_refined,
                                  plan_refinement, refined_topics)
 from streamdp.release import (MECHANISMS, BudgetSplit, DenoiseConfig, release_topics)
 from streamdp.snapshot import TopicSnapshot
@@ -245,8 +245,6 @@ class StreamingSpectralLDA:
                          max_users)
         self._stream_events: list = []      # every event charged to stream documents so far
         self._stream_rows_closed = 0         # user mode: stream rows of the closed epochs
-        self._model: RefinementModel | None = None
-        self._model_epoch: int | None = None   # epoch of the first continual snapshot
         self.continual_ = None
         self._epoch_sketches = None
         if accountant is None and self.epsilon is not None:
@@ -406,7 +404,8 @@ class StreamingSpectralLDA:
                 max_documents=self.max_documents_per_sum)
             self._epoch_sketches = EpochSketches(
                 self.subspace_, self.clip, self.epochs,
-                n_topics=self.n_topics if self.refinement is not None else None)
+                n_topics=self.n_topics if self.refinement is not None else None,
+                model_lag=(self.refinement or RefinementConfig()).model_lag)
         self._warmup = None   # the warm-up's raw sums are no longer needed
 
     # ----------------------------------------------------------------- stream
@@ -432,19 +431,12 @@ class StreamingSpectralLDA:
         if self.subspace_ is None:
             self._fix_subspace()
         if self.epochs is not None:
-            self._epoch_sketches.add(X, timestamps, model=self._refinement_model(), weights=w)
+            # with refinement, each document is folded into the snapshot of its epoch − L
+            # (streamdp.refinement.model_epoch_for), held here until that epoch is closed
+            self._epoch_sketches.add(X, timestamps, weights=w)
         else:
             self.sketch_.update(X, weights=w)
         return self
-
-    def _refinement_model(self) -> RefinementModel | None:
-        """Continual mode: the public model new documents are folded into (the last snapshot)."""
-        if self.refinement is None or self.snapshot_ is None:
-            return None
-        if self._model is None or self._model.model_id != self.snapshot_.release_id:
-            self._model = RefinementModel.from_snapshot(self.snapshot_,
-                                                        fold_in_iter=self.refinement.fold_in_iter)
-        return self._model
 
     @property
     def stream_rho_(self) -> float | None:
@@ -487,13 +479,14 @@ class StreamingSpectralLDA:
             require_within_premise(upto, self.max_documents_per_sum,
                                    "user-level continual release (all stream documents so far)")
             self._stream_rows_closed = upto
-        for epoch, sums in self._epoch_sketches.pop_through(target):
-            # refined iff a snapshot was public before this epoch opened for refinement
-            refined = self._model_epoch is not None and epoch > self._model_epoch
-            snap = self.continual_.close_epoch(sums, refined=refined)
-            if self._model_epoch is None:
-                self._model_epoch = epoch
-            snap = self._finish_snapshot(snap)
+        for epoch in range(self._epoch_sketches.closed_through + 1, target + 1):
+            # one epoch at a time: its snapshot is the model of the documents of epoch + L
+            ((_, sums),) = self._epoch_sketches.pop_through(epoch)
+            # THE public rule (as the services): refined iff the epoch's documents have a model
+            refined = self.refinement is not None and epoch_refined(epoch, self.refinement.model_lag)
+            snap = self._finish_snapshot(self.continual_.close_epoch(sums, refined=refined))
+            if self.refinement is not None:
+                self._epoch_sketches.model_released(snap, self.refinement.fold_in_iter)
             snaps.append(snap)
         if self._stream_users is not None:
             self._stream_users.close_through(target)

@@ -226,17 +226,24 @@ def test_refinement_merge_and_reading_are_deterministic():
 
 # ------------------------------------------------------------------ neighbouring epochs
 def _epoch_run(X, ts, batch, sub, clip, model, n_epochs):
-    es = EpochSketches(sub, clip, EpochClock(0.0, 10.0), n_topics=K)
+    """Every document arrives before any epoch closes: epochs 3, 4 wait for the models of
+    snapshots 1, 2 (lag 2; here both ``model``), handed over as each epoch closes."""
+    es = EpochSketches(sub, clip, EpochClock(0.0, 10.0), n_topics=K, model_lag=2)
     for a in range(0, X.shape[0], batch):          # count-based batches, like the sketcher's poll
-        es.add(X[a:a + batch], ts[a:a + batch], model)
-    return dict(es.pop_through(n_epochs))
+        es.add(X[a:a + batch], ts[a:a + batch])
+    out = {}
+    for e in range(1, n_epochs + 1):
+        out.update(es.pop_through(e))
+        es.model_released(RefinementModel(model.topic_word, model.alpha, f"m{e}", epoch=e))
+    return out
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last", "chunk-edge"])
 def test_one_added_document_leaves_every_other_epoch_bit_identical(where):
-    """D vs D + x (x in epoch 2, inserted anywhere in the arrival order) with batches of a fixed
+    """D vs D + x (x in epoch 3, inserted anywhere in the arrival order) with batches of a fixed
     count: x shifts the batch boundaries of every later document, yet every other epoch's
-    spectral and refinement sums are bit-identical; epoch 2 differs."""
+    spectral and refinement sums are bit-identical; epoch 3 differs (epochs 1, 2 have no
+    refinement sums: lag 2)."""
     rng = np.random.default_rng(21)
     n, n_epochs = 12_000, 4
     X = _documents(rng, n)
@@ -246,7 +253,7 @@ def test_one_added_document_leaves_every_other_epoch_bit_identical(where):
     pos = {"first": 0, "middle": n // 2, "last": n,
            "chunk-edge": int(np.flatnonzero(EpochClock(0.0, 10.0).epochs(ts) == 1)[1500])}[where]
     Xp = sp.vstack([X[:pos], x, X[pos:]]).tocsr()
-    tsp = np.concatenate([ts[:pos], [15.0], ts[pos:]])       # epoch 2
+    tsp = np.concatenate([ts[:pos], [25.0], ts[pos:]])       # epoch 3
     for batch in (1000, 333):
         base = _epoch_run(X, ts, batch, sub, clip, model, n_epochs)
         neigh = _epoch_run(Xp, tsp, batch, sub, clip, model, n_epochs)
@@ -254,7 +261,9 @@ def test_one_added_document_leaves_every_other_epoch_bit_identical(where):
             same = all(np.array_equal(np.asarray(getattr(base[e].sketch, b)),
                                       np.asarray(getattr(neigh[e].sketch, b))) for b in BLOCKS)
             same_r = np.array_equal(base[e].refine, neigh[e].refine)
-            if e == 2:
+            if e <= 2:
+                assert base[e].refine is None and neigh[e].refine is None   # no model (lag 2)
+            if e == 3:
                 assert not same and not same_r
             else:
                 assert same and same_r, (e, batch)

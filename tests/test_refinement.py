@@ -227,7 +227,7 @@ def test_count_boundary_is_charged_to_the_stream(lda):
 
 
 # -------------------------------------------------------------------------- continual
-def test_continual_refinement_is_refined_after_the_first_epoch_and_within_budget(lda):
+def test_continual_refinement_is_refined_after_the_model_lag_and_within_budget(lda):
     model, X = lda
     n = X.shape[0]
     acc = Accountant(4.0, 1e-6, MemoryLedger())
@@ -241,8 +241,10 @@ def test_continual_refinement_is_refined_after_the_first_epoch_and_within_budget
         rows = slice(3000 + t * per, 3000 + (t + 1) * per)
         est.partial_fit(X[rows], np.full(per, 10.0 * t + 5.0))
         snaps += est.close_epochs(10.0 * (t + 1))
-    assert [s.stage for s in snaps] == ["spectral", "refined", "refined", "refined"]
-    for a, b in zip(snaps[1:], snaps[2:]):
+    # lag L = 2: epochs 1, 2 have no model; epoch 3 is folded into snapshot 1, epoch 4 into 2
+    assert [s.stage for s in snaps] == ["spectral", "spectral", "refined", "refined"]
+    assert est.refinement.model_lag == 2
+    for a, b in [(snaps[0], snaps[2]), (snaps[2], snaps[3])]:
         D = np.abs(b.topic_word[:, None, :] - a.topic_word[None, :, :]).sum(axis=2)
         assert np.mean(D.argmin(axis=1) == np.arange(4)) >= 0.75
     rep = acc.report()
@@ -251,13 +253,13 @@ def test_continual_refinement_is_refined_after_the_first_epoch_and_within_budget
     assert any(e["block"] == R.BLOCK for e in snaps[-1].privacy["node_events"])
     # state round trip keeps the refinement sums and the public refined-epoch count
     state = est.continual_.state_dict()
-    assert state["refined_epochs"] == 3
+    assert state["refined_epochs"] == 2
     again = streamdp.ContinualRelease(est.subspace_, est.clip, n_topics=4, alpha0=1.0,
                                       rho=est.stream_rho_, horizon=4,
                                       split=streamdp.BudgetSplit.spectral_start(),
                                       sampler=est.sampler, refinement=est.refinement)
     again.load_state(state)
-    assert again.refined_epochs == 3 and again.epoch == 4
+    assert again.refined_epochs == 2 and again.epoch == 4
 
 
 def test_epoch_sums_add_and_round_trip(rng):

@@ -43,7 +43,9 @@ class ServiceConfig:
     start with stream_start more than one epoch in the past (see :func:`check_stream_start`).
     Refinement (DESIGN §8): ``refinement`` (default on) folds every stream document into the
     latest released model and releases the k × d refinement sums in the tree with
-    ``refinement_share`` of each node's ρ; from epoch 2 on snapshots are ``stage="refined"``.
+    ``refinement_share`` of each node's ρ. The model of a document of epoch e is the snapshot of
+    epoch e − L, L = ``refinement_model_lag`` (streamdp.refinement.model_epoch_for); from epoch
+    L + 1 on snapshots are ``stage="refined"``.
     Rounding premise: ``max_documents_per_sum`` (N_max), the most documents in any one noised
     sum; the sensitivities cover float64 rounding up to it and larger sums are refused.
     Kafka: bootstrap, topic_prefix, group_id.
@@ -97,6 +99,7 @@ class ServiceConfig:
     metrics_exact_counts: bool = True
     refinement: bool = True
     refinement_share: float = 0.5
+    refinement_model_lag: int = 2                # L: epoch e is refined against snapshot e − L
     max_documents_per_sum: int = 1_000_000_000   # rounding premise N_max (docs/privacy.md)
     kafka: dict = field(default_factory=dict)
 
@@ -193,6 +196,40 @@ class ServiceConfig:
             bad("control_key_file", f"must be the path of the control-key file, got {self.control_key_file!r}")
         if not (isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535):
             bad("metrics_port", f"must be a TCP port 0..65535 (0 = any free port), got {self.metrics_port!r}")
+        self._check_refinement_lag(bad)      # after the time fields it relies on
+
+    def _check_refinement_lag(self, bad) -> None:
+        """L ≥ 1, and (with refinement) a hold can always end: a sketcher holds a partition at a
+        document of epoch e until epoch e − L is closed, and closing e − L needs that
+        partition's progress — at least the held record's time rt — past e − L's close time.
+        An on-time document of epoch e has rt ≥ start(e) − max_future_seconds, so
+        (L − 1)·epoch_seconds ≥ lateness + max_future_seconds makes every hold end; otherwise
+        a held partition can block the very epoch it waits for (docs/privacy.md)."""
+        lag = self.refinement_model_lag
+        if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
+            bad("refinement_model_lag", f"must be an integer number of epochs >= 1 (default 2), "
+                                        f"got {lag!r}")
+        if not self.refinement or not all(isinstance(getattr(self, n), (int, float)) for n in (
+                "epoch_seconds", "lateness", "max_future_seconds")):
+            return                     # bad time fields were named above
+        need = float(self.lateness) + float(self.max_future_seconds)
+        if (lag - 1) * float(self.epoch_seconds) >= need:
+            return
+        smallest = 1 + math.ceil(need / float(self.epoch_seconds)) if self.epoch_seconds > 0 else None
+        why = (f"is {lag}, but (refinement_model_lag - 1) x epoch_seconds = "
+               f"{(lag - 1) * float(self.epoch_seconds):g} s is less than lateness + "
+               f"max_future_seconds = {need:g} s: a sketcher holding a document of epoch e until "
+               f"epoch e - {lag} is released could block that very release (a document may be "
+               f"stamped up to max_future_seconds before its event time). Set "
+               f"refinement_model_lag to at least {smallest}, or lower lateness/max_future_seconds, "
+               f"or turn refinement off")
+        if not self.non_production:
+            bad("refinement_model_lag", why)
+        import logging
+        logging.getLogger("streamdp.config").warning(
+            "configuration field 'refinement_model_lag' %s (accepted because non_production is "
+            "true: only safe when each epoch's documents are produced after the release of "
+            "epoch e - L)", why)
 
     def _check_vocabulary_fields(self, bad) -> None:
         mode = self.vocabulary_mode
@@ -280,7 +317,8 @@ class ServiceConfig:
         if not self.refinement:
             return None
         from streamdp.refinement import RefinementConfig
-        return RefinementConfig(share=float(self.refinement_share))
+        return RefinementConfig(share=float(self.refinement_share),
+                                model_lag=int(self.refinement_model_lag))
 
     def client(self, role: str, **overrides) -> dict:
         """confluent-kafka configuration for ``role`` with the deployment's extra ``kafka``

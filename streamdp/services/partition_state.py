@@ -53,7 +53,7 @@ from streamdp.messages import InvalidMessage
 from streamdp.moments.clipping import ClipBounds
 from streamdp.moments.sketch import WhitenedSketch
 from streamdp.privacy.epochs import WARMUP_EPOCH, EpochClock
-from streamdp.refinement import RefinementModel, RefinementSketch
+from streamdp.refinement import FoldInModels, RefinementSketch
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch
 
@@ -195,9 +195,9 @@ class PartitionState:
                           vocabulary is published
     warmup : WarmupSketch | None       warm-up sums (None once the subspace is out)
     epochs : dict[int, WhitenedSketch] open stream epochs not yet released
-    refine : dict[int, RefinementSketch] refinement sums (k × d) of the open epochs' documents
-                          folded into the public model the sketcher held when it sketched
-                          them (DESIGN §8; absent for documents sketched before any release)
+    refine : dict[int, RefinementSketch] refinement sums (k × d) of the open epochs' documents,
+                          each folded into the snapshot of its epoch − L (DESIGN §8,
+                          :func:`streamdp.refinement.model_epoch_for`; absent for epochs ≤ L)
     closed_through : int  epochs the release service has closed (their sketches dropped)
     counters : dict       documents, tokens, unknown_tokens, late, empty, dlq (and
                           selection_documents once a selection document was counted)
@@ -225,11 +225,15 @@ class PartitionState:
     # ------------------------------------------------------------ updating
     def add(self, X: sp.csr_matrix, routes: np.ndarray, subspace: Subspace | None,
             clip: ClipBounds | None, warmup_factory,
-            model: RefinementModel | None = None) -> dict[str, int]:
+            models: FoldInModels | None = None) -> dict[str, int]:
         """Add a validated batch routed by :meth:`Routing.route`; returns per-role counts.
 
-        ``model``: the latest released (public) model; stream documents are also folded
-        into it and their refinement contributions added to the epoch's RefinementSketch.
+        ``models``: with refinement, the public models by snapshot epoch; a stream document of
+        epoch e is also folded into ``models.model_for(e)`` (the rule
+        :func:`streamdp.refinement.model_epoch_for`: the snapshot of e − L, or none) and its
+        contribution added to the epoch's RefinementSketch. The caller holds the partition
+        before any document whose model is not decided (:class:`ModelNotDecided` otherwise,
+        raised before anything changes).
 
         Stream documents need the subspace; the caller must not pass any before it
         exists (it pauses the partition instead). Documents routed to an epoch
@@ -240,6 +244,9 @@ class PartitionState:
         routes = np.where(routes == SELECTION, LATE, routes)
         if np.any(routes == FUTURE):
             raise ValueError("FUTURE-routed documents must be dead-lettered, not added")
+        if models is not None:       # every model decided, before any sketch changes
+            for r in np.unique(routes[routes > 0]):
+                models.model_for(int(r))
         out = {"warmup": 0, "stream": 0, "late": int(np.sum(routes == LATE)), "short": 0}
         short = (np.asarray(X.sum(axis=1)).ravel() < MIN_DOC_LENGTH) if X.shape[0] else np.zeros(0, bool)
         for r in np.unique(routes):
@@ -262,6 +269,7 @@ class PartitionState:
             if sk is None:
                 sk = self.epochs[int(r)] = WhitenedSketch(subspace, clip)
             sk.update(X[rows])
+            model = None if models is None else models.model_for(int(r))
             if model is not None:
                 rs = self.refine.get(int(r))
                 if rs is None:

@@ -48,12 +48,15 @@ Single writer per deployment, fenced at Kafka (docs/services.md §Fencing):
   extend the head on Kafka refuses to start (ConfigError naming both).
 
 Refinement (DESIGN §8, docs/services.md §Refinement in the services): the sketchers
-fold stream documents into the model of the last snapshot (read from this service's
-release state record) and checkpoint per-epoch k × d refinement sums; an epoch close
-merges them with the sketch sums into one :class:`~streamdp.continual.EpochSums` leaf of
-the tree. Epoch e is closed with ``refined=True`` iff e is after the epoch of the first
-snapshot (``model_epoch``, persisted) — a public fact, never a document count — so
-snapshot 1 is spectral and later ones are refined, topic i continuing topic i.
+fold each stream document of epoch e into the model of the snapshot of epoch e − L
+(:func:`streamdp.refinement.model_epoch_for`, L = ``refinement_model_lag``), read from
+this service's release state record, which keeps the models of the last L snapshots
+(``refinement_models``: every model a sketcher can still need, so a restarted one can
+rebuild them), and checkpoint per-epoch k × d refinement sums; an epoch close merges them
+with the sketch sums into one :class:`~streamdp.continual.EpochSums` leaf of the tree.
+Epoch e is closed with ``refined=True`` iff e − L ≥ 1 — the same public rule, never a
+document count — so snapshots 1…L are spectral and later ones refined, topic i continuing
+topic i.
 
 The ``flock`` lease next to the ledger stays as a local convenience (a clear
 error for two services on one ledger file); it is not the protection.
@@ -89,7 +92,7 @@ from streamdp.privacy.report import add_budget_context
 from streamdp.privacy.rounding import DocumentCountExceeded
 from streamdp.privacy.tree import HorizonExceeded
 from streamdp.release import BudgetSplit, DenoiseConfig
-from streamdp.refinement import RefinementSketch
+from streamdp.refinement import FoldInModels, RefinementModel, RefinementSketch, model_epoch_for
 from streamdp.services import control
 from streamdp.kafka.connectivity import OutageGuard, check_bootstrap, client_extras
 from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode, check_stream_start
@@ -284,7 +287,9 @@ class ReleaseService:
             # never leave the process (tests/test_consumers.py)
             self.published: tuple[TopicSnapshot, bytes] | None = None
             self.refinement = cfg.refinement_config()
-            self.model_epoch: int | None = None   # epoch of the first snapshot (public)
+            # the public models of the last L snapshots (refinement_model_lag), persisted in the
+            # release state: every model a sketcher can still need (streamdp.refinement.FoldInModels)
+            self.fold_models = None if self.refinement is None else FoldInModels(self.refinement.model_lag)
             self.forced_through = -1         # epochs an operator declared complete (0 = warm-up)
             self.flush_requested = False
             self.exhausted: str | None = None
@@ -498,19 +503,25 @@ class ReleaseService:
                                   f"{rec.meta.get('vocabulary_id')}, this service has "
                                   f"{self.vocabulary.id}: use the same vocabulary file")
             self._new_continual()
+            if self.refinement is not None:
+                self.fold_models = FoldInModels(self.refinement.model_lag)
             state = self.store.read_latest(control.RELEASE_STATE_KEY)
             if state is not None:
                 obj = ser.loads(state.payload)
                 self._check_refinement_unchanged(obj)
                 self.continual.load_state(obj["continual"])
-                self.model_epoch = obj.get("model_epoch")
-                if self.model_epoch is None and self.continual.epoch >= 1:
-                    self.model_epoch = 1          # a state written before refinement existed
+                if self.refinement is not None:
+                    for m in obj.get("refinement_models") or []:
+                        self.fold_models.released(RefinementModel.from_dict(m))
+                    self.fold_models.close_through(self.continual.epoch)
                 self.control_offset = obj.get("control_offset")
                 self.forced_through = obj.get("forced_through", -1)
                 self.flush_requested = bool(obj.get("flush_requested", False))
                 if obj.get("last_snapshot"):
                     self.latest = TopicSnapshot.from_bytes(obj["last_snapshot"])
+                    if self.refinement is not None and not self.fold_models.models:
+                        # a state written before the model rule kept only the last snapshot
+                        self.fold_models.add_snapshot(self.latest)
                     self._publish(self.latest, republish=True)
                     self.metrics.set_last_release_timestamp(self.latest.created_at)
                 self.metrics.set_tree(self.continual.epoch, self.cfg.horizon)
@@ -554,9 +565,12 @@ class ReleaseService:
         had = obj.get("refinement")
         if int(obj["continual"].get("epoch") or 0) == 0:
             return                          # nothing released yet: any setting is fine
+        if had is not None and self.refinement is not None and "model_lag" not in had:
+            had = {**had, "model_lag": self.refinement.model_lag}   # written before the lag existed
         if had != self._refinement_dict():
             raise ConfigError(
-                f"configuration fields 'refinement'/'refinement_share': this deployment's tree was "
+                f"configuration fields 'refinement'/'refinement_share'/'refinement_model_lag': "
+                f"this deployment's tree was "
                 f"started with refinement {had!r}, the configuration says "
                 f"{self._refinement_dict()!r}. Every tree node is noised with the plan it "
                 "started with (the refinement block and its share of rho), so it cannot change "
@@ -886,9 +900,10 @@ class ReleaseService:
         if self.refinement is not None:
             refine = merge_refine_sums(parts, epoch, (self.cfg.n_topics, self.d))
         sums = None if total is None else EpochSums(total, refine)
-        # THE public rule (as StreamingSpectralLDA.close_epochs): refined iff a snapshot was
-        # released before this epoch — never a document count
-        refined = self.model_epoch is not None and epoch > self.model_epoch
+        # THE public rule (streamdp.refinement.model_epoch_for, as StreamingSpectralLDA.close_epochs):
+        # refined iff the epoch's documents have a model, the snapshot of epoch − L
+        model_epoch = None if self.refinement is None else model_epoch_for(epoch, self.refinement.model_lag)
+        refined = model_epoch is not None
         try:
             snap = self.continual.close_epoch(sums, refined=refined)   # reserve → draw
         except (BudgetExhausted, DocumentCountExceeded) as exc:
@@ -910,14 +925,13 @@ class ReleaseService:
             report = privacy["accountant"]
             report["uncommitted"] = max(0, report["uncommitted"] - len(self.spend.pending))
         if self.refinement is not None:
-            privacy["refinement"] = {**(privacy.get("refinement") or {}), "model_epoch": (
-                self.model_epoch if self.model_epoch is not None else epoch),
-                "refined": refined}
+            privacy["refinement"] = {**(privacy.get("refinement") or {}), "model_epoch": model_epoch,
+                                     "model_lag": self.refinement.model_lag, "refined": refined}
         # keep stage, noise_to_signal, fold_in_topics, subspace_topics (replace, not rebuild)
         snap = replace(snap, privacy=privacy, vocabulary_id=self.vocabulary.id)
         self.latest = snap
-        if self.model_epoch is None:
-            self.model_epoch = epoch
+        if self.refinement is not None:       # keep the last L models (all a sketcher may need)
+            self.fold_models.add_snapshot(snap)
         if not self._write_state():                      # → persist → commit
             return False
         self._publish(snap)                              # only after persist
@@ -946,7 +960,9 @@ class ReleaseService:
             "last_snapshot": None if snap is None else snap.to_bytes(),
             "control_offset": self.control_offset, "forced_through": self.forced_through,
             "flush_requested": self.flush_requested, "writer_epoch": self.writer_epoch,
-            "model_epoch": self.model_epoch, "refinement": self._refinement_dict()}), meta)
+            "refinement_models": [] if self.fold_models is None else [
+                self.fold_models.models[e].to_dict() for e in sorted(self.fold_models.models)],
+            "refinement": self._refinement_dict()}), meta)
 
     def _persist(self, key: str, payload: bytes, meta: dict) -> bool:
         """Spend protocol steps 3-4: write ``key`` in this writer's transaction, then commit

@@ -41,16 +41,20 @@ Time, fencing and control (issue 15; docs/operations.md §Time, §Kafka ACLs)
   record that goes backwards against one this process accepted. Before writing,
   the offset commit (which the group coordinator refuses from a member that lost
   its partitions) acts as a fence: a zombie drops its state instead of writing.
-* Refinement (DESIGN §8, docs/services.md §Refinement): with ``refinement`` on, every
-  stream document is also folded into the latest released model, read from the
-  ``last_snapshot`` of the release state record (``release/tree``) on the state topic —
-  at start-up and whenever an authenticated ``epochs_closed`` arrives. That record is
-  the one the release service persists *before* it publishes (so the model is always
-  a release that is, or after a restart will be, on the snapshots topic), and reading
-  it is atomic with the confirmation of the released epochs. The refinement sums are
-  part of the PartitionState checkpoint. A document re-sketched after a crash may be
-  folded into a newer model than in the lost run: every model is public, so its
-  contribution still has Frobenius norm ≤ 1 and the privacy argument is unchanged.
+* Refinement (DESIGN §8, docs/services.md §Refinement, docs/privacy.md §The refinement
+  model rule): with ``refinement`` on, a stream document of epoch e is also folded into
+  the model of the snapshot of epoch e − L (:func:`streamdp.refinement.model_epoch_for`,
+  L = ``refinement_model_lag``; none while e − L < 1) — never the model that happens to be
+  newest when it is read, which depends on poll timing. The models come from the release
+  state record (``release/tree``, ``refinement_models``: the last L snapshots' models) on
+  the state topic, read at start-up, whenever an authenticated ``epochs_closed`` arrives
+  and every few seconds while a partition is held; that record is persisted *before* the
+  release is published, and reading it is atomic with the confirmation of the released
+  epochs. A document whose model is not decided yet (epoch e − L not closed) holds its
+  partition at its offset (as for the subspace) until the record says e − L is closed;
+  documents of epochs that record already closed are late. The refinement sums are part
+  of the PartitionState checkpoint; a document re-read after a crash is folded into the
+  same model as in the lost run.
 * Control messages from the release service count only with a valid HMAC
   (``control_key_file``), and even then raw sketches are dropped only through
   the epoch the release state on the state topic confirms as released.
@@ -75,7 +79,7 @@ from streamdp.documents import MIN_DOC_LENGTH
 from streamdp.kafka.state_store import StateStore
 from streamdp.moments.clipping import ClipBounds
 from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
-from streamdp.refinement import RefinementModel
+from streamdp.refinement import FoldInModels, RefinementModel
 from streamdp import serialization as ser
 from streamdp.snapshot import TopicSnapshot
 from streamdp.services import control
@@ -157,8 +161,10 @@ class Sketcher:
         self.closed_through = 0
         self.warmup_closed = False
         self.refinement = cfg.refinement_config()
-        self.model: RefinementModel | None = None      # the latest released model (public)
-        self.model_epoch: int | None = None
+        # the public models by snapshot epoch and the epoch the release state confirms closed
+        self.models = None if self.refinement is None else FoldInModels(self.refinement.model_lag)
+        self.model_epoch: int | None = None            # the newest model loaded (its epoch)
+        self.held_for: dict[int, tuple[int, float]] = {}   # partition -> (model epoch, record time)
         self._stop = threading.Event()
         self._last_checkpoint = time.monotonic()
         self._last_refresh = time.monotonic()
@@ -271,6 +277,7 @@ class Sketcher:
                 self.checkpoint(tp.partition)
                 self.states.pop(tp.partition, None)
                 self.paused.pop(tp.partition, None)
+                self.held_for.pop(tp.partition, None)
         self.metrics.rebalance("revoke", assigned=len(self.states))
 
     def _on_lost(self, consumer, partitions) -> None:
@@ -278,6 +285,7 @@ class Sketcher:
             self.states.pop(tp.partition, None)
             self.dirty.discard(tp.partition)
             self.paused.pop(tp.partition, None)
+            self.held_for.pop(tp.partition, None)
         self.metrics.rebalance("lost", assigned=len(self.states))
 
     # ------------------------------------------------------------ the loop
@@ -307,13 +315,18 @@ class Sketcher:
                 self._refresh_vocabulary()
             if "subspace" in needs and self.subspace is None:
                 self._refresh_subspace()
+            if "model" in needs:
+                self._refresh_model()
+            self._advance_held_progress()
         ready = [p for p, need in self.paused.items()
                  if (need == "vocabulary" and self.vocabulary is not None)
-                 or (need == "subspace" and self.subspace is not None)]
+                 or (need == "subspace" and self.subspace is not None)
+                 or (need == "model" and self._model_decided(p))]
         if ready:
             self.consumer.resume([TopicPartition(self.topics.documents, p) for p in ready])
             for p in ready:
                 del self.paused[p]
+                self.held_for.pop(p, None)
         if time.monotonic() - self._last_checkpoint >= self.cfg.checkpoint_seconds:
             self.checkpoint_all()
 
@@ -362,11 +375,21 @@ class Sketcher:
         rt_good = np.asarray(rts, dtype=np.float64)[cb.index] if cb.n_docs else np.zeros(0)
         routes = self.routing.route(cb.timestamps, rt_good, now) if cb.n_docs else np.zeros(0, np.int64)
         routes = np.where(routes == SELECTION, LATE, routes)   # the vocabulary exists: window closed
+        if self.models is not None:          # epochs the release state confirms closed: late
+            routes = np.where((routes > 0) & (routes <= self.models.closed_through), LATE, routes)
 
-        # Without a subspace, stream documents cannot be sketched: stop at the first one.
+        # Stop at the first stream document that cannot be sketched yet: before the subspace,
+        # any; with refinement, one whose model (the snapshot of its epoch − L) is not decided.
+        blocked, need = np.zeros(routes.shape, bool), "subspace"
+        if self.subspace is None:
+            blocked = routes > 0
+        elif self.models is not None:
+            undecided = [e for e in np.unique(routes[routes > st.closed_through])
+                         if not self.models.decided(int(e))]
+            blocked, need = np.isin(routes, undecided), "model"
         cut_offset = None
-        if self.subspace is None and np.any(routes > 0):
-            first = int(np.flatnonzero(routes > 0)[0])
+        if np.any(blocked):
+            first = int(np.flatnonzero(blocked)[0])
             blocker = msg_of_doc[cb.index[first]]
             cut_offset = blocker.offset()
             keep = np.flatnonzero([msg_of_doc[j].offset() < cut_offset for j in cb.index])
@@ -386,7 +409,7 @@ class Sketcher:
         def new_warmup():
             return WarmupSketch(self.d, self.k_prime, clip=self.cfg.warmup_clip, seed=self.cfg.seed)
 
-        counts = st.add(X, routes_k, self.subspace, self.clip, new_warmup, model=self.model)
+        counts = st.add(X, routes_k, self.subspace, self.clip, new_warmup, models=self.models)
         for m, exc in bad:
             self._dead_letter(m, exc)
         st.counters["dlq"] += len(bad)
@@ -403,8 +426,9 @@ class Sketcher:
             st.progress = self.routing.advance_progress(st.progress, batch_rt[:len(processed)], now)
         if cut_offset is not None:
             st.progress = self.routing.advance_progress(st.progress, [blocker_rt], now)
-            tp = TopicPartition(self.topics.documents, p, cut_offset)
-            self._pause_at(p, cut_offset, "subspace")
+            if need == "model":
+                self.held_for[p] = (self.models.model_epoch(int(routes[first])), float(blocker_rt))
+            self._pause_at(p, cut_offset, need)
         self.dirty.add(p)
         # documents_total counts documents that entered a sketch; too-short and late
         # ones are counted under skipped_total{reason} instead (docs/metrics.md)
@@ -417,12 +441,14 @@ class Sketcher:
 
     def _pause_at(self, p: int, offset: int, need: str) -> None:
         """Hold partition ``p`` at ``offset`` (that record is re-read after resuming) until
-        ``need`` (the vocabulary or the subspace) is published."""
+        ``need`` (the vocabulary, the subspace, or the refinement model of ``held_for[p]``)
+        is published."""
         self.consumer.pause([TopicPartition(self.topics.documents, p)])
         self.consumer.seek(TopicPartition(self.topics.documents, p, offset))
         self.paused[p] = need
+        what = need if need != "model" else f"model of epoch {self.held_for[p][0]}"
         log.info("%s: partition %d paused at offset %d until the %s is released",
-                 self.instance, p, offset, need)
+                 self.instance, p, offset, what)
 
     def process_before_vocabulary(self, p: int, batch: list) -> None:
         """Before the deployment's vocabulary exists (vocabulary_mode public/private):
@@ -535,26 +561,60 @@ class Sketcher:
 
     # ------------------------------------------------------------ control
     def _refresh_model(self, rec=None) -> None:
-        """Fold-in model := the last snapshot in the release state record (public; see the
-        module docstring). ``rec``: that record if the caller already read it."""
-        if self.refinement is None:
+        """Load the fold-in models and the closed epoch from the release state record (public
+        models of the last L snapshots; see the module docstring). ``rec``: that record if the
+        caller already read it."""
+        if self.models is None or self.d is None:
             return
         rec = self.store.read_latest(control.RELEASE_STATE_KEY) if rec is None else rec
-        if rec is None or rec.meta.get("release_id") in (None, getattr(self.model, "model_id", None)):
+        if rec is None:
             return
-        raw = ser.loads(rec.payload).get("last_snapshot")
-        if not raw:
-            return
-        snap = TopicSnapshot.from_bytes(raw)
-        if snap.topic_word.shape != (self.cfg.n_topics, self.d):
-            log.error("%s: the released model has shape %s, this sketcher expects (%d, %d): "
-                      "not folding documents into it", self.instance, snap.topic_word.shape,
-                      self.cfg.n_topics, self.d)
-            return
-        self.model = RefinementModel.from_snapshot(snap, fold_in_iter=self.refinement.fold_in_iter)
-        self.model_epoch = snap.epoch
-        log.info("%s: folding stream documents into release %s (epoch %s, %s)", self.instance,
-                 snap.release_id, snap.epoch, snap.stage)
+        closed = int(rec.meta.get("epoch") or 0)
+        if closed <= self.models.closed_through and self.model_epoch is not None:
+            return                      # nothing new
+        obj = ser.loads(rec.payload)
+        raw = obj.get("refinement_models")
+        if raw is None and obj.get("last_snapshot"):     # a record written before the rule
+            raw = [RefinementModel.from_snapshot(TopicSnapshot.from_bytes(obj["last_snapshot"])).to_dict()]
+        for m in raw or []:
+            model = RefinementModel.from_dict(m, fold_in_iter=self.refinement.fold_in_iter)
+            if model.shape != (self.cfg.n_topics, self.d):
+                log.error("%s: the released model of epoch %s has shape %s, this sketcher expects "
+                          "(%d, %d): not folding documents into it", self.instance, model.epoch,
+                          model.shape, self.cfg.n_topics, self.d)
+                continue
+            if model.epoch is not None and model.epoch <= closed:
+                self.models.models.setdefault(model.epoch, model)
+        self.models.close_through(closed)
+        if self.models.models:
+            newest = max(self.models.models)
+            if newest != self.model_epoch:
+                log.info("%s: release closed through epoch %d; models of epochs %s (lag %d)",
+                         self.instance, closed, sorted(self.models.models), self.models.lag)
+            self.model_epoch = newest
+        for p, (m, _) in self.held_for.items():
+            if m <= closed and m not in self.models.models:
+                log.error("%s: partition %d waits for the model of epoch %d, which the release "
+                          "state no longer holds (it keeps the last %d); restart the release "
+                          "service with this version so it persists them", self.instance, p, m,
+                          self.models.lag)
+
+    def _model_decided(self, p: int) -> bool:
+        m = self.held_for.get(p, (None,))[0]
+        return m is None or (m <= self.models.closed_through and m in self.models.models)
+
+    def _advance_held_progress(self) -> None:
+        """A partition held at a record: its progress is that record's time, capped by the
+        clock (Routing.advance_progress) — advanced again as the clock passes it, so the
+        release service can close the epoch the partition waits for."""
+        now = time.time()
+        for p, (_, rt) in self.held_for.items():
+            st = self.states.get(p)
+            if st is not None:
+                progress = self.routing.advance_progress(st.progress, [rt], now)
+                if progress != st.progress:
+                    st.progress = progress
+                    self.dirty.add(p)
 
     def _refresh_subspace(self) -> None:
         if self.vocabulary is None:
@@ -655,6 +715,7 @@ class Sketcher:
                 self.states.pop(p, None)
                 self.dirty.discard(p)
                 self.paused.pop(p, None)
+                self.held_for.pop(p, None)
                 return
             log.debug("offset commit failed (state is the truth): %s", exc)
         except Exception as exc:                # noqa: BLE001 — offsets are informational
