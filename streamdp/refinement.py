@@ -349,22 +349,24 @@ class FoldInModels:
 
     def decided(self, epoch: int) -> bool:
         """Whether documents of stream epoch ``epoch`` can be folded now: no model (e − L < 1),
-        or epoch e − L is closed and its model is here."""
+        or epoch e − L is closed (its model can no longer change)."""
         m = self.model_epoch(epoch)
-        return m is None or (m <= self.closed_through and m in self.models)
+        return m is None or m <= self.closed_through
 
     def model_for(self, epoch: int) -> RefinementModel | None:
-        """The model of stream epoch ``epoch``'s documents (None: no refinement term); raises
-        :class:`ModelNotDecided` if it is not decided yet."""
+        """The model of stream epoch ``epoch``'s documents; raises :class:`ModelNotDecided` if
+        it is not decided yet. None: no refinement term — e − L < 1, or the model of a closed
+        epoch was never kept (only after an upgrade from a release state that kept the last
+        snapshot alone: a public fact, the same for every run)."""
         m = self.model_epoch(epoch)
         if m is None:
             return None
-        if m > self.closed_through or m not in self.models:
+        if m > self.closed_through:
             raise ModelNotDecided(
                 f"documents of epoch {epoch} are folded into the snapshot of epoch {m} "
-                f"(lag {self.lag}); the release is closed through {self.closed_through} and "
-                f"holds models {sorted(self.models)}: hold these documents until it is")
-        return self.models[m]
+                f"(lag {self.lag}); the release is closed through {self.closed_through}: "
+                "hold these documents until it is")
+        return self.models.get(m)
 
     def add_snapshot(self, snap, fold_in_iter: int = 5, closed_through: int | None = None) -> RefinementModel:
         """Epoch ``snap.epoch`` is closed and released as ``snap``: keep its model.

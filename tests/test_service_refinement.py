@@ -56,25 +56,29 @@ def test_private_refinement_end_to_end(kafka_broker, tmp_path):
     eps = 4.0
     cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=eps, sampler="fast",
                       noise_seed=5, refinement=True)
+    assert cfg.refinement_model_lag == 2          # the default: epoch e into snapshot e - 2
     with Pipeline(cfg, sketchers=2) as pipe:
         snaps = run_by_epoch(pipe, bootstrap, names, corpus)
         latest_json = pipe.release.latest_json()
 
-    # --- stages: the first release is spectral, later ones refined
+    # --- stages: releases 1, 2 are spectral (no model: e - 2 < 1), 3 refined (snapshot 1)
     assert [s.epoch for s in snaps] == [1, 2, 3]
-    assert [s.stage for s in snaps] == ["spectral", "refined", "refined"]
-    assert snaps[0].noise_to_signal is None and snaps[0].fold_in_topics is None
-    for s in snaps[1:]:
-        assert s.noise_to_signal.shape == (corpus.topics.shape[0],)
-        assert s.fold_in_topics.shape == s.topic_word.shape
-        assert s.privacy["refinement"]["refined"] is True
-        assert s.privacy["refinement"]["model_epoch"] == 1
-    assert snaps[0].privacy["refinement"]["refined"] is False
+    assert [s.stage for s in snaps] == ["spectral", "spectral", "refined"]
+    for s in snaps[:2]:
+        assert s.noise_to_signal is None and s.fold_in_topics is None
+        assert s.privacy["refinement"]["refined"] is False
+        assert s.privacy["refinement"]["model_epoch"] is None
+    s = snaps[2]
+    assert s.noise_to_signal.shape == (corpus.topics.shape[0],)
+    assert s.fold_in_topics.shape == s.topic_word.shape
+    assert s.privacy["refinement"]["refined"] is True
+    assert s.privacy["refinement"]["model_epoch"] == 1 and s.privacy["refinement"]["model_lag"] == 2
     assert latest_json["stage"] == "refined" and "quality_note" in latest_json
 
-    # --- topic identity: topic i of t+1 is closest (L1) to topic i of t for most topics
+    # --- topic identity: topic i of the refined release is closest (L1) to topic i of its
+    # model (snapshot 1) for most topics
     k = corpus.topics.shape[0]
-    for a, b in zip(snaps, snaps[1:]):
+    for a, b in [(snaps[0], snaps[2])]:
         dist = np.abs(b.topic_word[:, None, :] - a.topic_word[None, :, :]).sum(axis=2)   # (k, k)
         same = int(np.sum(dist.argmin(axis=1) == np.arange(k)))
         assert same >= k - 1, (a.epoch, b.epoch, same, dist.argmin(axis=1))
@@ -115,8 +119,10 @@ def test_sketcher_crash_mid_epoch_gives_the_clean_refinement(kafka_broker, tmp_p
 
     def run(tag: str, crash: bool):
         names = fresh_topics(bootstrap)
+        # lag 1 (non_production only: each epoch is produced after the release before it):
+        # epoch 2, the one crashed in, is refined against snapshot 1
         cfg = make_config(tmp_path / tag, bootstrap, names, corpus, epsilon=None, refinement=True,
-                          batch_size=50, checkpoint_seconds=0.3)
+                          batch_size=50, checkpoint_seconds=0.3, refinement_model_lag=1)
         pipe = Pipeline(cfg, sketchers=1)
         crashed = {}
 
@@ -158,6 +164,46 @@ def test_sketcher_crash_mid_epoch_gives_the_clean_refinement(kafka_broker, tmp_p
     # or doubled shows here whatever model it was folded into
     assert T_crash.sum() == pytest.approx(T_clean.sum(), rel=1e-10)
     assert T_clean.sum() > 0
-    # the same model (snapshot e-1) for every document in both runs: the same sums
+    # the same model (snapshot e - 1) for every document in both runs: the same sums
     np.testing.assert_allclose(T_crash, T_clean, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(crashed[-1].topic_word, clean[-1].topic_word, rtol=0, atol=1e-8)
+
+
+@pytest.mark.slow
+def test_refinement_sums_do_not_depend_on_poll_batches(kafka_broker, tmp_path):
+    """Issue 15, the public model rule on the broker: the whole feed is produced at once (a
+    replay), so the sketchers read epoch e's documents while releases happen in between and
+    hold each partition at its first document whose model (snapshot e − 2) is not released.
+    Sketchers reading 1 record per poll or 500 release bit-identical refinement sums — each
+    document's model depends on its own epoch, not on batch boundaries or timing — and the
+    same sums (to rounding) as the estimator's continual path on the same documents."""
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(1500, 3000, 4, seed=6)
+    out = {}
+    for batch in (1, 500):
+        names = fresh_topics(bootstrap)
+        cfg = make_config(tmp_path / f"batch{batch}", bootstrap, names, corpus, epsilon=None,
+                          refinement=True, batch_size=batch, checkpoint_seconds=0.3)
+        with Pipeline(cfg, sketchers=1) as pipe:
+            produce(bootstrap, names.documents, corpus.records())
+            send_control(bootstrap, names, "flush")
+            snaps = [pipe.wait_released(e, timeout=180) for e in range(1, corpus.epochs + 1)]
+            out[batch] = (_exact_refine(pipe), pipe.release.latest, pipe.sketchers[0].model_holds)
+        assert snaps[-1].epoch == corpus.epochs
+    (T1, last1, holds1), (T500, last500, holds500) = out[1], out[500]
+    assert holds1 >= 1 and holds500 >= 1          # the partitions were held for their models
+    assert T1.sum() > 0 and last1.stage == "refined" and last1.privacy["refinement"]["model_epoch"] == 2
+    np.testing.assert_array_equal(T1, T500)      # bit for bit
+    np.testing.assert_array_equal(last1.topic_word, last500.topic_word)
+
+    # the estimator (one process, the same rule, documents added before any epoch closes)
+    from streamdp import EpochClock, StreamingSpectralLDA
+    cb = corpus.counts()
+    m = StreamingSpectralLDA(corpus.topics.shape[0], 1.0, epsilon=None, delta=1e-6, seed=0,
+                             epochs=EpochClock(corpus.stream_start, corpus.epoch_seconds),
+                             horizon=corpus.epochs, refinement=True)
+    m.warmup(cb.counts[:corpus.n_warm])
+    m.partial_fit(cb.counts[corpus.n_warm:], np.asarray(corpus.ts[corpus.n_warm:], dtype=np.float64))
+    esnaps = m.close_epochs(corpus.epoch_end(corpus.epochs))
+    assert [s.stage for s in esnaps] == ["spectral", "spectral", "refined", "refined"]
+    np.testing.assert_allclose(m.continual_._exact.refine, T1, rtol=1e-9, atol=1e-9)

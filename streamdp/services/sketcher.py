@@ -165,6 +165,7 @@ class Sketcher:
         self.models = None if self.refinement is None else FoldInModels(self.refinement.model_lag)
         self.model_epoch: int | None = None            # the newest model loaded (its epoch)
         self.held_for: dict[int, tuple[int, float]] = {}   # partition -> (model epoch, record time)
+        self.model_holds = 0                # times a partition was held for its refinement model
         self._stop = threading.Event()
         self._last_checkpoint = time.monotonic()
         self._last_refresh = time.monotonic()
@@ -428,6 +429,7 @@ class Sketcher:
             st.progress = self.routing.advance_progress(st.progress, [blocker_rt], now)
             if need == "model":
                 self.held_for[p] = (self.models.model_epoch(int(routes[first])), float(blocker_rt))
+                self.model_holds += 1
             self._pause_at(p, cut_offset, need)
         self.dirty.add(p)
         # documents_total counts documents that entered a sketch; too-short and late
@@ -592,16 +594,17 @@ class Sketcher:
                 log.info("%s: release closed through epoch %d; models of epochs %s (lag %d)",
                          self.instance, closed, sorted(self.models.models), self.models.lag)
             self.model_epoch = newest
-        for p, (m, _) in self.held_for.items():
-            if m <= closed and m not in self.models.models:
-                log.error("%s: partition %d waits for the model of epoch %d, which the release "
-                          "state no longer holds (it keeps the last %d); restart the release "
-                          "service with this version so it persists them", self.instance, p, m,
-                          self.models.lag)
+        lost = [m for m in range(max(1, closed + 1 - self.models.lag), closed + 1)
+                if m not in self.models.models]
+        if lost:
+            log.warning("%s: the release state (epoch %d) holds no model for epoch(s) %s (written "
+                        "before the refinement model rule, or of another shape): documents of "
+                        "epochs %s get no refinement term", self.instance, closed, lost,
+                        [m + self.models.lag for m in lost])
 
     def _model_decided(self, p: int) -> bool:
         m = self.held_for.get(p, (None,))[0]
-        return m is None or (m <= self.models.closed_through and m in self.models.models)
+        return m is None or m <= self.models.closed_through
 
     def _advance_held_progress(self) -> None:
         """A partition held at a record: its progress is that record's time, capped by the
