@@ -41,8 +41,8 @@ class ServiceConfig:
     Trust boundary: ``metrics_exact_counts=False`` drops data-dependent exact counts from /metrics.
     Time: stream_start, epoch_seconds, lateness; ``confirm_backfill`` lets a new deployment
     start with stream_start more than one epoch in the past (see :func:`check_stream_start`).
-    Refinement (DESIGN §8): ``refinement`` (default on) folds every stream document into the
-    latest released model and releases the k × d refinement sums in the tree with
+    Refinement (DESIGN §8): ``refinement`` (default on) folds every stream document into a
+    released model and releases the k × d refinement sums in the tree with
     ``refinement_share`` of each node's ρ. The model of a document of epoch e is the snapshot of
     epoch e − L, L = ``refinement_model_lag`` (streamdp.refinement.model_epoch_for); from epoch
     L + 1 on snapshots are ``stage="refined"``.
