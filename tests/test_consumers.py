@@ -82,7 +82,8 @@ def run(kafka_broker, tmp_path_factory):
     # messages from the test and the embedded broker's record times are accepted
     cfg = make_config(tmp_path_factory.mktemp("consumers"), bootstrap, names, corpus, epsilon=4.0,
                       noise_seed=None, non_production=True, refinement=True,
-                      metrics_port=free_port())
+                      refinement_model_lag=1,   # epoch 2 refined against snapshot 1 (non_production:
+                      metrics_port=free_port())  # each epoch is produced after the previous release)
     url = f"http://127.0.0.1:{cfg.metrics_port}"
     out = dict(cfg=cfg, names=names, bootstrap=bootstrap, url=url, corpus=corpus)
     recs = corpus.records()

@@ -163,7 +163,8 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
                          for i in range(selection_docs)), progress=bar.update)
         out(f"producing {warmup_docs:,} warm-up and {stream_docs:,} stream documents "
             f"({epochs} hourly epochs), one epoch at a time as a live feed would: the documents "
-            "of epoch e+1 are folded into the release of epoch e (refinement)")
+            "of epoch e are folded into the release of epoch e - 2 (refinement; the sketchers hold "
+            "them until it exists)")
         control_producer = Producer(client_config(bootstrap, "producer"))
         epoch_of = np.where(np.arange(len(texts)) < selection_docs, 0, np.where(
             np.arange(len(texts)) < selection_docs + warmup_docs, 1, np.minimum(
@@ -211,10 +212,8 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
                         f"{len(words)} words {len(words) - len(missing)} are in it"
                         + (f" (missing: {' '.join(missing[:8])})" if missing else ""))
                 report(release.latest)
-                if release.latest is not None and release.latest.epoch >= e and (
-                        e == epochs or cfg.refinement is False or all(
-                            w.model_epoch is not None and w.model_epoch >= e for w in workers)):
-                    break           # released, and every sketcher folds into it
+                if release.latest is not None and release.latest.epoch >= e:
+                    break           # released (the sketchers fetch its model when they need it)
                 time.sleep(0.2)
             report(release.latest)
             if release.exhausted or time.time() >= deadline:
