@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamdp import StreamingSpectralLDA
+from streamdp import RefinementConfig, StreamingSpectralLDA
 from streamdp.privacy.conversions import zcdp_epsilon
 from streamdp.privacy.epochs import EpochClock
 from streamdp.report.analysis import budget_series, follow_topics, link_releases, order_releases
@@ -44,13 +44,15 @@ def artifacts_dir() -> Path:
 
 
 def make_snapshots(epsilon: float | None, n_warmup=6000, n_stream=12000, seed=0):
-    """Continual releases (epoch 1 spectral, 2.. refined) of the demo corpus, and its vocabulary."""
+    """Continual releases (epoch 1 spectral, 2.. refined: refinement model lag 1, each epoch
+    folded into the previous snapshot) of the demo corpus, and its vocabulary."""
     texts, _, words = sample_texts(n_warmup + n_stream, seed=seed)
     vocab = Vocabulary(words)
     X, _ = vocab.vectorize([t.split() for t in texts])
     clock = EpochClock(stream_start=1000.0, epoch_seconds=10.0)
     est = StreamingSpectralLDA(K, 1.0, epsilon=epsilon, delta=1e-6, seed=seed, sampler="fast",
-                               epochs=clock, horizon=EPOCHS, refinement=True)
+                               epochs=clock, horizon=EPOCHS,
+                               refinement=RefinementConfig(model_lag=1))
     est.warmup(X[:n_warmup])
     ts = 1000.0 + np.sort(np.random.default_rng(seed + 1).uniform(0, EPOCHS * 10.0, n_stream))
     snaps = []
