@@ -59,7 +59,10 @@ def make_cfg(bootstrap, names, vocab_path, corpus, **kw) -> ServiceConfig:
                 stream_start=corpus.stream_start, epoch_seconds=corpus.epoch_seconds,
                 checkpoint_seconds=0.4, batch_size=16, poll_seconds=0.2,
                 non_production=True,      # embedded broker (CreateTime records)
-                confirm_backfill=True)    # a replayed feed: stream_start is in the past
+                confirm_backfill=True,    # a replayed feed: stream_start is in the past
+                # sketchers only, no release service: with refinement, documents of epoch 3 would
+                # wait (held) for the model of epoch 1, which nothing releases here
+                refinement=False)
     base.update(kw)
     return ServiceConfig(**base)
 
