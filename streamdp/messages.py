@@ -101,6 +101,7 @@ class Document:
     kind: Kind
     payload: Payload = field(repr=False)  # document content stays out of logs
     vocabulary_id: str | None = None
+    user: str | None = field(default=None, repr=False)   # optional user id (the producer's)
 
 
 def _type_name(x: Any) -> str:
@@ -184,6 +185,13 @@ def validate_document(obj: Any, *, max_tokens: int = DEFAULT_MAX_TOKENS,
     if not math.isfinite(ts) or ts < 0:
         raise InvalidMessage(INVALID_VALUE, f"'ts' must be finite and >= 0, got {ts!r}")
 
+    user = None
+    if "user" in obj:       # optional: who wrote it (the user-level unit; docs/privacy.md)
+        user = _check_str(obj["user"], "'user'")
+        if not user or len(user) > MAX_ID_CHARS:
+            raise InvalidMessage(INVALID_VALUE, f"'user' must have 1 to {MAX_ID_CHARS} "
+                                                f"characters, got {len(user)}")
+
     present = [k for k in PAYLOAD_KINDS if k in obj]
     if not present:
         raise InvalidMessage(MISSING_FIELD, "missing payload: one of 'text', 'tokens', 'counts'")
@@ -197,7 +205,7 @@ def validate_document(obj: Any, *, max_tokens: int = DEFAULT_MAX_TOKENS,
         text = _check_str(value, "'text'")
         if not text.strip():
             raise InvalidMessage(EMPTY_DOCUMENT, "'text' is empty or blank")
-        return Document(doc_id, ts, "text", text)
+        return Document(doc_id, ts, "text", text, user=user)
 
     if kind == "tokens":
         if type(value) is not list:
@@ -210,7 +218,7 @@ def validate_document(obj: Any, *, max_tokens: int = DEFAULT_MAX_TOKENS,
             _check_str(tok, f"'tokens'[{i}]")
             if not tok:
                 raise InvalidMessage(INVALID_VALUE, f"'tokens'[{i}] is an empty string")
-        return Document(doc_id, ts, "tokens", tuple(value))
+        return Document(doc_id, ts, "tokens", tuple(value), user=user)
 
     # counts
     if type(value) is not dict:
@@ -225,7 +233,7 @@ def validate_document(obj: Any, *, max_tokens: int = DEFAULT_MAX_TOKENS,
     if len(ids) > max_tokens:
         raise InvalidMessage(TOO_LARGE, f"{len(ids)} distinct words exceed the limit of {max_tokens} tokens")
     _check_counts(ids, counts, vocab_id, max_tokens, vocabulary)
-    return Document(doc_id, ts, "counts", (tuple(ids), tuple(counts)), vocab_id)
+    return Document(doc_id, ts, "counts", (tuple(ids), tuple(counts)), vocab_id, user=user)
 
 
 def _all_at_least(values: Sequence, bound: int) -> bool:
@@ -292,7 +300,8 @@ def decode_document(raw: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES,
     Raises
     ------
     InvalidMessage — and nothing else for any bytes input. Keys other than ``v``, ``id``,
-    ``ts`` and the payload are ignored (room for additive extensions within v1).
+    ``ts``, the optional ``user`` and the payload are ignored (room for additive extensions
+    within v1).
     """
     return validate_document(_unpack(raw, max_bytes), max_tokens=max_tokens, vocabulary=vocabulary)
 
@@ -301,11 +310,12 @@ def encode_document(id: str, ts: float, *, text: str | None = None,
                     tokens: Iterable[str] | None = None,
                     counts: Mapping[int, int] | tuple[Sequence[int], Sequence[int]] | None = None,
                     vocabulary_id: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
-                    max_tokens: int = DEFAULT_MAX_TOKENS) -> bytes:
+                    max_tokens: int = DEFAULT_MAX_TOKENS, user: str | None = None) -> bytes:
     """Encode one document message (v1) for producers; exactly one of text/tokens/counts.
 
     ``counts`` is ``{word_id: count}`` or ``(ids, counts)`` (numpy arrays accepted);
-    ``vocabulary_id`` (counts only) is sent as ``counts.vocab``. The result is validated with
+    ``vocabulary_id`` (counts only) is sent as ``counts.vocab``; ``user`` (optional) is the
+    id of the document's author (the user-level unit). The result is validated with
     :func:`decode_document` under the given limits, so this raises :class:`InvalidMessage`
     (a ValueError) for anything a sketcher would reject.
     """
@@ -318,6 +328,8 @@ def encode_document(id: str, ts: float, *, text: str | None = None,
     if isinstance(ts, (int, float, np.integer, np.floating)) and not isinstance(ts, bool):
         ts = float(ts)
     msg: dict[str, Any] = {"v": SCHEMA_VERSION, "id": id, "ts": ts}
+    if user is not None:
+        msg["user"] = user
     if text is not None:
         msg["text"] = text
     elif tokens is not None:

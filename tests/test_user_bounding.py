@@ -399,3 +399,56 @@ def test_continual_user_mode_within_budget_and_premise_covers_all_stream_documen
     with pytest.raises(DocumentCountExceeded, match="all stream documents"):
         e2.close_epochs(140.0)
     assert e2.accountant.report()["reservations"] == before
+
+
+# ------------------------------------------------- the documents' optional user field
+def test_document_user_field_round_trips_and_is_validated():
+    from streamdp import messages
+    raw = messages.encode_document("d1", 5.0, text="some words here", user="alice")
+    doc = messages.decode_document(raw)
+    assert doc.user == "alice" and "alice" not in repr(doc)
+    assert messages.decode_document(messages.encode_document("d2", 5.0, tokens=["a"])).user is None
+    base = {"v": 1, "id": "d", "ts": 1.0, "text": "x y z"}
+    for bad, cls in ((1, messages.WRONG_TYPE), ("", messages.INVALID_VALUE),
+                     ("u" * 257, messages.INVALID_VALUE), (b"alice", messages.INVALID_UTF8)):
+        with pytest.raises(messages.InvalidMessage) as e:
+            messages.validate_document({**base, "user": bad})
+        assert e.value.error_class == cls
+
+
+def test_produce_keys_documents_by_user_else_by_id(tmp_path):
+    """`streamdp produce` uses the user as the Kafka key, so one partition holds all of a
+    user's documents in their order (the user-level unit's numbering needs it)."""
+    import json
+
+    from streamdp import messages
+    from streamdp.services.produce import Rejections, encoded_records, produce
+
+    class FakeProducer:
+        def __init__(self):
+            self.sent = []
+
+        def produce(self, topic, key, value, timestamp, on_delivery):
+            self.sent.append((key, messages.decode_document(value).user))
+            on_delivery(None, None)
+
+        def poll(self, _t):
+            return 0
+
+        def flush(self, _t):
+            return 0
+
+    docs = [{"id": "a1", "ts": 1, "text": "one two three", "user": "alice"},
+            {"id": "b1", "ts": 2, "text": "one two three"},
+            {"id": "a2", "ts": 3, "text": "one two three", "user": 7}]
+    p = FakeProducer()
+    assert produce("unused:9092", "docs", docs, producer=p) == 3
+    assert p.sent == [(b"alice", "alice"), (b"b1", None), (b"7", "7")]
+    path = tmp_path / "c.jsonl"
+    path.write_text("\n".join(json.dumps(d) for d in docs + [{"id": "x", "ts": 4, "text": "a b",
+                                                             "user": ""}]) + "\n")
+    rej = Rejections()
+    p2 = FakeProducer()
+    assert produce("unused:9092", "docs", encoded_records(path, rej), producer=p2) == 3
+    assert [k for k, _ in p2.sent] == [b"alice", b"b1", b"7"]
+    assert rej.count == 1 and "'user'" in rej.first[0]

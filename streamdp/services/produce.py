@@ -4,7 +4,8 @@ Input: JSONL (one ``{"id", "ts", "text" | "tokens" | "counts"}`` object per
 line) or msgpack (a stream of such maps). Each record's Kafka timestamp is the
 document's ``ts`` (replay mode), so record times are non-decreasing per
 partition when the file is in timestamp order — the release service's
-completeness rule relies on it (docs/services.md). Records are keyed by id.
+completeness rule relies on it (docs/services.md). Records are keyed by their ``user`` when they
+have one (all documents of a user in one partition, in order), else by id.
 
 On a documents topic with ``message.timestamp.type=LogAppendTime`` (what
 ``--create-topics`` and ``streamdp topics`` create) a real Kafka broker replaces
@@ -118,6 +119,11 @@ def encode_record(obj: dict) -> tuple[str, float, bytes]:
     kw = {k: obj[k] for k in ("text", "tokens", "counts") if k in obj}
     if isinstance(kw.get("counts"), dict) and "ids" in kw["counts"]:
         kw["counts"] = (kw["counts"]["ids"], kw["counts"]["counts"])
+    if "user" in obj:
+        user = obj["user"]
+        if isinstance(user, bool) or not isinstance(user, (str, int)) or str(user) == "":
+            raise ValueError(f"field 'user' must be a non-empty string or an integer, got {user!r}")
+        kw["user"] = str(user)
     try:
         raw = messages.encode_document(str(doc_id), float(ts), **kw)
     except (ValueError, TypeError, KeyError) as exc:
@@ -125,14 +131,22 @@ def encode_record(obj: dict) -> tuple[str, float, bytes]:
     return str(doc_id), float(ts), raw
 
 
-def encoded_records(path: str | Path, rejections: Rejections) -> Iterator[tuple[str, float, bytes]]:
-    """The valid documents of a corpus file, encoded; bad lines go to ``rejections``."""
+def record_key(obj: dict) -> str:
+    """The Kafka key of an input object: its ``user`` if it has one (every document of a user
+    then reaches the same partition, in order: the user-level unit needs it), else its id."""
+    return str(obj["user"]) if "user" in obj else str(obj["id"])
+
+
+def encoded_records(path: str | Path,
+                    rejections: Rejections) -> Iterator[tuple[str, float, bytes, str]]:
+    """The valid documents of a corpus file, encoded, with their Kafka key; bad lines go to
+    ``rejections``."""
     for where, obj in read_corpus(path):
         if isinstance(obj, Exception):
             rejections.add(where, str(obj))
             continue
         try:
-            yield encode_record(obj)
+            yield (*encode_record(obj), record_key(obj))
         except ValueError as exc:
             rejections.add(where, str(exc))
 
@@ -166,7 +180,12 @@ def produce(bootstrap: str, topic: str, records: Iterable[dict | tuple[str, floa
     n, last_ts = 0, None
     try:
         for rec in records:
-            doc_id, ts, raw = rec if isinstance(rec, tuple) else encode_record(rec)
+            if isinstance(rec, tuple):      # (id, ts, message[, key]): key defaults to the id
+                doc_id, ts, raw, *key = rec
+                key = key[0] if key else doc_id
+            else:
+                doc_id, ts, raw = encode_record(rec)
+                key = record_key(rec)
             if last_ts is not None and ts < last_ts:
                 log.warning("document %s is out of timestamp order (%s < %s): record times must be "
                             "non-decreasing per partition for epochs to close correctly", doc_id, ts,
@@ -174,7 +193,7 @@ def produce(bootstrap: str, topic: str, records: Iterable[dict | tuple[str, floa
             last_ts = ts
             while True:
                 try:
-                    producer.produce(topic, key=doc_id.encode(), value=raw, timestamp=int(ts * 1000),
+                    producer.produce(topic, key=key.encode(), value=raw, timestamp=int(ts * 1000),
                                      on_delivery=on_delivery)
                     break
                 except BufferError:
