@@ -452,3 +452,17 @@ def test_produce_keys_documents_by_user_else_by_id(tmp_path):
     assert produce("unused:9092", "docs", encoded_records(path, rej), producer=p2) == 3
     assert [k for k, _ in p2.sent] == [b"alice", b"b1", b"7"]
     assert rej.count == 1 and "'user'" in rej.first[0]
+
+
+def test_a_ledger_keeps_its_unit(tmp_path):
+    """A file ledger created for documents refuses a user-level accountant and vice versa."""
+    from streamdp.privacy.accountant import LedgerMismatch
+    path = tmp_path / "ledger.jsonl"
+    Accountant(4.0, 1e-6, path)
+    with pytest.raises(LedgerMismatch, match="unit"):
+        Accountant(4.0, 1e-6, path, unit="user")
+    upath = tmp_path / "user-ledger.jsonl"
+    Accountant(4.0, 1e-6, upath, unit="user")
+    assert Accountant(4.0, 1e-6, upath, unit="user").report()["unit"].startswith("one user")
+    with pytest.raises(LedgerMismatch, match="unit"):
+        Accountant(4.0, 1e-6, upath)
