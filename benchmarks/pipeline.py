@@ -273,7 +273,8 @@ def run_one(bootstrap: str, kind: str, msgs: list, stream_start: float, vocab: V
                         meta={"epoch": 0, "release_id": snap.release_id})
 
     cfg = ServiceConfig(bootstrap=bootstrap, topic_prefix=prefix, group_id=f"{prefix}-sketchers",
-                        vocabulary=vocab_path, n_topics=a.k, stream_start=stream_start,
+                        vocabulary=vocab_path, vocabulary_public_by_assumption=True,
+                        n_topics=a.k, stream_start=stream_start,
                         refinement=bool(a.refine),
                         epoch_seconds=epoch_seconds, batch_size=a.batch,
                         checkpoint_seconds=a.checkpoint_seconds, poll_seconds=0.5, seed=a.seed,

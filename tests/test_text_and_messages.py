@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from streamdp.documents import as_count_batch
 from streamdp.messages import (
-    DLQ_HEADERS, ERROR_CLASSES, MAX_DLQ_MESSAGE_BYTES, CountBatch, Document, InvalidMessage,
-    decode_document, dlq_headers, documents_to_counts, encode_document)
+    DLQ_HEADERS, ERROR_CLASSES, MALFORMED_MSGPACK, MAX_DLQ_MESSAGE_BYTES, CountBatch, Document,
+    DocumentBatch, InvalidMessage, decode_document, dlq_headers, documents_to_counts, encode_document)
 from streamdp.serialization import SchemaError
 from streamdp.text.tokenizer import DEFAULT_PATTERN, ENGLISH_STOP_WORDS, Tokenizer
 from streamdp.text.vocabulary import HEADER, Vocabulary
@@ -541,3 +541,141 @@ def test_fuzz_mutated_documents(obj):
         kw = {"counts": doc.payload, "vocabulary_id": doc.vocabulary_id} if doc.kind == "counts" \
             else {doc.kind: doc.payload}
         assert decode_document(encode_document(doc.id, doc.ts, **kw), vocabulary=VOCAB) == doc
+
+
+# --------------------------------------------------------------------------- bulk decoding
+def _reference_batch(raws, max_bytes, max_tokens, rejected=None, reject=None):
+    """decode_document per message, then documents_to_counts: what DocumentBatch must equal.
+    ``reject(doc) -> InvalidMessage | None`` is applied between the two, like the sketcher's
+    record-time check."""
+    docs, pos, errors = [], [], dict(rejected or {})
+    for i, raw in enumerate(raws):
+        if i in errors:
+            continue
+        try:
+            doc = decode_document(raw, max_bytes=max_bytes, max_tokens=max_tokens)
+        except InvalidMessage as exc:
+            errors[i] = exc
+            continue
+        exc = reject(doc) if reject is not None else None
+        if exc is not None:
+            errors[i] = exc
+            continue
+        docs.append(doc)
+        pos.append(i)
+    cb = documents_to_counts(docs, Tokenizer(), VOCAB, max_tokens=max_tokens)
+    for j, exc in cb.errors:
+        errors[pos[j]] = exc
+    return cb, [pos[j] for j in cb.index], errors
+
+
+def _bulk_batch(raws, max_bytes, max_tokens, rejected=None, reject=None):
+    db = DocumentBatch(raws, VOCAB, max_bytes=max_bytes, max_tokens=max_tokens, rejected=rejected)
+    if reject is not None:
+        for i in db.valid.tolist():
+            exc = reject(Document("", float(db.ts[i]), "text", ""))
+            if exc is not None:
+                db.reject(i, exc)
+    return db.to_counts(Tokenizer())
+
+
+def _assert_same_batch(raws, max_bytes=4096, max_tokens=30, rejected=None, reject=None):
+    ref, ref_pos, ref_err = _reference_batch(raws, max_bytes, max_tokens, rejected, reject)
+    got = _bulk_batch(raws, max_bytes, max_tokens, rejected, reject)
+    assert got.index.tolist() == ref_pos
+    X, R = got.counts, ref.counts
+    assert X.shape == R.shape and X.dtype == R.dtype == np.float64
+    assert X.has_canonical_format
+    np.testing.assert_array_equal(X.indptr, R.indptr)
+    np.testing.assert_array_equal(X.indices, R.indices)
+    np.testing.assert_array_equal(X.data, R.data)
+    np.testing.assert_array_equal(got.timestamps, ref.timestamps)
+    assert got.doc_ids == ref.doc_ids
+    np.testing.assert_array_equal(got.n_tokens, ref.n_tokens)
+    np.testing.assert_array_equal(got.n_unknown, ref.n_unknown)
+    assert [(i, e.error_class, e.message) for i, e in got.errors] == \
+        [(i, e.error_class, e.message) for i, e in sorted(ref_err.items())]
+    return got
+
+
+_counts_maps = st.tuples(
+    st.fixed_dictionaries({"v": st.just(1), "id": st.text(min_size=1, max_size=5),
+                           "ts": st.floats(0, 1e10)}),
+    st.lists(st.tuples(st.integers(-1, 6), st.integers(0, 12)), min_size=0, max_size=8),
+    st.sampled_from([None, VOCAB.id, "other-vocabulary"])).map(
+    lambda t: {**t[0], "counts": {"ids": [i for i, _ in t[1]], "counts": [c for _, c in t[1]],
+                                  **({} if t[2] is None else {"vocab": t[2]})}})
+_batch_raws = st.lists(
+    valid_maps.map(pack) | _counts_maps.map(pack) | mutated_maps().map(pack)
+    | document_like_maps.map(pack) | st.binary(max_size=40) | st.just(b""), max_size=25)
+
+
+@FUZZ
+@given(_batch_raws)
+def test_bulk_decoding_equals_per_message_decoding(raws):
+    _assert_same_batch(raws)
+
+
+@FUZZ
+@given(_batch_raws, st.data())
+def test_bulk_decoding_with_rejections(raws, data):
+    """Positions refused before decoding, and documents refused after it by their ts (the
+    sketcher's future check), get exactly those errors; the rest is unchanged."""
+    pre = data.draw(st.sets(st.integers(0, max(len(raws) - 1, 0)), max_size=3)) if raws else set()
+    rejected = {i: InvalidMessage(MALFORMED_MSGPACK, "null record value") for i in pre}
+    cut = data.draw(st.floats(0, 1e10))
+
+    def reject(doc):
+        return InvalidMessage("invalid_value", f"ts {doc.ts!r} after {cut!r}") if doc.ts > cut else None
+    _assert_same_batch(raws, rejected=rejected, reject=reject)
+
+
+def test_bulk_decoding_each_bad_counts_document_alone(rng):
+    """A bad message in the middle of a batch of counts documents gets its own error and the
+    good rows are bit-identical to the batch without it (every way a counts document can be
+    wrong that the bulk checks handle, and the per-message fallbacks)."""
+    good = [encode_document(f"d{i}", 100.0 + i, counts=(sorted(rng.choice(5, 3, replace=False).tolist()),
+                                                        rng.integers(1, 4, 3).tolist()))
+            for i in range(12)]
+    good.append(pack({"v": 1, "id": "unsorted", "ts": 5, "counts": {"ids": [4, 0, 2], "counts": [1, 2, 3]}}))
+    good.append(pack({"v": 1, "id": "voc", "ts": 5, "counts": {"ids": [1], "counts": [3], "vocab": VOCAB.id}}))
+    bads = {
+        "duplicate id": {"ids": [1, 1], "counts": [1, 1]},
+        "unsorted duplicate": {"ids": [3, 1, 3], "counts": [1, 1, 1]},
+        "zero count": {"ids": [1, 2], "counts": [0, 1]},
+        "negative id": {"ids": [-1, 2], "counts": [1, 1]},
+        "id out of range": {"ids": [1, 5], "counts": [1, 1]},
+        "too many tokens": {"ids": [1, 2], "counts": [20, 11]},
+        "one huge count": {"ids": [1], "counts": [2**63 + 5]},
+        "huge id": {"ids": [2**64 - 1], "counts": [1]},
+        "bool id": {"ids": [True, 2], "counts": [1, 1]},
+        "bool count": {"ids": [1, 2], "counts": [1, True]},
+        "float count": {"ids": [1, 2], "counts": [1.0, 1]},
+        "str id": {"ids": ["1"], "counts": [1]},
+        "nested": {"ids": [[1]], "counts": [1]},
+        "lengths differ": {"ids": [1, 2], "counts": [1]},
+        "empty": {"ids": [], "counts": []},
+        "other vocabulary": {"ids": [1], "counts": [1], "vocab": "v-other"},
+        "nil vocabulary": {"ids": [1], "counts": [1], "vocab": None},
+    }
+    alone = _assert_same_batch(good)
+    for name, body in bads.items():
+        bad = pack({"v": 1, "id": name, "ts": 7.0, "counts": body})
+        for at in (0, 5, len(good)):
+            raws = good[:at] + [bad] + good[at:]
+            got = _assert_same_batch(raws)
+            assert [i for i, _ in got.errors] == [at], name
+            assert (got.counts != alone.counts).nnz == 0, name
+
+
+def test_bulk_decoding_mixed_kinds_keep_batch_order():
+    raws = [encode_document("c0", 1, counts={0: 2, 3: 1}),
+            encode_document("t1", 2, text="alpha beta beta zeta"),
+            None,
+            encode_document("k3", 3, tokens=["gamma", "delta", "zeta"]),
+            encode_document("c4", 4, counts={4: 5}, vocabulary_id=VOCAB.id)]
+    got = _assert_same_batch(raws)
+    assert got.index.tolist() == [0, 1, 3, 4] and got.doc_ids == ("c0", "t1", "k3", "c4")
+    assert [(i, e.error_class) for i, e in got.errors] == [(2, MALFORMED_MSGPACK)]
+    with pytest.raises(KeyError):
+        DocumentBatch(raws, VOCAB).reject(2, InvalidMessage("invalid_value", "x"))
