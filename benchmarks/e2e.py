@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/e2e.py --processes 1,2,4 --partitions 4 \\
         --json benchmarks/results/e2e_scaleout.json
+    python benchmarks/e2e.py --decode --docs 50000      # CPU per document by stage, in process
 
 Setting: the embedded Tansu broker (memory storage, its own process), and for every process
 count a fresh documents topic with ``--partitions`` partitions pre-filled with the same N
@@ -239,6 +240,66 @@ def run_scale(bootstrap: str, n_proc: int, msgs: list, a, stream_start: float, v
     return row
 
 
+def decode_ab(msgs: list, vocab, batch: int, repeats: int) -> list[dict]:
+    """CPU µs per document of decoding + validating + vectorising token-id messages: the
+    per-message path (decode_document, then documents_to_counts) against the bulk one
+    (DocumentBatch), interleaved, in this process, one thread (``time.thread_time``)."""
+    from streamdp import messages
+    from streamdp.text.tokenizer import Tokenizer
+    raws = [m[2] for m in msgs]
+    tok = Tokenizer()
+
+    def per_message(b):
+        return messages.documents_to_counts([messages.decode_document(r) for r in b], tok, vocab)
+
+    def bulk(b):
+        return messages.DocumentBatch(b, vocab).to_counts(tok)
+
+    times: dict[str, list[float]] = {"per message": [], "bulk": []}
+    for _ in range(repeats):
+        for name, f in (("per message", per_message), ("bulk", bulk)):
+            t0 = time.thread_time()
+            for a in range(0, len(raws), batch):
+                f(raws[a:a + batch])
+            times[name].append((time.thread_time() - t0) / len(raws) * 1e6)
+    a, b = per_message(raws[:batch]), bulk(raws[:batch])
+    if (a.counts != b.counts).nnz or a.doc_ids != b.doc_ids:
+        raise RuntimeError("the bulk path disagrees with the per-message path")
+    return [{"path": name, "us_per_doc_best": min(v), "us_per_doc_median": float(np.median(v)),
+             "docs_per_cpu_s_best": 1e6 / min(v), "repeats": repeats} for name, v in times.items()]
+
+
+def sketch_costs(X, a, batch: int, repeats: int) -> list[dict]:
+    """CPU µs per document of the two state updates after decoding (same corpus, same
+    batches): the whitened sketch (WhitenedSketch.update) and the refinement fold-in
+    (RefinementSketch.update, the sketcher's default 5 fold-in iterations)."""
+    from streamdp.moments.clipping import ClipBounds
+    from streamdp.moments.sketch import WhitenedSketch
+    from streamdp.refinement import RefinementConfig, RefinementModel, RefinementSketch
+    from streamdp.whitening.subspace import Subspace
+    from pipeline import make_lda_model
+    import scipy.sparse as sp
+    X = sp.csr_matrix(X, dtype=np.float64)
+    Q, _ = np.linalg.qr(np.random.default_rng(a.seed + 4).standard_normal((a.d, 2 * a.k)))
+    tw = np.asarray(make_lda_model(a.d, a.k, alpha0=1.0, beta=0.05, seed=a.seed).topics)
+    model = RefinementModel(tw, np.full(a.k, 1.0 / a.k), "bench", RefinementConfig().fold_in_iter)
+    sub, clip = Subspace(Q), ClipBounds.for_length(a.clip_length)
+    out = []
+    for name, make, upd in (
+            ("whitened sketch update", lambda: WhitenedSketch(sub, clip), lambda s, b: s.update(b)),
+            ("refinement fold-in + sums", lambda: RefinementSketch(a.k, a.d), lambda s, b: s.update(b, model))):
+        v = []
+        for _ in range(repeats):
+            state = make()
+            t0 = time.thread_time()
+            for s0 in range(0, X.shape[0], batch):
+                upd(state, X[s0:s0 + batch])
+            v.append((time.thread_time() - t0) / X.shape[0] * 1e6)
+        out.append({"path": name, "us_per_doc_best": min(v), "us_per_doc_median": float(np.median(v)),
+                    "docs_per_cpu_s_best": 1e6 / min(v), "repeats": repeats})
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--processes", default="1,2,4", help="comma list of sketcher process counts")
@@ -254,6 +315,9 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=1, help="runs per process count (the table shows the median)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--decode", action="store_true", help="in process only (no broker), CPU µs/doc: "
+                   "per-message decode_document + documents_to_counts vs bulk DocumentBatch, then the "
+                   "whitened sketch update and the refinement fold-in")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -271,6 +335,14 @@ def main(argv=None):
     stream_start = float(int(time.time()) - 7 * 86400)
     ts = stream_start + np.sort(np.random.default_rng(a.seed + 2).random(a.docs)) * a.epochs * EPOCH_SECONDS
     msgs = encode_messages(X, "counts", list(vocab.words), ts, a.seed + 3)
+    if a.decode:
+        rows = decode_ab(msgs, vocab, a.batch, max(a.repeats, 5))
+        rows += sketch_costs(X, a, a.batch, max(a.repeats, 3))
+        print(f"\n## CPU per token-id document, in process (d = {a.d:,}, k = {a.k}, {a.docs:,} documents, "
+              f"batches of {a.batch}, one thread)\n")
+        print(markdown_table(rows, ["path", "us_per_doc_best", "us_per_doc_median", "docs_per_cpu_s_best"]))
+        write_json(a.json, {"rows": rows, "load_avg_1min": os.getloadavg()[0]})
+        return
     runs, rows = [], []
     with EmbeddedBroker() as broker:
         for n in counts:
