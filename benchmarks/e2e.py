@@ -55,6 +55,15 @@ from _common import markdown_table, write_json  # noqa: E402
 STABLE_SECONDS = 3.0
 
 
+def _cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` (the broker), nan if unknown."""
+    if pid is None:
+        return float("nan")
+    import psutil
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
 def _worker(wid: int, cfg_kwargs: dict, expected: dict, go, stop, out) -> None:
     """One sketcher process: join, pause until ``go``, consume its partitions' ``expected``
     documents, report."""
@@ -117,12 +126,12 @@ def _worker(wid: int, cfg_kwargs: dict, expected: dict, go, stop, out) -> None:
         sk.close()
 
 
-def run_scale(bootstrap: str, n_proc: int, msgs: list, a, stream_start: float, vocab, vocab_path: str) -> dict:
+def run_scale(bootstrap: str, n_proc: int, msgs: list, a, stream_start: float, vocab, vocab_path: str,
+              broker_pid: int | None = None) -> dict:
     from streamdp.kafka.state_store import StateStore
     from streamdp.kafka.topics import TopicNames, ensure_topics
     from streamdp.moments.clipping import ClipBounds
     from streamdp.services import control
-    from streamdp.services.produce import produce
     from streamdp.whitening.subspace import Subspace
     from pipeline import make_lda_model  # the same model as the corpus
 
@@ -192,6 +201,7 @@ def run_scale(bootstrap: str, n_proc: int, msgs: list, a, stream_start: float, v
             everyone = len(held) == n_proc and all(held.values())
             if covered and everyone and time.monotonic() - changed >= STABLE_SECONDS:
                 load_before = os.getloadavg()[0]
+                broker_cpu0 = _cpu_seconds(broker_pid)
                 t_go = time.time()
                 go.set()
             elif time.monotonic() - t_start > 180:
@@ -209,6 +219,7 @@ def run_scale(bootstrap: str, n_proc: int, msgs: list, a, stream_start: float, v
             if kind == "done":
                 results[wid] = val
         load_after = os.getloadavg()[0]
+        broker_cpu = _cpu_seconds(broker_pid) - broker_cpu0
     finally:
         stop.set()
         for pr in procs:
@@ -235,6 +246,7 @@ def run_scale(bootstrap: str, n_proc: int, msgs: list, a, stream_start: float, v
         "process_partitions": [r["partitions"] for r in per],
         "process_cpu_s": [r["cpu_s"] for r in per],
         "load_before": load_before, "load_after": load_after,
+        "broker_cpu_s": broker_cpu, "broker_cores_busy": broker_cpu / seconds,
         "d": a.d, "k": a.k, "refine": bool(a.refine), "batch": a.batch,
     }
     return row
@@ -348,7 +360,7 @@ def main(argv=None):
         for n in counts:
             mine = []
             for rep in range(a.repeats):
-                r = run_scale(broker.bootstrap, n, msgs, a, stream_start, vocab, vocab_path)
+                r = run_scale(broker.bootstrap, n, msgs, a, stream_start, vocab, vocab_path, broker.pid)
                 r["repeat"] = rep
                 mine.append(r)
                 print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}, flush=True)
@@ -360,7 +372,7 @@ def main(argv=None):
             rows.append(row)
     cols = ["processes", "partitions", "documents", "seconds", "docs_per_s", "docs_per_s_min",
             "docs_per_s_max", "docs_per_s_per_process", "docs_per_s_per_core", "docs_per_cpu_s",
-            "load_before", "load_after"]
+            "broker_cores_busy", "load_before", "load_after"]
     print(f"\n## Sketcher scale-out (d = {a.d:,}, k = {a.k}, refinement {'on' if a.refine else 'off'}, "
           f"{a.partitions} partitions, batch {a.batch}, {os.cpu_count()} cores; median of {a.repeats})\n")
     print(markdown_table(rows, cols))

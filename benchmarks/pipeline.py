@@ -27,7 +27,10 @@ excluded) and stops when all N documents are in the partition states AND the fin
 (fetch / decode+validate / vectorise / sketch / checkpoint) comes from cheap
 per-batch timers around ``consumer.consume``, ``messages.documents_to_counts``,
 ``PartitionState.add`` and ``StateStore.write``; "decode+validate" is the rest of
-``Sketcher.process`` (msgpack unpack, schema checks, routing, counters, metrics).
+``Sketcher.process`` (msgpack unpack, schema checks, routing, counters, metrics). Since the
+bulk decoder (``messages.DocumentBatch``, issue 13) token-id documents no longer go through
+``documents_to_counts``: their CSR rows are built inside "decode+validate" and "vectorise"
+is 0 (text and tokens documents still take ``documents_to_counts``).
 
 Peak RSS is sampled (psutil, every 50 ms) in this process during the measured
 window only (it includes the pre-encoded messages and the corpus this script
