@@ -330,6 +330,8 @@ def main(argv=None):
     p.add_argument("--decode", action="store_true", help="in process only (no broker), CPU µs/doc: "
                    "per-message decode_document + documents_to_counts vs bulk DocumentBatch, then the "
                    "whitened sketch update and the refinement fold-in")
+    p.add_argument("--decode-input", default="counts", choices=["counts", "text"],
+                   help="with --decode: token-id (counts) or raw-text messages")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -346,11 +348,11 @@ def main(argv=None):
     vocab.save(vocab_path)
     stream_start = float(int(time.time()) - 7 * 86400)
     ts = stream_start + np.sort(np.random.default_rng(a.seed + 2).random(a.docs)) * a.epochs * EPOCH_SECONDS
-    msgs = encode_messages(X, "counts", list(vocab.words), ts, a.seed + 3)
+    msgs = encode_messages(X, a.decode_input if a.decode else "counts", list(vocab.words), ts, a.seed + 3)
     if a.decode:
         rows = decode_ab(msgs, vocab, a.batch, max(a.repeats, 5))
         rows += sketch_costs(X, a, a.batch, max(a.repeats, 3))
-        print(f"\n## CPU per token-id document, in process (d = {a.d:,}, k = {a.k}, {a.docs:,} documents, "
+        print(f"\n## CPU per {a.decode_input} document, in process (d = {a.d:,}, k = {a.k}, {a.docs:,} documents, "
               f"batches of {a.batch}, one thread)\n")
         print(markdown_table(rows, ["path", "us_per_doc_best", "us_per_doc_median", "docs_per_cpu_s_best"]))
         write_json(a.json, {"rows": rows, "load_avg_1min": os.getloadavg()[0]})
