@@ -525,8 +525,9 @@ class DocumentBatch:
     error class and message for every rejected message — at a fraction of the per-message
     Python work (the sketcher's hot path, docs/benchmarks.md "End-to-end sketcher speed"):
 
-    * every message is unpacked once (arrays as tuples) and its header and payload *shape*
-      checked inline; ``counts`` documents keep their id and count tuples;
+    * every message is unpacked once (arrays as tuples) and its header (``v``, ``id``, ``ts``,
+      the optional ``user``) and payload *shape* checked inline; ``counts`` documents keep
+      their id and count tuples;
     * all ids and counts of the batch are then checked at once: exact ``int`` types (one
       ``set(map(type, …))`` over the concatenation), counts in [1, max_tokens], ids in
       [0, d), Σcounts ≤ max_tokens, ids strictly increasing within a document (so no
@@ -582,9 +583,11 @@ class DocumentBatch:
                 except Exception:       # noqa: BLE001 — decode_document names the error below
                     obj = None
             if type(obj) is dict:
-                v, did, ts = obj.get("v"), obj.get("id"), obj.get("ts")
+                v, did, ts, user = obj.get("v"), obj.get("id"), obj.get("ts"), obj.get("user")
                 if (type(v) is int and v == SCHEMA_VERSION and type(did) is str
-                        and 0 < len(did) <= MAX_ID_CHARS and (type(ts) is float or type(ts) is int)):
+                        and 0 < len(did) <= MAX_ID_CHARS and (type(ts) is float or type(ts) is int)
+                        and (user is None and "user" not in obj
+                             or type(user) is str and 0 < len(user) <= MAX_ID_CHARS)):
                     ts = float(ts)
                     if 0.0 <= ts < inf:
                         has_text, has_tokens = "text" in obj, "tokens" in obj
@@ -605,14 +608,14 @@ class DocumentBatch:
                         elif has_text and not has_tokens:
                             text = obj["text"]
                             if type(text) is str and text.strip():
-                                docs[i] = Document(did, ts, "text", text)
+                                docs[i] = Document(did, ts, "text", text, user=user)
                                 ts_out[i] = ts
                                 continue
                         elif has_tokens and not has_text:
                             toks = obj["tokens"]
                             if (type(toks) is tuple and 0 < len(toks) <= max_tokens
                                     and set(map(type, toks)) == {str} and all(toks)):
-                                docs[i] = Document(did, ts, "tokens", toks)
+                                docs[i] = Document(did, ts, "tokens", toks, user=user)
                                 ts_out[i] = ts
                                 continue
             slow.append(i)

@@ -605,8 +605,11 @@ _counts_maps = st.tuples(
     st.sampled_from([None, VOCAB.id, "other-vocabulary"])).map(
     lambda t: {**t[0], "counts": {"ids": [i for i, _ in t[1]], "counts": [c for _, c in t[1]],
                                   **({} if t[2] is None else {"vocab": t[2]})}})
+_with_user = st.tuples(valid_maps | _counts_maps,
+                       st.text(min_size=1, max_size=8) | st.just("") | st.text(min_size=257, max_size=260)
+                       | msgpack_values).map(lambda t: {**t[0], "user": t[1]})
 _batch_raws = st.lists(
-    valid_maps.map(pack) | _counts_maps.map(pack) | mutated_maps().map(pack)
+    valid_maps.map(pack) | _counts_maps.map(pack) | mutated_maps().map(pack) | _with_user.map(pack)
     | document_like_maps.map(pack) | st.binary(max_size=40) | st.just(b""), max_size=25)
 
 
@@ -614,6 +617,11 @@ _batch_raws = st.lists(
 @given(_batch_raws)
 def test_bulk_decoding_equals_per_message_decoding(raws):
     _assert_same_batch(raws)
+    # the Documents the bulk path builds itself (text, tokens) equal decode_document's, user included
+    db = DocumentBatch(raws, VOCAB, max_bytes=4096, max_tokens=30)
+    for i, doc in db.docs.items():
+        assert doc == decode_document(raws[i], max_bytes=4096, max_tokens=30)
+        assert doc.user == decode_document(raws[i], max_bytes=4096, max_tokens=30).user
 
 
 @FUZZ
