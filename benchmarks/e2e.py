@@ -133,7 +133,7 @@ def run_scale(bootstrap: str, n_proc: int, msgs: list, a, stream_start: float, v
     from streamdp.moments.clipping import ClipBounds
     from streamdp.services import control
     from streamdp.whitening.subspace import Subspace
-    from pipeline import make_lda_model  # the same model as the corpus
+    from pipeline import write_release_models
 
     prefix = f"e2e-{n_proc}p-{uuid.uuid4().hex[:8]}"
     names = TopicNames.from_prefix(prefix)
@@ -165,13 +165,7 @@ def run_scale(bootstrap: str, n_proc: int, msgs: list, a, stream_start: float, v
                     meta={"clip": ClipBounds.for_length(a.clip_length).to_dict(),
                           "subspace_id": sub.id, "vocabulary_id": vocab.id})
         if a.refine:
-            from streamdp import serialization as ser
-            from streamdp.snapshot import TopicSnapshot
-            tw = np.asarray(make_lda_model(a.d, a.k, alpha0=1.0, beta=0.05, seed=a.seed).topics)
-            snap = TopicSnapshot(topic_word=tw, alpha=np.full(a.k, 1.0 / a.k), eigenvalues=np.ones(a.k),
-                                 n_docs=0.0, privacy={}, mechanism="none", subspace_id=sub.id, epoch=0)
-            store.write(control.RELEASE_STATE_KEY, ser.dumps({"last_snapshot": snap.to_bytes()}),
-                        meta={"epoch": 0, "release_id": snap.release_id})
+            write_release_models(store, a)
 
     cfg_kwargs = dict(bootstrap=bootstrap, topic_prefix=prefix, group_id=f"{prefix}-sketchers",
                       vocabulary=vocab_path, vocabulary_public_by_assumption=True, n_topics=a.k,
@@ -339,7 +333,7 @@ def main(argv=None):
 
     from streamdp.kafka.broker import EmbeddedBroker
     from streamdp.text.vocabulary import Vocabulary
-    from pipeline import EPOCH_SECONDS, encode_messages, make_corpus, pseudo_words
+    from pipeline import CLOSED_EPOCHS, EPOCH_SECONDS, encode_messages, make_corpus, pseudo_words
 
     X = make_corpus(a.d, a.k, a.docs, a.seed)
     vocab = Vocabulary(pseudo_words(a.d))
@@ -347,7 +341,8 @@ def main(argv=None):
     vocab_path = str(work / "vocabulary.txt")
     vocab.save(vocab_path)
     stream_start = float(int(time.time()) - 7 * 86400)
-    ts = stream_start + np.sort(np.random.default_rng(a.seed + 2).random(a.docs)) * a.epochs * EPOCH_SECONDS
+    ts = stream_start + (CLOSED_EPOCHS + np.sort(np.random.default_rng(a.seed + 2).random(a.docs)) * a.epochs) \
+        * EPOCH_SECONDS
     msgs = encode_messages(X, a.decode_input if a.decode else "counts", list(vocab.words), ts, a.seed + 3)
     if a.decode:
         rows = decode_ab(msgs, vocab, a.batch, max(a.repeats, 5))

@@ -214,6 +214,26 @@ def install_phase_timers(timers: Timers):
     return undo
 
 
+#: the documents' epochs start after this many closed epochs (the refinement model rule:
+#: documents of epoch e are folded into the snapshot of epoch e − L, L = 2 by default)
+CLOSED_EPOCHS = 2
+
+
+def write_release_models(store, a) -> None:
+    """A release state closed through epoch CLOSED_EPOCHS holding the models of epochs
+    1 … CLOSED_EPOCHS, as the release service writes it, so that every stream document (epochs
+    CLOSED_EPOCHS + 1 … CLOSED_EPOCHS + L) is folded into a decided model (refinement, issues
+    10 and 15). The true topics stand in for a release: the fold-in cost does not depend on
+    the values."""
+    from streamdp import serialization as ser
+    from streamdp.refinement import RefinementModel
+    tw = np.asarray(make_lda_model(a.d, a.k, alpha0=1.0, beta=0.05, seed=a.seed).topics)
+    models = [RefinementModel(tw, np.full(a.k, 1.0 / a.k), f"bench-{e}", epoch=e).to_dict()
+              for e in range(1, CLOSED_EPOCHS + 1)]
+    store.write(control.RELEASE_STATE_KEY, ser.dumps({"refinement_models": models}),
+                meta={"epoch": CLOSED_EPOCHS, "release_id": f"bench-{CLOSED_EPOCHS}"})
+
+
 def make_corpus(d: int, k: int, n_docs: int, seed: int):
     model = make_lda_model(d, k, alpha0=1.0, beta=0.05, seed=seed)
     return sample_documents(model, n_docs, mean_length=50, length_offset=3, seed=seed + 1)
@@ -264,16 +284,7 @@ def run_one(bootstrap: str, kind: str, msgs: list, stream_start: float, vocab: V
                           "subspace_id": sub.id, "vocabulary_id": vocab.id})
 
         if a.refine:
-            # a released model (release state record, as the release service writes it): the
-            # sketcher folds every document into it (refinement, issue 10); the true topics
-            # stand in for a release — the fold-in cost does not depend on the values
-            from streamdp import serialization as ser
-            from streamdp.snapshot import TopicSnapshot
-            tw = np.asarray(make_lda_model(a.d, a.k, alpha0=1.0, beta=0.05, seed=a.seed).topics)
-            snap = TopicSnapshot(topic_word=tw, alpha=np.full(a.k, 1.0 / a.k), eigenvalues=np.ones(a.k),
-                                 n_docs=0.0, privacy={}, mechanism="none", subspace_id=sub.id, epoch=0)
-            store.write(control.RELEASE_STATE_KEY, ser.dumps({"last_snapshot": snap.to_bytes()}),
-                        meta={"epoch": 0, "release_id": snap.release_id})
+            write_release_models(store, a)
 
     cfg = ServiceConfig(bootstrap=bootstrap, topic_prefix=prefix, group_id=f"{prefix}-sketchers",
                         vocabulary=vocab_path, vocabulary_public_by_assumption=True,
@@ -290,7 +301,7 @@ def run_one(bootstrap: str, kind: str, msgs: list, stream_start: float, vocab: V
     try:
         sk._refresh_subspace()
         assert sk.subspace is not None and sk.subspace.id == sub.id
-        assert (sk.model is not None) == bool(a.refine)
+        assert (sk.models is not None and bool(sk.models.models)) == bool(a.refine)
         sk.consumer.subscribe([names.documents], on_assign=sk._on_assign,
                               on_revoke=sk._on_revoke, on_lost=sk._on_lost)
         t_join = time.perf_counter()
@@ -371,7 +382,8 @@ def main(argv=None):
     p.add_argument("--partitions", type=int, default=1)
     p.add_argument("--batch", type=int, default=5000, help="sketcher batch_size (max messages per consume)")
     p.add_argument("--checkpoint-seconds", type=float, default=5.0)
-    p.add_argument("--epochs", type=int, default=2, help="stream epochs the documents' ts span")
+    p.add_argument("--epochs", type=int, default=2, help="stream epochs the documents' ts span (at most "
+                   "the refinement model lag, 2, with --refine 1: later epochs would wait for a model)")
     p.add_argument("--clip-length", type=float, default=20.0)
     p.add_argument("--blas-threads", type=int, default=1, help="threadpoolctl limit (0 = no limit)")
     p.add_argument("--repeats", type=int, default=1, help="runs per input (fresh topics each); "
@@ -395,7 +407,8 @@ def main(argv=None):
     vocab_path = str(work / "vocabulary.txt")
     vocab.save(vocab_path)
     stream_start = float(int(time.time()) - 7 * 86400)       # a replayed feed from a week ago
-    ts = stream_start + np.sort(np.random.default_rng(a.seed + 2).random(a.docs)) * a.epochs * EPOCH_SECONDS
+    ts = stream_start + (CLOSED_EPOCHS + np.sort(np.random.default_rng(a.seed + 2).random(a.docs)) * a.epochs) \
+        * EPOCH_SECONDS
     runs, rows = [], []
     limits = threadpool_limits(a.blas_threads) if a.blas_threads > 0 else nullcontext()
     with limits, EmbeddedBroker() as broker:
