@@ -144,4 +144,5 @@ def test_compare_peers_smoke_run(tmp_path):
     assert tomo["sweep_docs_per_s"] > tomo["fit_docs_per_s"]
     models = {r["model"] for r in res["throughput"]["rows"]}
     assert {"VW --lda online", "tomotopy Gibbs LDA", "streamdp sketch (eps=none)"} <= models
+    assert all(r["docs_per_cpu_s"] > 0 for r in res["throughput"]["rows"])
     assert "### Peers: speed (one thread) and quality" in proc.stdout
