@@ -785,6 +785,20 @@ def make_plots(results: dict, img_dir: Path) -> list[str]:
     return written
 
 
+def streamdp_source() -> dict:
+    """Which streamdp was measured: an editable install elsewhere (e.g. another git worktree)
+    wins over this checkout unless PYTHONPATH points here."""
+    import subprocess
+    import streamdp
+    src = Path(streamdp.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"path": str(src), "commit": commit}
+
+
 def versions() -> dict:
     out = {}
     for pkg in ("numpy", "scipy", "scikit-learn", "gensim", "tomotopy", "vowpalwabbit",
@@ -893,6 +907,7 @@ def main(argv=None) -> int:
         threadpool_limits(1)          # BLAS threads: 1 for the whole run
     except ImportError:  # pragma: no cover - bench extra missing
         note("threadpoolctl missing: BLAS threads limited only by the environment variables")
+    print(f"streamdp from {streamdp_source()}", flush=True)
     print(f"versions: {versions()}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}; "
           f"cpus={os.cpu_count()}; smoke={a.smoke}", flush=True)
     private = [] if a.no_private else private_baselines(a.all_calibrations)
@@ -965,6 +980,7 @@ def main(argv=None) -> int:
     print(f"\ntotal {total:.0f}s; per section: "
           + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
     write_json(a.json, {"smoke": a.smoke, "peers_only": a.peers, "versions": versions(),
+                        "streamdp_source": streamdp_source(),
                         "load_average_start": load_start, "load_average_end": os.getloadavg(),
                         "section_load_average": section_load, "seconds": total,
                         "section_seconds": timings,
