@@ -244,7 +244,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--releases", default="16,256,1024")
     p.add_argument("--mechanisms", default="tree,blt,sqrt")
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ..., N-1); at least 1")
     p.add_argument("--all-steps", type=int, default=256)
     p.add_argument("--epsilon", type=float, default=1.0)
     p.add_argument("--delta", type=float, default=1e-6)
@@ -255,6 +255,8 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
     a = parse_args(p, argv)         # + --no-progress
+    if a.seeds < 1:
+        p.error(f"--seeds is a count of seeds (seeds 0..N-1) and must be at least 1, got {a.seeds}")
     Rs = [int(r) for r in a.releases.split(",")]
     mechanisms = tuple(m.strip() for m in a.mechanisms.split(",") if m.strip())
     if bad := [m for m in mechanisms if m not in ALL]:
