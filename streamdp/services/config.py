@@ -15,6 +15,7 @@ from pathlib import Path
 from streamdp.kafka.topics import TopicNames
 from streamdp.moments.clipping import WARMUP_NORMALISING_CLIP, ClipBounds
 from streamdp.privacy.epochs import EpochClock
+from streamdp.privacy.noise import DEFAULT_SAMPLER, SAMPLER_KINDS
 from streamdp.services.partition_state import Routing
 
 
@@ -73,7 +74,7 @@ class ServiceConfig:
     delta: float = 1e-6
     horizon: int = 1024
     continual_aggregator: str = "blt"
-    sampler: str = "opendp"
+    sampler: str = DEFAULT_SAMPLER
     noise_seed: int | None = None
     insecure_reproducible_noise: bool = False
     non_production: bool = False
@@ -152,8 +153,9 @@ class ServiceConfig:
         if self.continual_aggregator not in ("blt", "tree"):
             bad("continual_aggregator", "must be 'blt' (BLT matrix factorization, default) or "
                 f"'tree' (binary tree), got {self.continual_aggregator!r}")
-        if self.sampler not in ("opendp", "fast"):
-            bad("sampler", f"must be 'opendp' (vetted, default) or 'fast', got {self.sampler!r}")
+        if self.sampler not in SAMPLER_KINDS:
+            bad("sampler", f"must be one of {SAMPLER_KINDS} ('google': vetted, default; 'opendp': "
+                f"vetted, slow; 'fast': not vetted), got {self.sampler!r}")
         if not 0 < self.clip_quantile <= 1:
             bad("clip_quantile", f"must be in (0, 1], got {self.clip_quantile!r}")
         if (isinstance(self.refinement_share, bool) or not isinstance(self.refinement_share, (int, float))

@@ -24,6 +24,7 @@ import numpy as np
 from streamdp import progress
 from streamdp.evaluation import matched_topic_error
 from streamdp.kafka.connectivity import quiet_librdkafka
+from streamdp.privacy.noise import DEFAULT_SAMPLER
 from streamdp.kafka.topics import TopicNames, ensure_topics
 from streamdp.report import report_from_dir
 from streamdp.services import control
@@ -70,7 +71,7 @@ def align_topics(topics: np.ndarray, words: list[str], vocabulary) -> np.ndarray
 
 def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_docs: int = 60_000,
              epochs: int = 4, sketchers: int = 2, bootstrap: str | None = None,
-             workdir: str | None = None, sampler: str = "opendp", seed: int = 0,
+             workdir: str | None = None, sampler: str = DEFAULT_SAMPLER, seed: int = 0,
              timeout: float = 600.0, out=print, vocabulary: str | None = None,
              selection_docs: int = 10_000) -> dict:
     from streamdp.kafka.broker import EmbeddedBroker

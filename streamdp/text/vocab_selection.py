@@ -489,7 +489,7 @@ def select_from_documents(documents: Iterable[Sequence[str]], *, epsilon: float,
     hist = CandidateHistogram.for_config(cands, cfg).add_documents(documents)
     plan = plan_selection(cfg, epsilon=epsilon, delta=delta)
     spender = spender if spender is not None else Accountant(epsilon, delta, MemoryLedger())
-    sampler = sampler if sampler is not None else make_sampler("opendp")
+    sampler = sampler if sampler is not None else make_sampler()
     sel = select_vocabulary(hist, plan, spender=spender, sampler=sampler, label=label)
     sel.report["epsilon_of_selection_documents"] = selection_epsilon(plan, delta)
     return sel
