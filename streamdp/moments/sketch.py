@@ -365,23 +365,27 @@ class WhitenedSketch:
         z = self.value("zacc") - a2[:, None] * Q
         s1, s1_lo = np.zeros(k), np.zeros(k)
         s2, s2_lo = np.zeros((k, k)), np.zeros((k, k))
-        # P[a,b,c] = Σ_i Q_ia Q_ib B3_ic and D[a,b,c] = Σ_i a3_i Q_ia Q_ib Q_ic,
-        # in chunks of words so the d × k'² Khatri–Rao block stays small.
-        P, P_lo = np.zeros((k * k, k)), np.zeros((k * k, k))
-        D, D_lo = np.zeros((k * k, k)), np.zeros((k * k, k))
-        step = max(1, min(READ_CHUNK_MAX, _KR_ELEMENTS // (k * k)))
+        # P[a,b,c] = Σ_i Q_ia Q_ib B3_ic and D[a,b,c] = Σ_i a3_i Q_ia Q_ib Q_ic are symmetric
+        # in (a, b): only the pairs a ≤ b are computed (half the O(d·k'³) work, which dominates
+        # a release at large d; issue 13), both in one product per chunk of words, chunks
+        # small enough that the d × k'(k'+1)/2 Khatri–Rao block stays small.
+        ia, ib = np.triu_indices(k)
+        PD, PD_lo = np.zeros((len(ia), 2 * k)), np.zeros((len(ia), 2 * k))
+        step = max(1, min(READ_CHUNK_MAX, _KR_ELEMENTS // len(ia)))
         for s in range(0, d, step):
             Qs = Q[s:s + step]
             rounding.accumulate(s1, s1_lo, Qs.T @ m1[s:s + step])
             rounding.accumulate(s2, s2_lo, Qs.T @ z[s:s + step])
-            kr = khatri_rao_rows(Qs, Qs)
-            rounding.accumulate(P, P_lo, kr.T @ b3[s:s + step])
-            rounding.accumulate(D, D_lo, kr.T @ (Qs * a3[s:s + step, None]))
+            kr = Qs[:, ia] * Qs[:, ib]                       # rows: q_i,a · q_i,b for a ≤ b
+            rhs = np.concatenate([b3[s:s + step], Qs * a3[s:s + step, None]], axis=1)
+            rounding.accumulate(PD, PD_lo, kr.T @ rhs)
         s1 = rounding.collapse(s1, s1_lo)
         s2 = rounding.collapse(s2, s2_lo)
         s2 = 0.5 * (s2 + s2.T)
-        P = rounding.collapse(P, P_lo).reshape(k, k, k)
-        D = rounding.collapse(D, D_lo).reshape(k, k, k)
+        PD = rounding.collapse(PD, PD_lo)
+        P, D = np.empty((k, k, k)), np.empty((k, k, k))
+        P[ia, ib], P[ib, ia] = PD[:, :k], PD[:, :k]
+        D[ia, ib], D[ib, ia] = PD[:, k:], PD[:, k:]
         # term order: q⊗q⊗B → P[a,b,c]; q⊗B⊗q → P[a,c,b]; B⊗q⊗q → P[b,c,a]
         yyy = symmetric3.expand(self.value("t3"), k)     # the full symmetric tensor
         s3 = (yyy

