@@ -34,6 +34,13 @@ and checks every delivery report; only then does it produce the manifest (and
 flush and check again). A manifest therefore exists only if all its chunks were
 acknowledged before it, in the same partition.
 
+*Incremental reads.* A store keeps, per key or prefix it has read, the fold so far
+and the next offset of every partition, and a later read folds only the records
+past them (to the end, as below): the result equals a read from the beginning,
+since a key's records all lie in one partition and are folded in log order, and a
+read's cost no longer grows with the topic's history. A view whose positions no
+longer fit the log is rebuilt from the beginning (``incremental=False``: always).
+
 *Readers verify.* A reader reads every partition from the beginning to its end
 — at least the end offsets listed when it starts, and up to the high watermark
 of a fetch response, since Tansu under-reports ListOffsets (docs/kafka.md) — with
@@ -367,6 +374,18 @@ class _Deliveries:
         return self.expected - self.ok - len(self.errors)
 
 
+class _ViewInvalid(StateStoreError):
+    """An incremental view's positions no longer fit the log: it must be rebuilt."""
+
+
+@dataclass
+class _View:
+    """An incremental read: the fold so far and the next offset to read per partition."""
+
+    scan: StateScan
+    next: dict[int, int] = field(default_factory=dict)
+
+
 @dataclass
 class _Known:
     """What this process knows about a key's records on the topic."""
@@ -382,7 +401,10 @@ class StateStore:
     owned and closed by :meth:`close`. ``source``: a bootstrap string, or a
     factory returning a fresh Consumer for each read (it is assigned partitions
     directly, never subscribes or commits; ``enable.partition.eof=True`` makes
-    reads end sooner).
+    reads end sooner). ``incremental`` (default): each key or prefix read keeps its
+    fold and positions and later reads only fold the new records (same result as a
+    read from the beginning, cost independent of the topic's history); False reads
+    the whole topic every time.
     """
 
     def __init__(self, producer: Producer | None, source: str | Callable[[], Consumer], topic: str, *,
@@ -390,7 +412,8 @@ class StateStore:
                  read_timeout: float = 60.0, consumer_overrides: dict[str, Any] | None = None,
                  clock: Callable[[], int] = time.time_ns, owns_producer: bool | None = None,
                  transactional: bool = False,
-                 producer_factory: Callable[[], Producer] | None = None):
+                 producer_factory: Callable[[], Producer] | None = None,
+                 incremental: bool = True):
         if not (1 <= int(chunk_bytes) <= MAX_RECORD_BYTES // 2):
             raise ValueError(f"chunk_bytes must be in 1..{MAX_RECORD_BYTES // 2}, got {chunk_bytes}")
         self.topic = topic
@@ -427,6 +450,9 @@ class StateStore:
         self._abort_pending = False          # a failed transaction whose abort did not get through
         self._known: dict[str, _Known] = {}
         self._n_partitions: int | None = None
+        # incremental reads: one view (fold + per-partition positions) per key or prefix read
+        self.incremental = bool(incremental)
+        self._views: dict[tuple[str, str], _View] = {}
 
     # ------------------------------------------------------------- plumbing
     def _default_consumer(self) -> Consumer:
@@ -651,14 +677,47 @@ class StateStore:
     def read_latest(self, key: str) -> StateRecord | None:
         """``(payload, meta, generation)`` of the newest complete state of ``key``, or None."""
         check_key(key)
-        return self._scan(lambda k: k == key).get(key)
+        return self._scan(("key", key)).get(key)
 
     def read_all_latest(self, prefix: str = "") -> dict[str, StateRecord]:
         """Newest complete state of every key starting with ``prefix``."""
-        return self._scan(lambda k: k.startswith(prefix))
+        return self._scan(("prefix", prefix))
 
-    def _scan(self, want: Callable[[str], bool]) -> dict[str, StateRecord]:
-        scan = StateScan(want)
+    def _scan(self, spec: tuple[str, str]) -> dict[str, StateRecord]:
+        """The fold of the whole topic for the keys ``spec`` selects, read to the end.
+
+        Incremental (the default): one :class:`_View` per spec is kept, and each read folds
+        only the records past the view's positions — the same fold, in the same per-partition
+        order, as a read from the beginning (keys never span partitions), so the result is
+        the same while the cost of a read no longer grows with the topic's history (issue 13).
+        A view whose positions no longer fit the log (offsets went backwards, or its start
+        moved past them: the topic was re-created or truncated) is dropped and rebuilt from
+        the beginning.
+        """
+        kind, arg = spec
+        want = (lambda k: k == arg) if kind == "key" else (lambda k: k.startswith(arg))
+        if not self.incremental:
+            view = _View(StateScan(want))
+            self._catch_up(view)
+        else:
+            view = self._views.get(spec)
+            if view is None:
+                view = self._views[spec] = _View(StateScan(want))
+            try:
+                self._catch_up(view)
+            except _ViewInvalid as exc:
+                log.warning("state topic %r: %s; reading it again from the beginning", self.topic, exc)
+                view = self._views[spec] = _View(StateScan(want))
+                self._catch_up(view)
+        for key, ks in view.scan.keys.items():
+            known = self._known.setdefault(key, _Known())
+            known.max_generation = max(known.max_generation, ks.max_generation)
+            known.live_chunks |= ks.live_chunks
+        return view.scan.result()
+
+    def _catch_up(self, view: "_View") -> None:
+        """Fold every record past ``view``'s positions up to the end of every partition."""
+        scan, nxt = view.scan, view.next
         deadline = time.monotonic() + self.read_timeout
         consumer = self._consumer_factory()
         try:
@@ -675,16 +734,22 @@ class StateStore:
             # consumer has reached the high watermark (or, read_committed, the
             # last stable offset) of a fetch response — the PARTITION_EOF event,
             # or position >= the cached fetch watermark for factories without
-            # enable.partition.eof — and is past the lower bound.
+            # enable.partition.eof — and is past the lower bound. A partition whose
+            # reported end is not past the view's position has no new batch (a new
+            # batch's base offset is at least the position) and is not read.
             ends: dict[int, int] = {}
             for p in sorted(t.partitions):
                 lo, hi = consumer.get_watermark_offsets(TopicPartition(self.topic, p),
                                                         timeout=max(0.1, deadline - time.monotonic()))
-                if hi > lo:
+                if p in nxt and lo > nxt[p]:
+                    raise _ViewInvalid(f"partition {p} now starts at offset {lo}, past the "
+                                       f"position {nxt[p]} read so far")
+                if hi > nxt.get(p, lo):
                     ends[p] = hi
             active = set(ends)
             if active:
-                consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in active])
+                consumer.assign([TopicPartition(self.topic, p, nxt.get(p, OFFSET_BEGINNING))
+                                 for p in active])
             while active:
                 if time.monotonic() > deadline:
                     raise StateReadError(
@@ -695,7 +760,11 @@ class StateStore:
                     p = msg.partition()
                     err = msg.error()
                     if err is None:
+                        if msg.offset() < nxt.get(p, 0):
+                            raise _ViewInvalid(f"partition {p} returned offset {msg.offset()} "
+                                               f"below the position {nxt[p]} read so far")
                         scan.add(msg.key(), msg.value())
+                        nxt[p] = msg.offset() + 1        # folded exactly once, even if we stop
                     elif err.code() == KafkaError._PARTITION_EOF:
                         if p in active and msg.offset() >= ends[p]:
                             self._done(consumer, active, p)
@@ -710,11 +779,6 @@ class StateStore:
                             self._done(consumer, active, tp.partition)
         finally:
             consumer.close()
-        for key, ks in scan.keys.items():
-            known = self._known.setdefault(key, _Known())
-            known.max_generation = max(known.max_generation, ks.max_generation)
-            known.live_chunks |= ks.live_chunks
-        return scan.result()
 
     def _done(self, consumer: Consumer, active: set[int], partition: int) -> None:
         if partition in active:

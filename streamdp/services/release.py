@@ -98,6 +98,7 @@ from streamdp.kafka.connectivity import OutageGuard, check_bootstrap, client_ext
 from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode, check_stream_start
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.partition_state import SELECTION, PartitionState
+from streamdp.services.state_view import PartitionView
 from streamdp.snapshot import TopicSnapshot
 from streamdp.snapshots import summary as snapshot_summary
 from streamdp.tensor.power_method import PowerMethodConfig
@@ -662,7 +663,8 @@ class ReleaseService:
                and self._closable(self.continual.epoch + 1, states, partitions)):
             # stop between epochs, never inside one: a kill mid-release wastes budget
             self.health.beat()
-            loaded = loaded if loaded is not None else self._load_states(states)
+            # decoded once per (partition, generation): unchanged partitions are not decoded again
+            loaded = loaded if loaded is not None else self._view.load(states, self.subspace)
             if not self._check_writer():        # a newer writer took over: spend nothing
                 return
             if not self._close_epoch(self.continual.epoch + 1, loaded):
@@ -716,25 +718,15 @@ class ReleaseService:
                 self.forced_through = max(self.forced_through, msg["through"])
 
     def _partition_view(self):
-        """Latest sketcher state per documents partition, and the partition list."""
-        from streamdp.services.partition_state import effective_progress, select_state
-        found = self.store.read_all_latest(prefix=f"sketch/{self.topics.documents}/")
-        accepted = getattr(self, "_accepted_states", None)
-        if accepted is None:
-            accepted = self._accepted_states = {}
-        now = time.time()
-        states = {}
-        for r in found.values():
-            p = int(r.meta["partition"])
-            chosen, rejected = select_state(accepted.get(p), r)
-            if rejected:       # a zombie sketcher's checkpoint: keep the newest accepted record
-                log.warning("partition %d: ignored a state record that goes backwards (fence %s, "
-                            "next_offset %s < accepted %s, %s)", p, r.meta.get("fence"),
-                            r.meta["next_offset"], chosen.meta.get("fence"), chosen.meta["next_offset"])
-            accepted[p] = chosen
-            # progress as this service may use it: never beyond its own clock
-            states[p] = chosen._replace(meta={**chosen.meta,
-                                              "progress": effective_progress(chosen.meta.get("progress"), now)})
+        """Latest accepted sketcher state per documents partition, and the partition list.
+
+        Read incrementally, zombie records rejected (:class:`PartitionView`): a poll's cost
+        does not grow with the state topic's history."""
+        view = getattr(self, "_view", None)
+        if view is None:
+            view = self._view = PartitionView(self.store, self.topics.documents)
+        view.store = self.store
+        states = view.read()
         md = self.probe.list_topics(self.topics.documents, timeout=10)
         return states, sorted(md.topics[self.topics.documents].partitions)
 
