@@ -690,9 +690,11 @@ class StateStore:
         only the records past the view's positions — the same fold, in the same per-partition
         order, as a read from the beginning (keys never span partitions), so the result is
         the same while the cost of a read no longer grows with the topic's history (issue 13).
-        A view whose positions no longer fit the log (offsets went backwards, or its start
-        moved past them: the topic was re-created or truncated) is dropped and rebuilt from
-        the beginning.
+        A view whose positions no longer fit the log (its start moved past them: the topic was
+        truncated) is dropped and rebuilt from the beginning; records delivered again (offsets
+        below the position, after a client re-fetch) are skipped, being folded already. A
+        state topic deleted and re-created under a running service is not detected here (its
+        offsets restart); the release service's ledger check refuses it at the next start.
         """
         kind, arg = spec
         want = (lambda k: k == arg) if kind == "key" else (lambda k: k.startswith(arg))
@@ -761,8 +763,11 @@ class StateStore:
                     err = msg.error()
                     if err is None:
                         if msg.offset() < nxt.get(p, 0):
-                            raise _ViewInvalid(f"partition {p} returned offset {msg.offset()} "
-                                               f"below the position {nxt[p]} read so far")
+                            # delivered again (the client re-fetched after a fetch error):
+                            # already folded, and a fold is not idempotent (tombstones)
+                            log.debug("state topic %r partition %d: offset %d again (read up to "
+                                      "%d)", self.topic, p, msg.offset(), nxt[p])
+                            continue
                         scan.add(msg.key(), msg.value())
                         nxt[p] = msg.offset() + 1        # folded exactly once, even if we stop
                     elif err.code() == KafkaError._PARTITION_EOF:
