@@ -145,3 +145,39 @@ def test_release_report_names_the_default_sampler():
     snap = est.release()
     assert snap.privacy["sampler"] == GOOGLE_NAME
     assert snap.topic_word.shape == (3, 60)
+
+
+def test_forked_process_does_not_repeat_the_parents_noise():
+    """python-dp keeps a buffer of CSPRNG output in the process: after a fork, parent and child
+    draw identical noise from it (checked below on the raw library). The sampler must not."""
+    import os
+    from pydp.algorithms.numerical_mechanisms import GaussianMechanism
+
+    def in_child(draw) -> np.ndarray:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:                                    # child: draw, send, exit at once
+            try:
+                os.write(w, np.asarray(draw(), dtype=np.float64).tobytes())
+            finally:
+                os._exit(0)
+        os.close(w)
+        data = b""
+        while chunk := os.read(r, 1 << 16):
+            data += chunk
+        os.close(r)
+        os.waitpid(pid, 0)
+        return np.frombuffer(data, dtype=np.float64)
+
+    raw = GaussianMechanism.create_from_standard_deviation(1.0)
+    raw.add_noise(0.0)
+    child = in_child(lambda: [raw.add_noise(0.0) for _ in range(20)])
+    parent = np.array([raw.add_noise(0.0) for _ in range(20)])
+    assert np.array_equal(child, parent)               # the hazard is real
+
+    s = GoogleDPGaussianSampler(workers=1)
+    s.sample(1.0, 100)
+    child = in_child(lambda: s.sample(1.0, 2_000))
+    parent = s.sample(1.0, 2_000)
+    assert child.size == 2_000 and len(np.intersect1d(child, parent)) < 5
+    assert _is_normal(child, 1.0)

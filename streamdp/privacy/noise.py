@@ -183,6 +183,19 @@ class _Worker:
 
 
 _WORKERS: list[_Worker] = []
+# python-dp draws from a buffer of CSPRNG output kept in the process: a fork copies it, and
+# parent and child then draw the SAME noise (tests/test_noise_samplers.py shows it). A forked
+# process therefore never draws Google noise itself: every chunk goes to a fresh worker.
+_FORKED = False
+
+
+def _after_fork_in_child() -> None:
+    global _FORKED
+    _FORKED = True
+    _WORKERS.clear()          # the parent's workers: their pipes are the parent's to use
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _workers(n: int) -> list[_Worker]:
@@ -211,22 +224,25 @@ def _parallel_add_noise(kind: str, x: np.ndarray, sigma: float, workers: int,
                         min_parallel: int) -> np.ndarray:
     flat = np.ascontiguousarray(x, dtype=np.float64).ravel()
     n_chunks = min(workers, max(1, flat.size // max(1, min_parallel)))
-    if n_chunks <= 1:
+    here = not (_FORKED and kind == "google")      # may this process draw a chunk itself?
+    if n_chunks <= 1 and here:
         return _draw_chunk(kind, flat, sigma).reshape(x.shape)
     chunks = np.array_split(flat, n_chunks)
-    pool = _workers(n_chunks - 1)
+    remote = chunks[1:] if here else chunks
+    pool = _workers(len(remote))
     try:
-        # the other chunks in worker processes; this process draws the first one meanwhile
-        for w, c in zip(pool, chunks[1:]):
+        # chunks in worker processes; this process draws the first one meanwhile
+        for w, c in zip(pool, remote):
             w.send(kind, c, sigma)
-        first = _draw_chunk(kind, chunks[0], sigma)
-        rest = [w.receive(c.size) for w, c in zip(pool, chunks[1:])]
+        first = [_draw_chunk(kind, chunks[0], sigma)] if here else []
+        rest = [w.receive(c.size) for w, c in zip(pool, remote)]
     except BaseException:
         for w in pool:                  # a worker in an unknown state is never reused
-            _WORKERS.remove(w)
+            if w in _WORKERS:
+                _WORKERS.remove(w)
             w.close()
         raise
-    return np.concatenate([first, *rest]).reshape(x.shape)
+    return np.concatenate([*first, *rest]).reshape(x.shape)
 
 
 def _check_vetted_input(x: np.ndarray, sigma: float, who: str) -> None:
