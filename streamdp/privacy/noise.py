@@ -121,11 +121,20 @@ def make_sampler(kind: str = DEFAULT_SAMPLER, seed: int | None = None, *,
 
 
 def default_workers() -> int:
-    """The CPUs this process may run on (the parallel draw's default number of processes)."""
+    """The CPUs this process may use (the parallel draw's default number of processes): the
+    CPUs it may run on, capped by a cgroup v2 CPU quota (a container's CPU limit)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):        # not on Linux
-        return max(1, os.cpu_count() or 1)
+        n = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            n = min(n, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
 
 
 # --- parallel draws: chunks of one vector, each drawn by an independent vetted mechanism ---
