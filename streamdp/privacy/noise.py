@@ -35,6 +35,7 @@ import secrets
 import struct
 import subprocess
 import sys
+import threading
 import warnings
 from functools import lru_cache
 from typing import Protocol, runtime_checkable
@@ -192,6 +193,7 @@ class _Worker:
 
 
 _WORKERS: list[_Worker] = []
+_WORKERS_LOCK = threading.Lock()     # one draw at a time talks to the workers
 # python-dp draws from a buffer of CSPRNG output kept in the process: a fork copies it, and
 # parent and child then draw the SAME noise (tests/test_noise_samplers.py shows it). A forked
 # process therefore never draws Google noise itself: every chunk goes to a fresh worker.
@@ -199,9 +201,10 @@ _FORKED = False
 
 
 def _after_fork_in_child() -> None:
-    global _FORKED
+    global _FORKED, _WORKERS_LOCK
     _FORKED = True
     _WORKERS.clear()          # the parent's workers: their pipes are the parent's to use
+    _WORKERS_LOCK = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -236,6 +239,12 @@ def _parallel_add_noise(kind: str, x: np.ndarray, sigma: float, workers: int,
     here = not (_FORKED and kind == "google")      # may this process draw a chunk itself?
     if n_chunks <= 1 and here:
         return _draw_chunk(kind, flat, sigma).reshape(x.shape)
+    with _WORKERS_LOCK:
+        return _draw_with_workers(kind, flat, sigma, n_chunks, here).reshape(x.shape)
+
+
+def _draw_with_workers(kind: str, flat: np.ndarray, sigma: float, n_chunks: int,
+                       here: bool) -> np.ndarray:
     chunks = np.array_split(flat, n_chunks)
     remote = chunks[1:] if here else chunks
     pool = _workers(len(remote))
@@ -251,7 +260,7 @@ def _parallel_add_noise(kind: str, x: np.ndarray, sigma: float, workers: int,
                 _WORKERS.remove(w)
             w.close()
         raise
-    return np.concatenate([*first, *rest]).reshape(x.shape)
+    return np.concatenate([*first, *rest])
 
 
 def _check_vetted_input(x: np.ndarray, sigma: float, who: str) -> None:
