@@ -171,9 +171,14 @@ def test_forked_process_does_not_repeat_the_parents_noise():
 
     raw = GaussianMechanism.create_from_standard_deviation(1.0)
     raw.add_noise(0.0)
-    child = in_child(lambda: [raw.add_noise(0.0) for _ in range(20)])
-    parent = np.array([raw.add_noise(0.0) for _ in range(20)])
-    assert np.array_equal(child, parent)               # the hazard is real
+    # the hazard is real: the child repeats the parent's next draws (as far as the copied
+    # buffer reaches; a fork right before a refill shares nothing, so try a few forks)
+    for _ in range(5):
+        child = in_child(lambda: [raw.add_noise(0.0) for _ in range(20)])
+        parent = np.array([raw.add_noise(0.0) for _ in range(20)])
+        if child[0] == parent[0]:
+            break
+    assert child[0] == parent[0] and len(np.intersect1d(child, parent)) >= 1
 
     s = GoogleDPGaussianSampler(workers=1)
     s.sample(1.0, 100)
