@@ -494,8 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tensor: noised whitened third moment; iterative: noised power iterations "
                         "(docs/estimator.md)")
     s.add_argument("--sampler", choices=SAMPLER_KINDS, default=DEFAULT_SAMPLER,
-                   help="noise sampler: google (Google's secure Gaussian via python-dp, vetted, "
-                        "default, ≈4·10⁵ draws/s per core), opendp (OpenDP's, vetted, ≈2·10⁴/s) "
+                   help="noise sampler: opendp (OpenDP's exact Gaussian, vetted, default, ≈2·10⁴ draws/s "
+                        "per core), google (Google's secure Gaussian via python-dp, ≈4·10⁵/s, "
+                        "opt-in: its per-draw failure probability ≈2⁻⁴⁵ is not charged) "
                         "or fast (CSPRNG-seeded numpy, not vetted; docs/privacy_accounting.md)")
     s.add_argument("--vocab", type=positive_int, default=1000, help="vocabulary size d")
     s.add_argument("--topics", type=positive_int, default=10, help="number of topics k")

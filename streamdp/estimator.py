@@ -89,9 +89,11 @@ class StreamingSpectralLDA:
     seed : int or None             public randomness (Ω, power-method starts)
     noise_seed : int or None       reproducible noise — tests/benchmarks ONLY
     sampler : {"google", "opendp", "fast"} or GaussianSampler
-                                   "google" (default): Google's secure Gaussian (python-dp,
-                                   vetted, ≈ 4·10⁵ draws/s per core, parallel over cores);
-                                   "opendp": OpenDP's vetted Gaussian (≈ 2·10⁴ draws/s);
+                                   "opendp" (default): OpenDP's exact vetted Gaussian
+                                   (≈ 2·10⁴ draws/s per core, parallel over cores);
+                                   "google": Google's secure Gaussian (python-dp, ≈ 4·10⁵
+                                   draws/s per core; opt-in: its per-draw failure
+                                   probability ≈ 2⁻⁴⁵ is not charged to δ);
                                    "fast": CSPRNG-seeded numpy (not vetted)
     accountant : BudgetSpender     shared accountant; default a private one with
                                    this estimator's (ε, δ) budget

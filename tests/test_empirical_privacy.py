@@ -112,8 +112,8 @@ def test_opendp_sampler_passes_the_audit(neighbouring_blocks):
     assert np.std(np.concatenate([cal0, test0])) == pytest.approx(sigma, rel=0.03)
 
 
-def test_default_google_sampler_passes_the_audit(neighbouring_blocks):
-    """The default vetted sampler (Google's secure Gaussian): full-block releases, as for the
+def test_google_sampler_passes_the_audit(neighbouring_blocks):
+    """The opt-in Google secure Gaussian: full-block releases, as for the
     reference Gaussian above, each block noised through the mechanism (value + noise), in two
     parallel chunks as a release draws them."""
     z0, z1, C = neighbouring_blocks

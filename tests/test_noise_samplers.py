@@ -1,5 +1,5 @@
-"""The vetted samplers: Google's secure Gaussian (python-dp, the default) and OpenDP's, drawn in
-one process or in parallel chunks across worker processes.
+"""The vetted samplers: OpenDP's exact Gaussian (the default) and Google's secure Gaussian (python-dp,
+opt-in), drawn in one process or in parallel chunks across worker processes.
 
 What must hold for the privacy argument (docs/privacy.md "Noise"):
 * the noise is N(0, σ²) per coordinate, and chunks drawn by different processes are independent
@@ -7,7 +7,7 @@ What must hold for the privacy argument (docs/privacy.md "Noise"):
 * the released floats are on the sampler's lattice gℤ — an exact lattice sum rounded once — which is
   what rules out Mironov-style float leaks (the naive numpy sampler fails this check);
 * the inputs pass through the mechanism (value + noise), bad input is refused before any draw;
-* the default everywhere is the Google sampler, and the snapshot's report names it.
+* the default everywhere is the exact OpenDP sampler, and the snapshot's report names it.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from scipy import stats
 
 from streamdp.privacy import noise
-from streamdp.privacy.noise import (DEFAULT_SAMPLER, GOOGLE_NAME, SAMPLER_KINDS,
+from streamdp.privacy.noise import (DEFAULT_SAMPLER, GOOGLE_NAME, OPENDP_NAME, SAMPLER_KINDS,
                                     CSPRNGGaussianSampler, GoogleDPGaussianSampler,
                                     OpenDPGaussianSampler, google_granularity, make_sampler)
 
@@ -27,13 +27,15 @@ def _is_normal(z: np.ndarray, sigma: float) -> bool:
     return stats.kstest(z / sigma, "norm").pvalue > P_MIN
 
 
-def test_default_sampler_is_google_everywhere():
-    assert DEFAULT_SAMPLER == "google" and set(SAMPLER_KINDS) == {"google", "opendp", "fast"}
-    assert make_sampler().name == GOOGLE_NAME
+def test_default_sampler_is_the_exact_opendp_one_everywhere():
+    """google's per-draw failure probability (≈ 2⁻⁴⁵) is not charged to δ, so it is opt-in
+    (docs/privacy.md, "Noise"); the default everywhere is OpenDP's exact Gaussian."""
+    assert DEFAULT_SAMPLER == "opendp" and set(SAMPLER_KINDS) == {"google", "opendp", "fast"}
+    assert make_sampler().name == OPENDP_NAME
     from streamdp.services.config import ServiceConfig
     from streamdp import StreamingSpectralLDA
-    assert ServiceConfig.__dataclass_fields__["sampler"].default == "google"
-    assert StreamingSpectralLDA(2, 1.0, epsilon=1.0).sampler.name == GOOGLE_NAME
+    assert ServiceConfig.__dataclass_fields__["sampler"].default == "opendp"
+    assert StreamingSpectralLDA(2, 1.0, epsilon=1.0).sampler.name == OPENDP_NAME
     with pytest.raises(ValueError, match="google"):
         make_sampler("gauss")
 
@@ -143,7 +145,7 @@ def test_release_report_names_the_default_sampler():
     est = StreamingSpectralLDA(3, 1.0, epsilon=4.0, seed=0, clip_length=30)
     est.warmup(X[:500]).partial_fit(X[500:])
     snap = est.release()
-    assert snap.privacy["sampler"] == GOOGLE_NAME
+    assert snap.privacy["sampler"] == OPENDP_NAME
     assert snap.topic_word.shape == (3, 60)
 
 

@@ -61,7 +61,7 @@ GOOGLE_NAME = "google-dp-secure-gaussian"
 OPENDP_NAME = "opendp-gaussian"
 #: the kinds :func:`make_sampler` accepts, and the default everywhere (estimator, CLI, services)
 SAMPLER_KINDS = ("google", "opendp", "fast")
-DEFAULT_SAMPLER = "google"
+DEFAULT_SAMPLER = "opendp"   # exact, fully accounted; "google" is opt-in (docs/privacy.md "Noise")
 SEEDED_NAME = "numpy-pcg64-seeded-INSECURE-reproducible"
 
 
