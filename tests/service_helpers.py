@@ -218,10 +218,18 @@ class Pipeline:
         self.stop()
 
     def wait_released(self, epoch: int, timeout: float = 90.0):
+        """The snapshot of ``epoch`` (or later) once it is *published*: ``release.latest`` is set
+        before the state write and the publication, so reading it raced with ``latest_json``
+        and the HTTP routes, which serve published snapshots only."""
         rel = self.release
-        return wait_for(lambda: rel.latest is not None and rel.latest.epoch is not None
-                        and rel.latest.epoch >= epoch and rel.latest,
-                        timeout, f"the release of epoch {epoch} (exhausted={rel.exhausted!r})",
+
+        def published():
+            pub = rel.published
+            snap = pub[0] if pub is not None else None
+            return snap is not None and snap.epoch is not None and snap.epoch >= epoch and snap
+
+        return wait_for(published, timeout,
+                        f"the release of epoch {epoch} (exhausted={rel.exhausted!r})",
                         check=self._check_release)
 
     def _check_release(self) -> None:
