@@ -101,6 +101,19 @@ class PendingRows:
         if start < n:
             self._keep(X[start:] if start else X)
 
+    def feed_weighted(self, X: sp.csr_matrix, weights: np.ndarray | None,
+                      pending_weights: np.ndarray, update) -> np.ndarray:
+        """:meth:`feed` with per-row weights (``None``: all 1): calls ``update(chunk,
+        chunk_weights)`` for every full chunk and returns the weights of the rows left pending
+        (the caller keeps them beside this object, as ``pending_weights``)."""
+        w_all = np.concatenate([pending_weights,
+                                np.ones(X.shape[0]) if weights is None else weights])
+        pos = 0
+        for chunk in self.feed(X):
+            update(chunk, w_all[pos:pos + chunk.shape[0]])
+            pos += chunk.shape[0]
+        return w_all[pos:]
+
     def _keep(self, X: sp.csr_matrix) -> None:
         if X.shape[0]:
             self._pieces.append(X)

@@ -201,13 +201,9 @@ class WhitenedSketch:
         self.n_rows += X.shape[0]
         X, w = keep_long_weighted(X, w)
         self.n_docs += X.shape[0]
-        w_all = np.concatenate([self.pending_weights, np.ones(X.shape[0]) if w is None else w])
-        pos = 0
         # exactly BATCH_ROWS_MAX terms per product, chunks counted in this sketch's sequence
-        for chunk in self.pending.feed(X):
-            self._update_chunk(chunk, w_all[pos:pos + chunk.shape[0]])
-            pos += chunk.shape[0]
-        self.pending_weights = w_all[pos:]
+        self.pending_weights = self.pending.feed_weighted(X, w, self.pending_weights,
+                                                          self._update_chunk)
         return self
 
     def _flush_pending(self) -> None:

@@ -291,6 +291,14 @@ def google_granularity(sigma: float) -> float:
     return 2.0 ** math.ceil(math.log2(2.0 * sigma / 2.0**57))
 
 
+def _parallel_settings(workers: int | None, min_parallel: int) -> tuple[int, int]:
+    """(workers, min_parallel) of a vetted sampler's parallel draws; ``None``: one per usable CPU."""
+    n = default_workers() if workers is None else int(workers)
+    if n < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    return n, int(min_parallel)
+
+
 class GoogleDPGaussianSampler:
     """Google's secure-noise Gaussian (python-dp ≥ 1.1.5, the C++ library of google/differential-privacy).
 
@@ -320,10 +328,7 @@ class GoogleDPGaussianSampler:
 
     def __init__(self, workers: int | None = None, min_parallel: int = 100_000) -> None:
         _google_mechanism(1.0)             # fail at start-up, not at the first release
-        self.workers = default_workers() if workers is None else int(workers)
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
-        self.min_parallel = int(min_parallel)
+        self.workers, self.min_parallel = _parallel_settings(workers, min_parallel)
         self.reproducible = False
 
     def add_noise(self, value, sigma: float) -> np.ndarray:
@@ -376,10 +381,7 @@ class OpenDPGaussianSampler:
         import opendp.prelude as dp
 
         dp.enable_features("contrib")
-        self.workers = default_workers() if workers is None else int(workers)
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
-        self.min_parallel = int(min_parallel)
+        self.workers, self.min_parallel = _parallel_settings(workers, min_parallel)
         self.reproducible = False
 
     def add_noise(self, value, sigma: float) -> np.ndarray:

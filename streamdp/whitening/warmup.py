@@ -149,12 +149,8 @@ class WarmupSketch:
             for b, n in enumerate(norms):
                 self.norm_hist[b] += np.bincount(np.searchsorted(NORM_BIN_EDGES, n, side="right"),
                                                  minlength=self.norm_hist.shape[1])
-        w_all = np.concatenate([self.pending_weights, np.ones(X.shape[0]) if w is None else w])
-        pos = 0
-        for chunk in self.pending.feed(X):
-            self._update_chunk(chunk, w_all[pos:pos + chunk.shape[0]])
-            pos += chunk.shape[0]
-        self.pending_weights = w_all[pos:]
+        self.pending_weights = self.pending.feed_weighted(X, w, self.pending_weights,
+                                                          self._update_chunk)
         return self
 
     def _flush_pending(self) -> None:
