@@ -46,7 +46,8 @@ from prometheus_client.exposition import choose_encoder
 
 __all__ = [
     "ROLES", "SKETCHER", "RELEASE", "MetricSpec", "METRIC_SPECS", "METRIC_NAMES",
-    "metric_specs", "names_for_role", "RELEASE_OUTCOMES", "REBALANCE_KINDS", "KNOWN_SKIP_REASONS",
+    "metric_specs", "names_for_role", "RELEASE_OUTCOMES", "RELEASES_ENDED_REASONS",
+    "REBALANCE_KINDS", "KNOWN_SKIP_REASONS",
     "ServiceMetrics", "HealthState", "ObservabilityServer", "EXACT_COUNT_METRICS",
 ]
 
@@ -63,6 +64,10 @@ COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 
 #: Allowed values of ``streamdp_releases_total{outcome}`` (pre-initialised to 0).
 RELEASE_OUTCOMES = ("published", "refused_budget", "failed")
+#: Allowed values of ``streamdp_releases_ended{reason}`` (pre-initialised to 0): the privacy
+#: budget refused a release, the tree horizon is reached, or another stop (no warm-up
+#: documents, a failed vocabulary selection, the rounding premise).
+RELEASES_ENDED_REASONS = ("budget", "horizon", "other")
 #: Allowed values of ``streamdp_rebalances_total{kind}`` (pre-initialised to 0).
 REBALANCE_KINDS = ("assign", "revoke", "lost")
 #: ``streamdp_documents_skipped_total{reason}`` values pre-initialised to 0.
@@ -121,6 +126,7 @@ LAST_RELEASE_TIMESTAMP_SECONDS = "streamdp_last_release_timestamp_seconds"
 EPOCHS_CLOSED_TOTAL = "streamdp_epochs_closed_total"
 TREE_EPOCH = "streamdp_tree_epoch"
 TREE_HORIZON = "streamdp_tree_horizon"
+RELEASES_ENDED = "streamdp_releases_ended"
 # both
 BUILD_INFO = "streamdp_build_info"
 LAST_PROGRESS_TIMESTAMP_SECONDS = "streamdp_last_progress_timestamp_seconds"
@@ -213,6 +219,11 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
                "Horizon T of the binary tree (epochs it can release before a new tree "
                "and budget are needed).",
                (), _RE),
+    MetricSpec(RELEASES_ENDED, GAUGE,
+               "1 once this deployment will publish no further release, by reason (budget: the "
+               "accountant refused one; horizon: the tree horizon is reached; other: no warm-up "
+               "documents, a failed vocabulary selection, the rounding premise); 0 otherwise.",
+               ("reason",), _RE),
     # ---- both
     MetricSpec(BUILD_INFO, GAUGE,
                "Constant 1, labelled with the streamdp version and the service role.",
@@ -342,6 +353,8 @@ class ServiceMetrics:
         else:
             for outcome in RELEASE_OUTCOMES:
                 self._metrics[RELEASES_TOTAL].labels(outcome=outcome)
+            for reason in RELEASES_ENDED_REASONS:
+                self._metrics[RELEASES_ENDED].labels(reason=reason).set(0)
         if health is not None:
             self.bind_health(health)
 
@@ -580,6 +593,12 @@ class ServiceMetrics:
         self._m(EPOCHS_CLOSED_TOTAL).inc()
         if epoch is not None:
             self._m(TREE_EPOCH).set(_count(epoch, "epoch"))
+
+    def set_releases_ended(self, reason: str) -> None:
+        """No further release will come, because of ``reason`` (:data:`RELEASES_ENDED_REASONS`)."""
+        if reason not in RELEASES_ENDED_REASONS:
+            raise ValueError(f"reason must be one of {RELEASES_ENDED_REASONS}, got {reason!r}")
+        self._m(RELEASES_ENDED).labels(reason=reason).set(1)
 
     def set_tree(self, epoch: int, horizon: int) -> None:
         """Tree position, e.g. after restoring the release state."""

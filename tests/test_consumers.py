@@ -280,13 +280,17 @@ def test_the_consumer_guide_runs(run, tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ nothing unpersisted is served
 def test_http_never_serves_a_release_that_was_not_persisted(kafka_broker, tmp_path):
-    """Attack on the spend protocol through HTTP: a release whose state write fails is redone
-    with a fresh draw on the same (uncharged) reservation, so its first draw must not have left
-    the process. GET /snapshot/latest and /snapshot/latest.msgpack, asked inside the window
-    between the epoch's noise draw and its failed persist, answer 404 (no release yet); the
-    published release is the redone one."""
+    """Attack on the spend protocol through every sink: a release whose state write fails is
+    redone with a fresh draw on the same (uncharged) reservation, so its first draw must not
+    have left the process. Asked inside the window between the epoch's noise draw and its failed
+    persist: GET /snapshot/latest and /snapshot/latest.msgpack answer 404 (no release yet), the
+    service's ``latest``/``published``/``latest_json()`` are None, the snapshot directory and
+    the snapshots topic are empty, and no ``epochs_closed`` for the epoch was announced. The
+    published release is the redone one, on every sink."""
+    from streamdp import serialization as ser
     from streamdp.kafka.state_store import WriterReinitialised
     from streamdp.services import control
+    from streamdp.snapshot import TopicSnapshot
 
     bootstrap = kafka_broker.bootstrap
     corpus = make_corpus(2000, 1500, 1, seed=8)
@@ -300,11 +304,22 @@ def test_http_never_serves_a_release_that_was_not_persisted(kafka_broker, tmp_pa
     seen_in_window: list = []
     real_write = rel.store.write
 
+    def epochs_announced() -> list[int]:
+        return [m["through"] for m in map(control.decode, (r.value for r in read_topic(
+            bootstrap, names.control))) if m["type"] == "epochs_closed"]
+
     def failing_write(key, payload, meta=None, **kw):
         if key == control.RELEASE_STATE_KEY and not seen_in_window:
-            seen_in_window.append((rel.latest.release_id,
-                                   http_get(url + "/snapshot/latest"),
-                                   http_get(url + "/snapshot/latest.msgpack")[0]))
+            drawn = TopicSnapshot.from_bytes(ser.loads(payload)["last_snapshot"])
+            seen_in_window.append(dict(
+                drawn_id=drawn.release_id, drawn_epoch=drawn.epoch,
+                http_json=http_get(url + "/snapshot/latest"),
+                http_msgpack=http_get(url + "/snapshot/latest.msgpack")[0],
+                attributes=(rel.latest, rel.published, rel.latest_json()),
+                files=sorted(p.name for p in Path(cfg.snapshot_dir).iterdir()
+                             if p.name.startswith("epoch-") or p.name == "latest.json"),
+                topic=read_topic(bootstrap, names.snapshots),
+                announced=epochs_announced()))
             raise WriterReinitialised("injected: the state write of epoch 1 failed")
         return real_write(key, payload, meta=meta, **kw)
 
@@ -316,19 +331,29 @@ def test_http_never_serves_a_release_that_was_not_persisted(kafka_broker, tmp_pa
                  check=pipe.check)
         produce(bootstrap, names.documents, corpus.records())
         send_control(bootstrap, names, "flush")
-        # (not pipe.wait_released: the service's ``latest`` is the failed draw until it is redone)
-        published = wait_for(lambda: snapshots.latest(cfg.snapshot_dir), 90,
-                             "the published release", check=pipe.check)
+        published = pipe.wait_released(1)          # ``published``: the redone release only
         wait_for(lambda: snapshots.latest(url) is not None, 10, "the release over HTTP")
         served = snapshots.latest(url)
         summary = json.loads(http_get(url + "/snapshot/latest")[1])
+        on_disk = snapshots.latest(cfg.snapshot_dir)
+        on_topic = read_topic(bootstrap, names.snapshots)
+        attributes = (rel.latest.release_id, rel.published[0].release_id,
+                      rel.latest_json()["release_id"])
     finally:
         pipe.stop()
         workers.stop()
     assert len(seen_in_window) == 1
-    drawn_id, (json_status, json_body), msgpack_status = seen_in_window[0]
-    assert (json_status, msgpack_status) == (404, 404), json_body[:300]
-    assert drawn_id != published.release_id           # the failed release was redone ...
-    assert served.release_id == published.release_id  # ... and only the redone one is served
+    window = seen_in_window[0]
+    json_status, json_body = window["http_json"]
+    assert window["drawn_epoch"] == 1
+    assert (json_status, window["http_msgpack"]) == (404, 404), json_body[:300]
+    assert window["attributes"] == (None, None, None)
+    assert window["files"] == [] and window["topic"] == []
+    assert all(t < 1 for t in window["announced"]), window["announced"]
+    assert window["drawn_id"] != published.release_id     # the failed release was redone ...
+    assert served.release_id == published.release_id     # ... and only the redone one is served
     assert summary["release_id"] == published.release_id
+    assert on_disk.release_id == published.release_id
+    assert attributes == (published.release_id,) * 3
     assert [s.release_id for s in snapshots.releases(cfg.snapshot_dir)] == [published.release_id]
+    assert [r.key for r in on_topic] == [published.release_id.encode()]

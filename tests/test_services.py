@@ -437,6 +437,11 @@ def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, poin
             restarted.stop()
 
     assert release.exhausted is None and release.continual.epoch == 2
+    # a tree of horizon 2 ends after epoch 2, said once (log, streamdp_releases_ended); BLT goes on
+    ended = "horizon" if aggregator == "tree" else None
+    assert release.releases_ended == ended
+    assert [r for r in ("budget", "horizon", "other") if release.metrics.registry.get_sample_value(
+        "streamdp_releases_ended", {"reason": r})] == ([ended] if ended else [])
     by_epoch = snapshots_by_epoch(bootstrap, names.snapshots)
     assert sorted(by_epoch) == [1, 2]                   # every epoch released ...
     assert_one_snapshot_per_epoch(by_epoch)             # ... once

@@ -35,17 +35,15 @@ closes — the same rule as the warm-up close, with ``selection_end`` for
 (reserve → draw → persist the record → commit) and announces ``vocabulary_ready``.
 Only then can the warm-up close. ``file``: the vocabulary file, as before.
 
-Single writer per deployment, fenced at Kafka (docs/services.md §Fencing):
+Modules (one idea each; this class orchestrates them and keeps the order above):
 
-* a transactional producer with ``transactional.id = <topic_prefix>-release-writer``
-  writes every release record; ``init_transactions()`` at start-up fences any
-  older instance, whose next write then fails (:class:`WriterFenced`);
-* a writer epoch (fencing token), one more than any seen, is registered under
-  ``release/writer`` and carried by every release-state and subspace record; a
-  service that sees a newer writer epoch stops spending;
-* the ledger is bound to the deployment: every release record mirrors the
-  ledger head (record count + hash chain); a service whose ledger does not
-  extend the head on Kafka refuses to start (ConfigError naming both).
+* :mod:`~streamdp.services.release_writer` — the single writer: the Kafka fence
+  (transactional id, writer epoch), the ledger bound to the deployment, the local lease;
+* :mod:`~streamdp.services.release_policy` — when an epoch is closable (pure);
+* :mod:`~streamdp.services.release_merge` — merging the partitions' states (pure);
+* :mod:`~streamdp.services.release_sinks` — publishing (snapshots topic, snapshot files, the
+  HTTP view) and control announcements; :attr:`ReleaseSinks.published` is the only "latest
+  snapshot" of the service (:attr:`ReleaseService.latest` reads it).
 
 Refinement (DESIGN §8, docs/services.md §Refinement in the services): the sketchers
 fold each stream document of epoch e into the model of the snapshot of epoch e − L
@@ -58,22 +56,15 @@ Epoch e is closed with ``refined=True`` iff e − L ≥ 1 — the same public ru
 document count — so snapshots 1…L are spectral and later ones refined, topic i continuing
 topic i.
 
-The ``flock`` lease next to the ledger stays as a local convenience (a clear
-error for two services on one ledger file); it is not the protection.
 """
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
-import os
 import signal
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-
-import numpy as np
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
@@ -81,130 +72,37 @@ from streamdp import serialization as ser
 from streamdp.continual import ContinualRelease, EpochSums
 from streamdp.moments.clipping import ClipBounds
 from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
-from streamdp.kafka.state_store import (StateStore, StateStoreError, WriterFenced,
-                                        WriterReinitialised)
-from streamdp.moments.sketch import SketchSums
-from streamdp.privacy.accountant import Accountant, BudgetExhausted, LedgerMismatch
-from streamdp.privacy.ledger import FileLedger, ledger_head
+from streamdp.kafka.state_store import WriterFenced, WriterReinitialised
+from streamdp.privacy.accountant import BudgetExhausted
 from streamdp.privacy.spend import SpendSession
 from streamdp.privacy.noise import make_sampler
 from streamdp.privacy.report import add_budget_context
 from streamdp.privacy.rounding import DocumentCountExceeded
 from streamdp.privacy.tree import HorizonExceeded
 from streamdp.release import BudgetSplit, DenoiseConfig
-from streamdp.refinement import FoldInModels, RefinementModel, RefinementSketch, model_epoch_for
+from streamdp.refinement import FoldInModels, RefinementModel, model_epoch_for
 from streamdp.services import control
-from streamdp.kafka.connectivity import OutageGuard, check_bootstrap, client_extras
+from streamdp.kafka.connectivity import OutageGuard, check_bootstrap
 from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode, check_stream_start
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.partition_state import SELECTION, PartitionState
+from streamdp.services.release_merge import (SketchMismatch, merge_epoch_sums,  # noqa: F401
+                                             load_states, merge_refine_sums, merge_warmups)
+from streamdp.services.release_policy import (IDLE_GRACE_SECONDS, ClosingPolicy,  # noqa: F401
+                                              Commands, newest_epoch)
+from streamdp.services.release_sinks import ReleaseSinks
+from streamdp.services.release_writer import (SPENT_KEYS, WRITER_KEY, Fenced,  # noqa: F401
+                                              LeaseHeld, ReleaseLease, ReleaseWriter, bind_ledger,
+                                              check_ledger, writer_transactional_id)
 from streamdp.services.state_view import PartitionView
 from streamdp.snapshot import TopicSnapshot
-from streamdp.snapshots import summary as snapshot_summary
 from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.subspace import Subspace
-from streamdp.whitening.warmup import WarmupSketch
 
 log = logging.getLogger("streamdp.release")
 
-IDLE_GRACE_SECONDS = 5.0
-WRITER_KEY = "release/writer"          # the registered writer epoch (fencing token)
-# records that carry the head of the ledger that paid for them (a private selection's
-# vocabulary record only has one when the ledger paid: public/file records are skipped)
-SPENT_KEYS = (control.VOCABULARY_KEY, control.SUBSPACE_KEY, control.RELEASE_STATE_KEY)
-
-
-def writer_transactional_id(topic_prefix: str) -> str:
-    """The deployment's one release-writer ``transactional.id``."""
-    return f"{topic_prefix}-release-writer"
-
-
-def _spent(recs: dict) -> dict:
-    """The release records that prove this deployment has spent budget: the subspace and the
-    release state; the vocabulary record only if the ledger paid for it (a private selection)."""
-    return {k: recs[k] for k in SPENT_KEYS if k in recs
-            and (k != control.VOCABULARY_KEY or isinstance(recs[k].meta.get("ledger"), dict))}
-
-
-class Fenced(ConfigError):
-    """A newer release service took over this deployment: this one must not spend."""
-
-
-class SketchMismatch(ValueError):
-    """Partition sketches to be merged disagree on subspace or clip bounds."""
-
-
-def merge_epoch_sums(parts: list[PartitionState], epoch: int, subspace: Subspace,
-                     clip: ClipBounds) -> tuple[SketchSums | None, int]:
-    """Σ over partitions of epoch ``epoch``'s sketch sums, and how many partitions had one.
-
-    Every sketch must be built on ``subspace`` with exactly ``clip`` (the bounds the
-    noise is calibrated to): a sketch clipped with larger bounds has a larger
-    sensitivity than the noise covers. Raises :class:`SketchMismatch` naming the partition.
-    """
-    total, n = None, 0
-    for st in parts:
-        sk = st.epochs.get(epoch)
-        if sk is None:
-            continue
-        if sk.subspace.id != subspace.id:
-            raise SketchMismatch(
-                f"partition {st.partition} epoch {epoch}: sketch built on subspace {sk.subspace.id}, "
-                f"the deployment's is {subspace.id}; refusing to merge")
-        if sk.clip != clip:
-            raise SketchMismatch(
-                f"partition {st.partition} epoch {epoch}: sketch clipped with {sk.clip.to_dict()}, "
-                f"the release is calibrated to {clip.to_dict()}; refusing to merge (its "
-                "sensitivity is not the one the noise covers)")
-        s = sk.sums()
-        total = s if total is None else total + s
-        n += 1
-    return total, n
-
-
-def merge_refine_sums(parts: list[PartitionState], epoch: int, shape: tuple[int, int]) -> np.ndarray | None:
-    """Σ over partitions of epoch ``epoch``'s refinement sums (k × d), or None if no
-    partition folded a document of that epoch into a model."""
-    total = None
-    for st in parts:
-        rs = st.refine.get(epoch)
-        if rs is None:
-            continue
-        if rs.shape != tuple(shape):
-            raise SketchMismatch(f"partition {st.partition} epoch {epoch}: refinement sums of shape "
-                                 f"{rs.shape}, the deployment's model is {tuple(shape)}; "
-                                 "refusing to merge")
-        if total is None:
-            total = RefinementSketch(*rs.shape)
-        total.merge(rs)                       # compensated (streamdp.privacy.rounding)
-    return None if total is None else total.sums
-
-
-class LeaseHeld(ConfigError):
-    """Another release service holds the single-writer lease."""
-
-
-class ReleaseLease:
-    """Exclusive, process-lifetime ``flock`` on ``<ledger>.lease`` (released by the OS on death)."""
-
-    def __init__(self, ledger_path: str) -> None:
-        self.path = Path(f"{ledger_path}.lease")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._fd)
-            raise LeaseHeld(f"another release service holds {self.path}: only one release writer may "
-                            "spend the budget; stop it first (or point this one at its own ledger "
-                            "for a separate deployment)") from None
-        os.ftruncate(self._fd, 0)
-        os.write(self._fd, f"{os.getpid()}\n".encode())
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+#: why releases ended (the ``reason`` label of ``streamdp_releases_ended``)
+ENDED_BUDGET, ENDED_HORIZON, ENDED_OTHER = "budget", "horizon", "other"
 
 
 class ReleaseService:
@@ -224,9 +122,11 @@ class ReleaseService:
             except vocab_mod.VocabularyError as exc:
                 raise ConfigError(str(exc)) from None
         self.routing = cfg.routing
+        self.policy = ClosingPolicy(self.routing.close_time, cfg.lateness)
         check_bootstrap(cfg.client("admin"))     # fail fast, naming 'bootstrap', before any ledger write
         self.lease = ReleaseLease(cfg.ledger)
-        self.store = None
+        self.writer = ReleaseWriter(cfg, self._set_fenced)
+        self.spend = None
         try:
             self.metrics = ServiceMetrics("release")
             self.health = HealthState(liveness_timeout=cfg.liveness_seconds)
@@ -242,27 +142,23 @@ class ReleaseService:
                 check_stream_start(cfg, first_start=not known and not (
                     ledger.is_file() and ledger.stat().st_size > 0))
                 check_privacy_mode(cfg, reader, role="release")   # never private -> non-private
-                self.accountant = (self._bind_ledger(reader.read_all_latest(prefix="release/"))
+                self.accountant = (bind_ledger(cfg, reader.read_all_latest(prefix="release/"))
                                    if cfg.private else None)
             finally:
                 reader.close()
             # Release records go through the deployment's one transactional producer:
             # init_transactions() fences every older release service of this deployment.
-            self.transactional_id = writer_transactional_id(cfg.topic_prefix)
-            self.writer_epoch = None
-            self.store = StateStore(self._new_writer(), cfg.bootstrap, self.topics.state,
-                                    consumer_overrides={**client_extras(cfg.bootstrap), **cfg.kafka},
-                                    owns_producer=True, transactional=True,
-                                    producer_factory=self._new_writer)
-            self.writer_epoch = self._register_writer()
+            self.writer.open()
             if self.accountant is not None:      # Kafka may have moved since the first check
-                self._check_ledger(self.accountant, self._release_records())
+                check_ledger(cfg, self.accountant, self.writer.records())
             self.spend = SpendSession(self.accountant) if cfg.private else None
             self.sampler = make_sampler(cfg.sampler, cfg.noise_seed) if cfg.private else None
             self.rho = self.accountant.rho_budget if cfg.private else None   # derived once, there
-            self.fenced: str | None = None
             self.producer = Producer(cfg.client("producer", **{
                 "enable.idempotence": True, "acks": "all"}))
+            self.sinks = ReleaseSinks(self.producer, self.topics, cfg.snapshot_dir,
+                                      vocabulary=lambda: self.vocabulary,
+                                      control_key=self._control_key)
             # Control messages are read by assignment (no group join delay) from the offset
             # saved with the release state, so a command sent while the service was down
             # is still seen, and one already acted on is not replayed. With no saved
@@ -273,20 +169,16 @@ class ReleaseService:
                 "group.id": f"{cfg.topic_prefix}-release-control", "enable.auto.commit": False,
                 "fetch.wait.max.ms": 100}))
             self.control_offset: int | None = None
-            # Probes whether a sketcher state has consumed its partition to the end:
-            # Tansu's ListOffsets under-reports the end of a partition (docs/kafka.md),
-            # so "caught up" is decided by reading at the state's next offset.
             self.probe = Consumer(cfg.client("consumer", **{
                 "group.id": f"{cfg.topic_prefix}-release-probe", "enable.auto.commit": False,
                 "enable.partition.eof": True, "fetch.wait.max.ms": 50}))
             self.subspace: Subspace | None = None
             self.clip: ClipBounds | None = None
             self.continual: ContinualRelease | None = None
-            self.latest: TopicSnapshot | None = None
-            # HTTP serves only what was published (after persist): a snapshot whose state write
-            # failed is redone with a fresh draw on the same reservation, so its first draw must
-            # never leave the process (tests/test_consumers.py)
-            self.published: tuple[TopicSnapshot, bytes] | None = None
+            # The snapshot in the durable release state (None before the first release). Not
+            # a published one: it is set after the state write, before the publication, and
+            # only the sinks say what was published (ReleaseService.latest).
+            self._state_snapshot: TopicSnapshot | None = None
             self.refinement = cfg.refinement_config()
             # the public models of the last L snapshots (refinement_model_lag), persisted in the
             # release state: every model a sketcher can still need (streamdp.refinement.FoldInModels)
@@ -294,9 +186,9 @@ class ReleaseService:
             self.forced_through = -1         # epochs an operator declared complete (0 = warm-up)
             self.flush_requested = False
             self.exhausted: str | None = None
+            self.releases_ended: str | None = None    # budget / horizon / other, once releases end
             self._stop = threading.Event()
             self.server: ObservabilityServer | None = None
-            Path(cfg.snapshot_dir).mkdir(parents=True, exist_ok=True)
             copy = Path(cfg.snapshot_dir) / "vocabulary.txt"
             if cfg.vocabulary_mode == "file" and not (copy.exists() and copy.samefile(cfg.vocabulary)):
                 self._write_vocabulary_file()    # the folder is then readable on its own
@@ -304,31 +196,43 @@ class ReleaseService:
             self._restore()
         except BaseException:
             self.lease.close()      # a failed start must not keep the single-writer lease
-            if self.store is not None:
+            if self.writer.store is not None:
                 try:
-                    self.store.close()
+                    self.writer.store.close()
                 except Exception:   # noqa: BLE001
                     pass
             raise
 
-    # ------------------------------------------------------------ fencing, ledger binding
-    def _new_writer(self) -> Producer:
-        """The deployment's transactional producer; ``init_transactions`` fences older ones.
+    # ------------------------------------------------------------ the writer (release_writer)
+    @property
+    def store(self):
+        """The release state store, written through this service's transactional writer."""
+        return self.writer.store
 
-        Also called by the state store to replace a producer that hit a fatal error
-        (docs/operations.md §Outages): then, first, a newer registered writer means this
-        one was taken over, and it must not fence the new one by re-initialising."""
-        if self.writer_epoch is not None:
-            rec = self.store.read_latest(WRITER_KEY)
-            newest = 0 if rec is None else int(rec.meta.get("writer_epoch", 0))
-            if newest > self.writer_epoch:
-                raise WriterFenced(f"writer epoch {newest} registered after this one's "
-                                   f"({self.writer_epoch}): not re-initialising the producer")
-        writer = Producer(self.cfg.client("producer", **{
-            "transactional.id": self.transactional_id, "enable.idempotence": True,
-            "acks": "all", "linger.ms": 5}))
-        writer.init_transactions(30)
-        return writer
+    @property
+    def writer_epoch(self) -> int | None:
+        return self.writer.writer_epoch
+
+    @property
+    def transactional_id(self) -> str:
+        return self.writer.transactional_id
+
+    @property
+    def fenced(self) -> str | None:
+        """Why this writer was fenced (None while it is the deployment's writer)."""
+        return self.writer.fenced
+
+    def _check_writer(self) -> bool:
+        return self.writer.still_writer()
+
+    def _set_fenced(self, why: str) -> None:
+        """Called once by the writer when it learns it was taken over: spend nothing more."""
+        self.exhausted = f"fenced: {why}"
+        if self.spend is not None:
+            self.spend.discard()
+        log.error("%s", why)
+        self.health.set_ready(False, "fenced")
+        self._stop.set()
 
     def _resync(self) -> None:
         """After an outage or a re-created producer: re-validate against Kafka, then reload
@@ -337,125 +241,38 @@ class ReleaseService:
         if not self._check_writer():
             return
         if self.accountant is not None:
-            self._check_ledger(self.accountant, self._release_records())
+            check_ledger(self.cfg, self.accountant, self.writer.records())
         self._restore()
 
-    def _release_records(self) -> dict:
-        return self.store.read_all_latest(prefix="release/")
+    # ------------------------------------------------------------ the published view (release_sinks)
+    @property
+    def published(self) -> tuple[TopicSnapshot, bytes] | None:
+        """The last published snapshot and its bytes (:attr:`ReleaseSinks.published`)."""
+        return self.sinks.published
 
-    def _register_writer(self) -> int:
-        """Take the next writer epoch (after init_transactions, so any older writer is fenced)."""
-        recs = self._release_records()
-        seen = [int(r.meta.get("writer_epoch", 0)) for r in recs.values()]
-        epoch = max(seen + [0]) + 1
-        try:
-            self.store.write(WRITER_KEY, b"", meta={
-                "writer_epoch": epoch, "transactional_id": self.transactional_id,
-                "ledger": os.path.abspath(self.cfg.ledger), "host": os.uname().nodename,
-                "pid": os.getpid(), "started_at": time.time()})
-        except WriterFenced as exc:
-            raise Fenced(f"another release service of deployment {self.cfg.topic_prefix!r} started "
-                         f"at the same time and fenced this one ({exc}); only one release writer "
-                         "may spend the budget") from exc
-        log.info("release writer epoch %d (transactional.id %s)", epoch, self.transactional_id)
-        return epoch
+    @property
+    def latest(self) -> TopicSnapshot | None:
+        """The last *published* snapshot: never a draw whose state write has not succeeded."""
+        return self.sinks.latest
 
-    def _check_writer(self) -> bool:
-        """Whether this service is still the deployment's writer (else: fenced, stop)."""
-        if self.fenced:
-            return False
-        rec = self.store.read_latest(WRITER_KEY)
-        newest = 0 if rec is None else int(rec.meta.get("writer_epoch", 0))
-        if newest > self.writer_epoch:
-            self._set_fenced(f"a newer release service (writer epoch {newest}, ledger "
-                             f"{rec.meta.get('ledger')!r} on {rec.meta.get('host')!r}) took over "
-                             f"this deployment; this one (writer epoch {self.writer_epoch}) stops "
-                             "spending")
-            return False
-        return True
+    def latest_json(self) -> dict | None:
+        """``latest.json`` and ``GET /snapshot/latest`` (:meth:`ReleaseSinks.latest_json`)."""
+        return self.sinks.latest_json()
 
-    def _set_fenced(self, why: str) -> None:
-        self.fenced = why
-        self.exhausted = f"fenced: {why}"
-        if self.spend is not None:
-            self.spend.discard()
-        log.error("%s", why)
-        self.health.set_ready(False, "fenced")
-        self._stop.set()
+    def _publish(self, snap: TopicSnapshot, republish: bool = False) -> None:
+        self.sinks.publish(snap)
 
-    def _bind_ledger(self, recs: dict) -> Accountant:
-        """The accountant on the local ledger, refused unless it is this deployment's ledger.
+    def _send_control(self, type_: str, **fields) -> None:
+        self.sinks.announce(type_, **fields)
 
-        Kafka's release records carry the ledger head (records + hash chain) of the
-        ledger that paid for them. The local ledger must extend that head. A deployment
-        that has spent (a subspace or release state exists) never gets a fresh ledger.
-        """
-        path = os.path.abspath(self.cfg.ledger)
-        spent = set(_spent(recs))
-        if spent and (not os.path.exists(path) or os.path.getsize(path) == 0):
-            raise ConfigError(f"ledger {path} is missing or empty, but {self._kafka_says(recs)}. "
-                              f"{self._LEDGER_FIX}.")
-        try:
-            acc = Accountant(self.cfg.epsilon, self.cfg.delta, FileLedger(path))
-        except LedgerMismatch as exc:
-            raise ConfigError(f"{exc}. The budget of a deployment cannot change: configure the "
-                              "(epsilon, delta) the ledger records") from exc
-        self._check_ledger(acc, recs)
-        return acc
-
-    _LEDGER_FIX = ("Fix: start the release service with the deployment's own ledger file (restore "
-                   "it from backup to this path or point --ledger at it); never start a spent "
-                   "deployment on a new ledger - to start over, create a new deployment (new "
-                   "topic_prefix) with its own budget")
-
-    @staticmethod
-    def _kafka_head(recs: dict) -> dict | None:
-        heads = [recs[k].meta["ledger"] for k in SPENT_KEYS
-                 if k in recs and isinstance(recs[k].meta.get("ledger"), dict)]
-        return max(heads, key=lambda h: h["records"]) if heads else None
-
-    def _kafka_says(self, recs: dict) -> str:
-        spent = list(_spent(recs))
-        head = self._kafka_head(recs)
-        return (f"the state topic {self.topics.state!r} says deployment {self.cfg.topic_prefix!r} "
-                f"has spent ({', '.join(spent)}"
-                + (f"; ledger head {head['records']} records, chain {head['head'][:16]}..."
-                   if head else "") + ")")
-
-    def _check_ledger(self, acc: Accountant, recs: dict) -> None:
-        """Refuse unless ``acc``'s ledger extends the ledger head Kafka's release records carry."""
-        spent = _spent(recs)
-        kafka_head = self._kafka_head(recs)
-        path = os.path.abspath(self.cfg.ledger)
-        says, fix = self._kafka_says(recs), self._LEDGER_FIX
-        if spent:
-            records = acc.ledger.read()
-            if kafka_head is not None:
-                n = int(kafka_head["records"])
-                ok = len(records) >= n and ledger_head(records[:n])["head"] == kafka_head["head"]
-                local = f"{len(records)} records, chain {ledger_head(records)['head'][:16]}…"
-            else:       # records written before heads were mirrored: demand some spending
-                ok = any(r.kind == "reserve" for r in records)
-                local = f"{len(records)} records, {'some' if ok else 'no'} reservations"
-            if not ok:
-                raise ConfigError(f"ledger {path} ({local}) is not the ledger of this deployment: "
-                                  f"{says}. The ledger is behind, truncated, replaced or another "
-                                  f"deployment's. {fix}.")
+    def _write_vocabulary_file(self) -> None:
+        self.sinks.write_vocabulary(self.vocabulary_report())
 
     # ------------------------------------------------------------ restore
     def _set_vocabulary(self, vocab) -> None:
         self.vocabulary = vocab
         self.d = len(vocab)
         self.k_prime = self.cfg.k_prime(self.d)
-
-    def _write_vocabulary_file(self) -> None:
-        """``snapshot_dir/vocabulary.txt`` (+ ``.json``: how it was chosen), for readers of the
-        snapshots (``streamdp topics --vocabulary``); public once persisted."""
-        out = Path(self.cfg.snapshot_dir)
-        self.vocabulary.save(out / "vocabulary.txt")
-        tmp = out / ".vocabulary.txt.json.tmp"
-        tmp.write_text(json.dumps(self.vocabulary_report(), default=float, indent=2))
-        os.replace(tmp, out / "vocabulary.txt.json")
 
     def _restore_vocabulary(self) -> None:
         """public/private: the deployment's vocabulary record (public: built and persisted
@@ -467,6 +284,7 @@ class ReleaseService:
         except vocab_mod.SelectionTooSmall as exc:
             self.exhausted = str(exc)
             log.error("%s", exc)
+            self._releases_ended(ENDED_OTHER, self.exhausted)
             return
         except vocab_mod.VocabularyError as exc:
             raise ConfigError(str(exc)) from None
@@ -489,6 +307,7 @@ class ReleaseService:
 
     def _restore(self) -> None:
         self._restore_vocabulary()
+        self._state_snapshot = None
         rec = self.store.read_latest(control.SUBSPACE_KEY)
         if rec is not None:
             self.subspace = Subspace.from_bytes(rec.payload)
@@ -519,12 +338,12 @@ class ReleaseService:
                 self.forced_through = obj.get("forced_through", -1)
                 self.flush_requested = bool(obj.get("flush_requested", False))
                 if obj.get("last_snapshot"):
-                    self.latest = TopicSnapshot.from_bytes(obj["last_snapshot"])
+                    snap = self._state_snapshot = TopicSnapshot.from_bytes(obj["last_snapshot"])
                     if self.refinement is not None and not self.fold_models.models:
                         # a state written before the model rule kept only the last snapshot
-                        self.fold_models.add_snapshot(self.latest)
-                    self._publish(self.latest, republish=True)
-                    self.metrics.set_last_release_timestamp(self.latest.created_at)
+                        self.fold_models.add_snapshot(snap)
+                    self._publish(snap, republish=True)      # persisted: safe to (re)publish
+                    self.metrics.set_last_release_timestamp(snap.created_at)
                 self.metrics.set_tree(self.continual.epoch, self.cfg.horizon)
         start = OFFSET_BEGINNING if self.control_offset is None else self.control_offset
         self.control_consumer.assign([TopicPartition(self.topics.control, 0, start)])
@@ -599,13 +418,7 @@ class ReleaseService:
             signal.signal(signal.SIGINT, self.stop)
         self.server = ObservabilityServer(self.metrics, self.health, host=self.cfg.metrics_host,
                                           port=self.cfg.metrics_port)
-        self.server.add_json_route("/snapshot/latest", self.latest_json)
-        # the full snapshot and its vocabulary, for streamdp.snapshots readers (docs/consumers.md)
-        self.server.add_bytes_route("/snapshot/latest.msgpack", lambda: self.published and self.published[1],
-                                    "application/msgpack")
-        self.server.add_bytes_route("/vocabulary.txt", lambda: (
-            None if self.vocabulary is None else self.vocabulary.canonical_bytes()),
-            "text/plain; charset=utf-8")
+        self.sinks.add_http_routes(self.server)          # serves published snapshots only
         # metrics_port 0 lets the OS pick the port: this line is how an operator finds it
         log.info("release service HTTP on %s: GET /snapshot/latest (latest snapshot as JSON), "
                  "/snapshot/latest.msgpack, /vocabulary.txt, /metrics, /healthz, /readyz",
@@ -669,16 +482,21 @@ class ReleaseService:
                 return
             if not self._close_epoch(self.continual.epoch + 1, loaded):
                 return
-        if self.flush_requested and self.continual.epoch >= self._newest_epoch(states) and all(
-                self._caught_up(p, states[p].meta["next_offset"] if p in states else 0)
-                for p in partitions):
+        if self.continual.epoch >= self.continual.epoch_limit:
+            self._releases_ended(ENDED_HORIZON, f"the tree horizon is reached: epoch "
+                                 f"{self.continual.epoch} of {self.continual.epoch_limit} released")
+        if self.flush_requested and self.policy.flush_complete(
+                self.continual.epoch, states, partitions, self._caught_up):
             self.flush_requested = False      # everything seen is released: the flush is done
             self._write_state()               # ... durably, so a restart does not resume it
             log.info("flush complete through epoch %d", self.continual.epoch)
 
     @staticmethod
     def _newest_epoch(states: dict) -> int:
-        return max([max(r.meta["epochs"] or [0]) for r in states.values()] or [0])
+        return newest_epoch(states)
+
+    def _load_states(self, states: dict) -> list[PartitionState]:
+        return load_states(states, self.subspace)
 
     def _control_key(self) -> bytes:
         """The deployment's control key (control.load_key), loaded at the first step: a
@@ -717,6 +535,7 @@ class ReleaseService:
             elif msg["type"] == "close":
                 self.forced_through = max(self.forced_through, msg["through"])
 
+    # ------------------------------------------------------------ inputs: states and Kafka probe
     def _partition_view(self):
         """Latest accepted sketcher state per documents partition, and the partition list.
 
@@ -749,30 +568,10 @@ class ReleaseService:
             self.probe.unassign()
 
     def _closable(self, epoch: int, states: dict, partitions: list[int]) -> bool:
-        close_time = self.routing.close_time(epoch)
-        if epoch == SELECTION:     # before the warm-up: forced by any flush / close
-            forced = self.flush_requested or self.forced_through >= 0
-        else:
-            forced = epoch <= self.forced_through
-        if self.flush_requested:
-            forced = forced or epoch <= self._newest_epoch(states)
-        live_past = time.time() >= close_time + IDLE_GRACE_SECONDS and self.cfg.lateness > 0
-        if not partitions:
-            return False
-        for p in partitions:
-            rec = states.get(p)
-            progress = None if rec is None else rec.meta.get("progress")
-            if progress is not None and progress >= close_time:
-                continue
-            if (forced or live_past) and self._caught_up(p, 0 if rec is None else rec.meta["next_offset"]):
-                continue
-            return False
-        return True
-
-    def _load_states(self, states: dict) -> list[PartitionState]:
-        # in partition order: merges add compensated but not associatively, so a fixed order
-        # keeps every merged sum a deterministic function of the partitions' own sequences
-        return [PartitionState.from_bytes(states[p].payload, self.subspace) for p in sorted(states)]
+        """The closing policy (:class:`ClosingPolicy`) on this step's view and commands."""
+        return self.policy.closable(
+            epoch, states, partitions, now=time.time(), caught_up=self._caught_up,
+            commands=Commands(self.forced_through, self.flush_requested))
 
     # ------------------------------------------------------------ vocabulary selection
     def _release_vocabulary(self, parts: list[PartitionState]) -> None:
@@ -783,6 +582,7 @@ class ReleaseService:
         except vocab_mod.VocabularyError as exc:
             self.exhausted = str(exc)
             log.error("vocabulary selection refused: %s", exc)
+            self._releases_ended(ENDED_OTHER, self.exhausted)
             return
         n_docs = 0 if merged is None else merged.n_docs
         if n_docs == 0:
@@ -793,6 +593,7 @@ class ReleaseService:
                 "with ts < selection_end (and record time before it), move selection_end later, "
                 "or use vocabulary_mode: public. Nothing was spent.")
             log.error("%s", self.exhausted)
+            self._releases_ended(ENDED_OTHER, self.exhausted)
             return
         t0 = time.perf_counter()
         failure = None
@@ -815,6 +616,7 @@ class ReleaseService:
             if self._persist(control.VOCABULARY_KEY, b"", meta):
                 self.exhausted = failure
                 log.error("%s", failure)
+                self._releases_ended(ENDED_OTHER, failure)
             return
         meta.update({k: v for k, v in sel.meta.items() if k != "events"},
                     events=sel.meta.get("events", []))
@@ -848,15 +650,13 @@ class ReleaseService:
 
     # ------------------------------------------------------------ warm-up
     def _release_warmup(self, parts: list[PartitionState]) -> None:
-        sketches = [p.warmup for p in parts if p.warmup is not None]
-        if not sketches or sum(s.n_docs for s in sketches) == 0:
+        merged = merge_warmups(parts)
+        if merged is None:
             log.error("the warm-up closed with no usable documents (length >= 3): cannot whiten; "
                       "produce warm-up documents with ts < stream_start")
             self.exhausted = "no warm-up documents"
+            self._releases_ended(ENDED_OTHER, self.exhausted)
             return
-        merged = sketches[0]
-        for s in sketches[1:]:
-            merged = merged.merge(s)
         t0 = time.perf_counter()
         try:
             if self.cfg.private:        # spend protocol: reserve (keyed) → draw, here ...
@@ -886,6 +686,8 @@ class ReleaseService:
 
     # ------------------------------------------------------------ epochs
     def _close_epoch(self, epoch: int, parts: list[PartitionState]) -> bool:
+        """Merge, then the spend protocol in its one order: reserve → draw (``close_epoch``) →
+        persist the release state (``_write_state``, which commits) → publish (the sinks)."""
         t0 = time.perf_counter()
         total, n_parts = merge_epoch_sums(parts, epoch, self.subspace, self.clip)
         refine = None
@@ -906,6 +708,7 @@ class ReleaseService:
             self.exhausted = str(exc)
             self.metrics.release_outcome("refused_budget")
             log.error("%s", exc)
+            self._releases_ended(ENDED_HORIZON, str(exc))
             return False
         privacy = add_budget_context(
             snap.privacy, epsilon=self.cfg.epsilon, delta=self.cfg.delta, rho_budget=self.rho,
@@ -920,34 +723,34 @@ class ReleaseService:
             privacy["refinement"] = {**(privacy.get("refinement") or {}), "model_epoch": model_epoch,
                                      "model_lag": self.refinement.model_lag, "refined": refined}
         # keep stage, noise_to_signal, fold_in_topics, subspace_topics (replace, not rebuild)
-        snap = replace(snap, privacy=privacy, vocabulary_id=self.vocabulary.id)
-        self.latest = snap
+        drawn = replace(snap, privacy=privacy, vocabulary_id=self.vocabulary.id)
         if self.refinement is not None:       # keep the last L models (all a sketcher may need)
-            self.fold_models.add_snapshot(snap)
-        if not self._write_state():                      # → persist → commit
-            return False
-        self._publish(snap)                              # only after persist
+            self.fold_models.add_snapshot(drawn)
+        if not self._write_state(drawn):                 # → persist → commit
+            return False                                 # (drawn never leaves the process)
+        self._publish(drawn)                             # only after persist
         self._send_control("epochs_closed", through=epoch)
         seconds = time.perf_counter() - t0
         self.metrics.release_outcome("published", seconds)
-        self.metrics.set_last_release_timestamp(snap.created_at)
+        self.metrics.set_last_release_timestamp(drawn.created_at)
         self.metrics.epoch_closed(epoch)
         self.metrics.set_tree(epoch, self.cfg.horizon)
         if self.accountant is not None:
             self.metrics.set_budget_from_report(privacy["accountant"])
         log.info("epoch %d closed from %d partition sketch(es): release %s in %.2f s", epoch,
-                 n_parts, snap.release_id, seconds)
+                 n_parts, drawn.release_id, seconds)
         return True
 
-    def _write_state(self) -> bool:
-        """Durably record the tree, the last snapshot and the control position; then
-        commit the reservations drawn for it (spend protocol steps 3-4)."""
-        snap = self.latest
+    def _write_state(self, snapshot: TopicSnapshot | None = None) -> bool:
+        """Durably record the tree, the last snapshot (``snapshot``, a new draw, or else the
+        one already in the state) and the control position; then commit the reservations
+        drawn for it (spend protocol steps 3-4)."""
+        snap = self._state_snapshot if snapshot is None else snapshot
         meta = {"epoch": self.continual.epoch, "writer_epoch": self.writer_epoch,
                 "release_id": None if snap is None else snap.release_id}
         if self.accountant is not None:
             meta["ledger"] = self.accountant.head()
-        return self._persist(control.RELEASE_STATE_KEY, ser.dumps({
+        ok = self._persist(control.RELEASE_STATE_KEY, ser.dumps({
             "continual": self.continual.state_dict(),
             "last_snapshot": None if snap is None else snap.to_bytes(),
             "control_offset": self.control_offset, "forced_through": self.forced_through,
@@ -955,6 +758,9 @@ class ReleaseService:
             "refinement_models": [] if self.fold_models is None else [
                 self.fold_models.models[e].to_dict() for e in sorted(self.fold_models.models)],
             "refinement": self._refinement_dict()}), meta)
+        if ok:
+            self._state_snapshot = snap
+        return ok
 
     def _persist(self, key: str, payload: bytes, meta: dict) -> bool:
         """Spend protocol steps 3-4: write ``key`` in this writer's transaction, then commit
@@ -962,8 +768,8 @@ class ReleaseService:
         try:
             self.store.write(key, payload, meta=meta)
         except WriterFenced as exc:
-            self._set_fenced(f"release writer epoch {self.writer_epoch} was fenced at Kafka while "
-                             f"persisting {key!r} ({exc}); nothing of it was published")
+            self.writer.fence(f"release writer epoch {self.writer_epoch} was fenced at Kafka while "
+                              f"persisting {key!r} ({exc}); nothing of it was published")
             return False
         except WriterReinitialised as exc:
             # nothing was committed; the new producer (same transactional.id, epoch bumped)
@@ -985,32 +791,18 @@ class ReleaseService:
         self.exhausted = str(exc)
         self.metrics.release_outcome("refused_budget")
         log.error("release refused: %s", exc)
+        self._releases_ended(ENDED_BUDGET if isinstance(exc, BudgetExhausted) else ENDED_OTHER,
+                             str(exc))
 
-    # ------------------------------------------------------------ output
-    def _publish(self, snap: TopicSnapshot, republish: bool = False) -> None:
-        data = snap.to_bytes()
-        self.producer.produce(self.topics.snapshots, key=snap.release_id.encode(), value=data)
-        if self.producer.flush(30) != 0:
-            raise RuntimeError("snapshot not acknowledged by the broker in 30 s")
-        self.published = (snap, data)
-        out = Path(self.cfg.snapshot_dir)
-        tmp = out / f".{snap.release_id}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, out / f"epoch-{snap.epoch or 0:06d}-{snap.release_id}.msgpack")
-        latest = out / "latest.json"
-        tmp = out / ".latest.json.tmp"
-        tmp.write_text(json.dumps(self.latest_json(), default=float))
-        os.replace(tmp, latest)
-
-    def latest_json(self) -> dict | None:
-        """``latest.json`` and ``GET /snapshot/latest``: ``streamdp.snapshots.summary`` (keys in
-        docs/consumers.md), top 10 words per topic, of the last *published* snapshot."""
-        published = self.published
-        if published is None:
-            return None
-        return snapshot_summary(published[0], self.vocabulary, 10)
-
-    def _send_control(self, type_: str, **fields) -> None:
-        self.producer.produce(self.topics.control,
-                              value=control.encode(type_, key=self._control_key(), **fields))
-        self.producer.flush(10)
+    def _releases_ended(self, reason: str, why: str) -> None:
+        """Say once (log, ``streamdp_releases_ended{reason}``) that no further release will
+        come: sketchers holding partitions for a refinement model would wait forever
+        (docs/operations.md §Releases have ended)."""
+        if self.releases_ended is not None:
+            return
+        self.releases_ended = reason
+        self.metrics.set_releases_ended(reason)
+        log.error("releases have ended (%s): %s. No further snapshot will be published by this "
+                  "deployment; sketchers waiting for a refinement model hold their partitions "
+                  "until stopped. Plan the next deployment (docs/operations.md, 'Releases have "
+                  "ended')", reason, why)

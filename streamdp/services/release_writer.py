@@ -1,0 +1,234 @@
+"""The single release writer of a deployment: Kafka fence, ledger binding, local lease.
+
+Single writer per deployment, fenced at Kafka (docs/services.md §Fencing):
+
+* a transactional producer with ``transactional.id = <topic_prefix>-release-writer``
+  writes every release record; ``init_transactions()`` at start-up fences any
+  older instance, whose next write then fails (:class:`WriterFenced`);
+* a writer epoch (fencing token), one more than any seen, is registered under
+  ``release/writer`` and carried by every release-state and subspace record; a
+  service that sees a newer writer epoch stops spending (:meth:`ReleaseWriter.still_writer`);
+* the ledger is bound to the deployment: every release record mirrors the
+  ledger head (record count + hash chain); a service whose ledger does not
+  extend the head on Kafka refuses to start (ConfigError naming both;
+  :func:`bind_ledger`, :func:`check_ledger`).
+
+The ``flock`` lease next to the ledger (:class:`ReleaseLease`) stays as a local convenience
+(a clear error for two services on one ledger file); it is not the protection.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from confluent_kafka import Producer
+
+from streamdp.kafka.connectivity import client_extras
+from streamdp.kafka.state_store import StateStore, WriterFenced
+from streamdp.privacy.accountant import Accountant, LedgerMismatch
+from streamdp.privacy.ledger import FileLedger, ledger_head
+from streamdp.services import control
+from streamdp.services.config import ConfigError, ServiceConfig
+
+log = logging.getLogger("streamdp.release")
+
+WRITER_KEY = "release/writer"          # the registered writer epoch (fencing token)
+# records that carry the head of the ledger that paid for them (a private selection's
+# vocabulary record only has one when the ledger paid: public/file records are skipped)
+SPENT_KEYS = (control.VOCABULARY_KEY, control.SUBSPACE_KEY, control.RELEASE_STATE_KEY)
+
+LEDGER_FIX = ("Fix: start the release service with the deployment's own ledger file (restore "
+              "it from backup to this path or point --ledger at it); never start a spent "
+              "deployment on a new ledger - to start over, create a new deployment (new "
+              "topic_prefix) with its own budget")
+
+
+def writer_transactional_id(topic_prefix: str) -> str:
+    """The deployment's one release-writer ``transactional.id``."""
+    return f"{topic_prefix}-release-writer"
+
+
+class Fenced(ConfigError):
+    """A newer release service took over this deployment: this one must not spend."""
+
+
+class LeaseHeld(ConfigError):
+    """Another release service holds the single-writer lease."""
+
+
+class ReleaseLease:
+    """Exclusive, process-lifetime ``flock`` on ``<ledger>.lease`` (released by the OS on death)."""
+
+    def __init__(self, ledger_path: str) -> None:
+        self.path = Path(f"{ledger_path}.lease")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise LeaseHeld(f"another release service holds {self.path}: only one release writer may "
+                            "spend the budget; stop it first (or point this one at its own ledger "
+                            "for a separate deployment)") from None
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, f"{os.getpid()}\n".encode())
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+# ------------------------------------------------------------------ ledger binding
+def spent_records(recs: dict) -> dict:
+    """The release records that prove this deployment has spent budget: the subspace and the
+    release state; the vocabulary record only if the ledger paid for it (a private selection)."""
+    return {k: recs[k] for k in SPENT_KEYS if k in recs
+            and (k != control.VOCABULARY_KEY or isinstance(recs[k].meta.get("ledger"), dict))}
+
+
+def kafka_ledger_head(recs: dict) -> dict | None:
+    """The newest ledger head Kafka's release records carry (None: none carries one)."""
+    heads = [recs[k].meta["ledger"] for k in SPENT_KEYS
+             if k in recs and isinstance(recs[k].meta.get("ledger"), dict)]
+    return max(heads, key=lambda h: h["records"]) if heads else None
+
+
+def _kafka_says(cfg: ServiceConfig, recs: dict) -> str:
+    spent = list(spent_records(recs))
+    head = kafka_ledger_head(recs)
+    return (f"the state topic {cfg.topics.state!r} says deployment {cfg.topic_prefix!r} "
+            f"has spent ({', '.join(spent)}"
+            + (f"; ledger head {head['records']} records, chain {head['head'][:16]}..."
+               if head else "") + ")")
+
+
+def bind_ledger(cfg: ServiceConfig, recs: dict) -> Accountant:
+    """The accountant on the local ledger, refused unless it is this deployment's ledger.
+
+    Kafka's release records (``recs``) carry the ledger head (records + hash chain) of the
+    ledger that paid for them. The local ledger must extend that head. A deployment
+    that has spent (a subspace or release state exists) never gets a fresh ledger.
+    """
+    path = os.path.abspath(cfg.ledger)
+    if spent_records(recs) and (not os.path.exists(path) or os.path.getsize(path) == 0):
+        raise ConfigError(f"ledger {path} is missing or empty, but {_kafka_says(cfg, recs)}. "
+                          f"{LEDGER_FIX}.")
+    try:
+        acc = Accountant(cfg.epsilon, cfg.delta, FileLedger(path))
+    except LedgerMismatch as exc:
+        raise ConfigError(f"{exc}. The budget of a deployment cannot change: configure the "
+                          "(epsilon, delta) the ledger records") from exc
+    check_ledger(cfg, acc, recs)
+    return acc
+
+
+def check_ledger(cfg: ServiceConfig, acc: Accountant, recs: dict) -> None:
+    """Refuse unless ``acc``'s ledger extends the ledger head Kafka's release records carry."""
+    if not spent_records(recs):
+        return
+    kafka_head = kafka_ledger_head(recs)
+    records = acc.ledger.read()
+    if kafka_head is not None:
+        n = int(kafka_head["records"])
+        ok = len(records) >= n and ledger_head(records[:n])["head"] == kafka_head["head"]
+        local = f"{len(records)} records, chain {ledger_head(records)['head'][:16]}…"
+    else:       # records written before heads were mirrored: demand some spending
+        ok = any(r.kind == "reserve" for r in records)
+        local = f"{len(records)} records, {'some' if ok else 'no'} reservations"
+    if not ok:
+        raise ConfigError(f"ledger {os.path.abspath(cfg.ledger)} ({local}) is not the ledger of "
+                          f"this deployment: {_kafka_says(cfg, recs)}. The ledger is behind, "
+                          f"truncated, replaced or another deployment's. {LEDGER_FIX}.")
+
+
+# ------------------------------------------------------------------ the Kafka fence
+class ReleaseWriter:
+    """The deployment's transactional release writer and its writer epoch.
+
+    :meth:`open` creates the state store on the transactional producer (fencing every older
+    writer) and registers the next writer epoch. ``on_fenced(why)`` is called once when this
+    writer learns it was taken over (the service then stops spending).
+    """
+
+    def __init__(self, cfg: ServiceConfig, on_fenced: Callable[[str], None]) -> None:
+        self.cfg = cfg
+        self.transactional_id = writer_transactional_id(cfg.topic_prefix)
+        self.writer_epoch: int | None = None
+        self.store: StateStore | None = None
+        self.fenced: str | None = None
+        self._on_fenced = on_fenced
+
+    def open(self) -> StateStore:
+        """The release state store on this writer's transactional producer, registered."""
+        self.store = StateStore(self.new_producer(), self.cfg.bootstrap, self.cfg.topics.state,
+                                consumer_overrides={**client_extras(self.cfg.bootstrap),
+                                                    **self.cfg.kafka},
+                                owns_producer=True, transactional=True,
+                                producer_factory=self.new_producer)
+        self.writer_epoch = self.register()
+        return self.store
+
+    def records(self) -> dict:
+        """The release records on the state topic (``release/*``)."""
+        return self.store.read_all_latest(prefix="release/")
+
+    def new_producer(self) -> Producer:
+        """The deployment's transactional producer; ``init_transactions`` fences older ones.
+
+        Also called by the state store to replace a producer that hit a fatal error
+        (docs/operations.md §Outages): then, first, a newer registered writer means this
+        one was taken over, and it must not fence the new one by re-initialising."""
+        if self.writer_epoch is not None:
+            newest = self._newest_epoch()
+            if newest > self.writer_epoch:
+                raise WriterFenced(f"writer epoch {newest} registered after this one's "
+                                   f"({self.writer_epoch}): not re-initialising the producer")
+        writer = Producer(self.cfg.client("producer", **{
+            "transactional.id": self.transactional_id, "enable.idempotence": True,
+            "acks": "all", "linger.ms": 5}))
+        writer.init_transactions(30)
+        return writer
+
+    def register(self) -> int:
+        """Take the next writer epoch (after init_transactions, so any older writer is fenced)."""
+        seen = [int(r.meta.get("writer_epoch", 0)) for r in self.records().values()]
+        epoch = max(seen + [0]) + 1
+        try:
+            self.store.write(WRITER_KEY, b"", meta={
+                "writer_epoch": epoch, "transactional_id": self.transactional_id,
+                "ledger": os.path.abspath(self.cfg.ledger), "host": os.uname().nodename,
+                "pid": os.getpid(), "started_at": time.time()})
+        except WriterFenced as exc:
+            raise Fenced(f"another release service of deployment {self.cfg.topic_prefix!r} started "
+                         f"at the same time and fenced this one ({exc}); only one release writer "
+                         "may spend the budget") from exc
+        log.info("release writer epoch %d (transactional.id %s)", epoch, self.transactional_id)
+        return epoch
+
+    def _newest_epoch(self) -> int:
+        rec = self.store.read_latest(WRITER_KEY)
+        return 0 if rec is None else int(rec.meta.get("writer_epoch", 0))
+
+    def still_writer(self) -> bool:
+        """Whether this service is still the deployment's writer (else: fenced, stop)."""
+        if self.fenced:
+            return False
+        rec = self.store.read_latest(WRITER_KEY)
+        newest = 0 if rec is None else int(rec.meta.get("writer_epoch", 0))
+        if newest > self.writer_epoch:
+            self.fence(f"a newer release service (writer epoch {newest}, ledger "
+                       f"{rec.meta.get('ledger')!r} on {rec.meta.get('host')!r}) took over "
+                       f"this deployment; this one (writer epoch {self.writer_epoch}) stops "
+                       "spending")
+            return False
+        return True
+
+    def fence(self, why: str) -> None:
+        """This writer was taken over (or fenced at Kafka while writing): it stops spending."""
+        self.fenced = why
+        self._on_fenced(why)
