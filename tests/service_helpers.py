@@ -218,9 +218,8 @@ class Pipeline:
         self.stop()
 
     def wait_released(self, epoch: int, timeout: float = 90.0):
-        """The snapshot of ``epoch`` (or later) once it is *published*: ``release.latest`` is set
-        before the state write and the publication, so reading it raced with ``latest_json``
-        and the HTTP routes, which serve published snapshots only."""
+        """The snapshot of ``epoch`` (or later) once it is *published* (``release.published``,
+        the sinks' record, which ``release.latest``, ``latest_json`` and the HTTP routes read)."""
         rel = self.release
 
         def published():

@@ -39,6 +39,8 @@ Modules (one idea each; this class orchestrates them and keeps the order above):
 
 * :mod:`~streamdp.services.release_writer` — the single writer: the Kafka fence
   (transactional id, writer epoch), the ledger bound to the deployment, the local lease;
+* :mod:`~streamdp.services.release_inputs` — what it reads: the operator's commands on the
+  control topic, the documents partitions (sketcher states, caught-up probe);
 * :mod:`~streamdp.services.release_policy` — when an epoch is closable (pure);
 * :mod:`~streamdp.services.release_merge` — merging the partitions' states (pure);
 * :mod:`~streamdp.services.release_sinks` — publishing (snapshots topic, snapshot files, the
@@ -66,7 +68,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from streamdp import serialization as ser
 from streamdp.continual import ContinualRelease, EpochSums
@@ -86,15 +88,14 @@ from streamdp.kafka.connectivity import OutageGuard, check_bootstrap
 from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode, check_stream_start
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.partition_state import SELECTION, PartitionState
+from streamdp.services.release_inputs import ControlCommands, DocumentsPartitions
 from streamdp.services.release_merge import (SketchMismatch, merge_epoch_sums,  # noqa: F401
                                              load_states, merge_refine_sums, merge_warmups)
-from streamdp.services.release_policy import (IDLE_GRACE_SECONDS, ClosingPolicy,  # noqa: F401
-                                              Commands, newest_epoch)
+from streamdp.services.release_policy import IDLE_GRACE_SECONDS, ClosingPolicy  # noqa: F401
 from streamdp.services.release_sinks import ReleaseSinks
 from streamdp.services.release_writer import (SPENT_KEYS, WRITER_KEY, Fenced,  # noqa: F401
                                               LeaseHeld, ReleaseLease, ReleaseWriter, bind_ledger,
                                               check_ledger, writer_transactional_id)
-from streamdp.services.state_view import PartitionView
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.subspace import Subspace
@@ -159,19 +160,8 @@ class ReleaseService:
             self.sinks = ReleaseSinks(self.producer, self.topics, cfg.snapshot_dir,
                                       vocabulary=lambda: self.vocabulary,
                                       control_key=self._control_key)
-            # Control messages are read by assignment (no group join delay) from the offset
-            # saved with the release state, so a command sent while the service was down
-            # is still seen, and one already acted on is not replayed. With no saved
-            # offset (first start, or a crash before the first epoch's state write) it
-            # reads from the beginning: nothing was durably acted on yet, and a flush sent
-            # before the service (re)started must not be lost.
-            self.control_consumer = Consumer(cfg.client("consumer", **{
-                "group.id": f"{cfg.topic_prefix}-release-control", "enable.auto.commit": False,
-                "fetch.wait.max.ms": 100}))
-            self.control_offset: int | None = None
-            self.probe = Consumer(cfg.client("consumer", **{
-                "group.id": f"{cfg.topic_prefix}-release-probe", "enable.auto.commit": False,
-                "enable.partition.eof": True, "fetch.wait.max.ms": 50}))
+            self.commands = ControlCommands(cfg, key=self._control_key)   # flush / close
+            self.partitions = DocumentsPartitions(cfg)   # sketcher states, caught-up probe
             self.subspace: Subspace | None = None
             self.clip: ClipBounds | None = None
             self.continual: ContinualRelease | None = None
@@ -183,8 +173,6 @@ class ReleaseService:
             # the public models of the last L snapshots (refinement_model_lag), persisted in the
             # release state: every model a sketcher can still need (streamdp.refinement.FoldInModels)
             self.fold_models = None if self.refinement is None else FoldInModels(self.refinement.model_lag)
-            self.forced_through = -1         # epochs an operator declared complete (0 = warm-up)
-            self.flush_requested = False
             self.exhausted: str | None = None
             self.releases_ended: str | None = None    # budget / horizon / other, once releases end
             self._stop = threading.Event()
@@ -308,6 +296,7 @@ class ReleaseService:
     def _restore(self) -> None:
         self._restore_vocabulary()
         self._state_snapshot = None
+        persisted = None                         # the release state record's content, if any
         rec = self.store.read_latest(control.SUBSPACE_KEY)
         if rec is not None:
             self.subspace = Subspace.from_bytes(rec.payload)
@@ -327,16 +316,13 @@ class ReleaseService:
                 self.fold_models = FoldInModels(self.refinement.model_lag)
             state = self.store.read_latest(control.RELEASE_STATE_KEY)
             if state is not None:
-                obj = ser.loads(state.payload)
+                obj = persisted = ser.loads(state.payload)
                 self._check_refinement_unchanged(obj)
                 self.continual.load_state(obj["continual"])
                 if self.refinement is not None:
                     for m in obj.get("refinement_models") or []:
                         self.fold_models.released(RefinementModel.from_dict(m))
                     self.fold_models.close_through(self.continual.epoch)
-                self.control_offset = obj.get("control_offset")
-                self.forced_through = obj.get("forced_through", -1)
-                self.flush_requested = bool(obj.get("flush_requested", False))
                 if obj.get("last_snapshot"):
                     snap = self._state_snapshot = TopicSnapshot.from_bytes(obj["last_snapshot"])
                     if self.refinement is not None and not self.fold_models.models:
@@ -345,8 +331,7 @@ class ReleaseService:
                     self._publish(snap, republish=True)      # persisted: safe to (re)publish
                     self.metrics.set_last_release_timestamp(snap.created_at)
                 self.metrics.set_tree(self.continual.epoch, self.cfg.horizon)
-        start = OFFSET_BEGINNING if self.control_offset is None else self.control_offset
-        self.control_consumer.assign([TopicPartition(self.topics.control, 0, start)])
+        self.commands.restore(persisted)         # read control from the saved offset
         if self.spend is not None:
             # Crash recovery of the spend protocol: a reservation whose noised output is in
             # the persisted state is committed now; any other is fulfilled by the next draw.
@@ -443,8 +428,8 @@ class ReleaseService:
             return
         self._closed = True
         try:
-            self.control_consumer.close()
-            self.probe.close()
+            self.commands.close()
+            self.partitions.close()
             self.producer.flush(10)
             try:
                 self.store.close()
@@ -458,7 +443,7 @@ class ReleaseService:
     # ------------------------------------------------------------ one step
     def step(self) -> None:
         self.health.beat()
-        self._read_control()
+        self.commands.read()
         if self.exhausted:
             return
         states, partitions = self._partition_view()
@@ -477,7 +462,7 @@ class ReleaseService:
             # stop between epochs, never inside one: a kill mid-release wastes budget
             self.health.beat()
             # decoded once per (partition, generation): unchanged partitions are not decoded again
-            loaded = loaded if loaded is not None else self._view.load(states, self.subspace)
+            loaded = loaded if loaded is not None else self.partitions.load(states, self.subspace)
             if not self._check_writer():        # a newer writer took over: spend nothing
                 return
             if not self._close_epoch(self.continual.epoch + 1, loaded):
@@ -487,13 +472,9 @@ class ReleaseService:
                                  f"{self.continual.epoch} of {self.continual.epoch_limit} released")
         if self.flush_requested and self.policy.flush_complete(
                 self.continual.epoch, states, partitions, self._caught_up):
-            self.flush_requested = False      # everything seen is released: the flush is done
+            self.commands.flush_requested = False   # everything seen is released: the flush is done
             self._write_state()               # ... durably, so a restart does not resume it
             log.info("flush complete through epoch %d", self.continual.epoch)
-
-    @staticmethod
-    def _newest_epoch(states: dict) -> int:
-        return newest_epoch(states)
 
     def _load_states(self, states: dict) -> list[PartitionState]:
         return load_states(states, self.subspace)
@@ -509,69 +490,30 @@ class ReleaseService:
                 raise ConfigError(str(exc)) from None
         return key
 
-    def _read_control(self) -> None:
-        key = self._control_key()
-        for m in self.control_consumer.consume(num_messages=100, timeout=0):
-            if m.error() is not None:
-                continue
-            self.control_offset = m.offset() + 1
-            try:
-                msg = control.decode(m.value())
-            except ser.SchemaError as exc:
-                log.warning("ignored bad control message: %s", exc)
-                continue
-            if msg["type"] in control.RELEASE_TYPES:
-                continue                      # this service's own messages to the sketchers
-            if not control.authentic(msg, key):
-                self.control_rejected = getattr(self, "control_rejected", 0) + 1
-                if not self.cfg.non_production:
-                    log.warning("ignored unauthenticated %s control message at offset %d (no valid "
-                                "MAC under this deployment's control key)", msg["type"], m.offset())
-                    continue
-                log.warning("accepting unauthenticated %s control message at offset %d "
-                            "(non_production only)", msg["type"], m.offset())
-            if msg["type"] == "flush":
-                self.flush_requested = True
-            elif msg["type"] == "close":
-                self.forced_through = max(self.forced_through, msg["through"])
-
-    # ------------------------------------------------------------ inputs: states and Kafka probe
+    # ------------------------------------------------------------ inputs (release_inputs)
     def _partition_view(self):
-        """Latest accepted sketcher state per documents partition, and the partition list.
-
-        Read incrementally, zombie records rejected (:class:`PartitionView`): a poll's cost
-        does not grow with the state topic's history."""
-        view = getattr(self, "_view", None)
-        if view is None:
-            view = self._view = PartitionView(self.store, self.topics.documents)
-        view.store = self.store
-        states = view.read()
-        md = self.probe.list_topics(self.topics.documents, timeout=10)
-        return states, sorted(md.topics[self.topics.documents].partitions)
+        """Latest accepted sketcher state per documents partition, and the partition list."""
+        return self.partitions.read(self.store)
 
     def _caught_up(self, p: int, next_offset: int) -> bool:
-        """Whether partition p holds no record at or after ``next_offset`` (read, not listed)."""
-        self.probe.assign([TopicPartition(self.topics.documents, p, next_offset)])
-        try:
-            deadline = time.monotonic() + 5.0
-            while time.monotonic() < deadline:
-                m = self.probe.poll(0.2)
-                if m is None:
-                    continue
-                if m.error() is not None:
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        return m.offset() <= next_offset
-                    continue
-                return False
-            return False
-        finally:
-            self.probe.unassign()
+        return self.partitions.caught_up(p, next_offset)
+
+    @property
+    def control_offset(self) -> int | None:
+        return self.commands.offset
+
+    @property
+    def forced_through(self) -> int:
+        return self.commands.forced_through
+
+    @property
+    def flush_requested(self) -> bool:
+        return self.commands.flush_requested
 
     def _closable(self, epoch: int, states: dict, partitions: list[int]) -> bool:
         """The closing policy (:class:`ClosingPolicy`) on this step's view and commands."""
-        return self.policy.closable(
-            epoch, states, partitions, now=time.time(), caught_up=self._caught_up,
-            commands=Commands(self.forced_through, self.flush_requested))
+        return self.policy.closable(epoch, states, partitions, now=time.time(),
+                                    caught_up=self._caught_up, commands=self.commands.current)
 
     # ------------------------------------------------------------ vocabulary selection
     def _release_vocabulary(self, parts: list[PartitionState]) -> None:
@@ -753,8 +695,7 @@ class ReleaseService:
         ok = self._persist(control.RELEASE_STATE_KEY, ser.dumps({
             "continual": self.continual.state_dict(),
             "last_snapshot": None if snap is None else snap.to_bytes(),
-            "control_offset": self.control_offset, "forced_through": self.forced_through,
-            "flush_requested": self.flush_requested, "writer_epoch": self.writer_epoch,
+            **self.commands.state(), "writer_epoch": self.writer_epoch,
             "refinement_models": [] if self.fold_models is None else [
                 self.fold_models.models[e].to_dict() for e in sorted(self.fold_models.models)],
             "refinement": self._refinement_dict()}), meta)

@@ -1,0 +1,142 @@
+"""What the release service reads from Kafka besides its own state: the operator's commands on
+the control topic, and the documents partitions (their sketcher states, their list, whether each
+is caught up). The closing policy (:mod:`streamdp.services.release_policy`) decides on these.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from streamdp import serialization as ser
+from streamdp.services import control
+from streamdp.services.config import ServiceConfig
+from streamdp.services.partition_state import PartitionState
+from streamdp.services.release_policy import Commands
+from streamdp.services.state_view import PartitionView
+
+log = logging.getLogger("streamdp.release")
+
+
+class ControlCommands:
+    """The operator's ``flush`` and ``close`` commands, read from the control topic.
+
+    Read by assignment (no group join delay) from the offset saved with the release state
+    (:meth:`restore`), so a command sent while the service was down is still seen, and one
+    already acted on is not replayed. With no saved offset (first start, or a crash before the
+    first epoch's state write) it reads from the beginning: nothing was durably acted on yet,
+    and a flush sent before the service (re)started must not be lost. Unauthenticated commands
+    are ignored (accepted with a warning in ``non_production``); ``key`` returns the
+    deployment's control key.
+    """
+
+    def __init__(self, cfg: ServiceConfig, key: Callable[[], bytes]) -> None:
+        self.cfg = cfg
+        self._key = key
+        self.consumer = Consumer(cfg.client("consumer", **{
+            "group.id": f"{cfg.topic_prefix}-release-control", "enable.auto.commit": False,
+            "fetch.wait.max.ms": 100}))
+        self.offset: int | None = None     # next control offset to read (saved with the state)
+        self.forced_through = -1           # epochs an operator declared complete (0 = warm-up)
+        self.flush_requested = False
+        self.rejected = 0                  # unauthenticated commands seen
+
+    @property
+    def current(self) -> Commands:
+        return Commands(self.forced_through, self.flush_requested)
+
+    def restore(self, obj: dict | None) -> None:
+        """Resume from a persisted release state (``None``: nothing persisted yet), and read
+        from its saved offset (the beginning without one)."""
+        if obj is not None:
+            self.offset = obj.get("control_offset")
+            self.forced_through = obj.get("forced_through", -1)
+            self.flush_requested = bool(obj.get("flush_requested", False))
+        start = OFFSET_BEGINNING if self.offset is None else self.offset
+        self.consumer.assign([TopicPartition(self.cfg.topics.control, 0, start)])
+
+    def state(self) -> dict:
+        """What the release state persists of the commands."""
+        return {"control_offset": self.offset, "forced_through": self.forced_through,
+                "flush_requested": self.flush_requested}
+
+    def read(self) -> None:
+        """Apply the commands that arrived since the last read."""
+        key = self._key()
+        for m in self.consumer.consume(num_messages=100, timeout=0):
+            if m.error() is not None:
+                continue
+            self.offset = m.offset() + 1
+            try:
+                msg = control.decode(m.value())
+            except ser.SchemaError as exc:
+                log.warning("ignored bad control message: %s", exc)
+                continue
+            if msg["type"] in control.RELEASE_TYPES:
+                continue                      # the release service's own messages to the sketchers
+            if not control.authentic(msg, key):
+                self.rejected += 1
+                if not self.cfg.non_production:
+                    log.warning("ignored unauthenticated %s control message at offset %d (no valid "
+                                "MAC under this deployment's control key)", msg["type"], m.offset())
+                    continue
+                log.warning("accepting unauthenticated %s control message at offset %d "
+                            "(non_production only)", msg["type"], m.offset())
+            if msg["type"] == "flush":
+                self.flush_requested = True
+            elif msg["type"] == "close":
+                self.forced_through = max(self.forced_through, msg["through"])
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class DocumentsPartitions:
+    """The documents partitions as the release service sees them: the newest accepted sketcher
+    state of each (read incrementally, zombie records rejected: :class:`PartitionView`), the
+    partition list, and whether a partition is caught up (read, not listed)."""
+
+    def __init__(self, cfg: ServiceConfig) -> None:
+        self.topic = cfg.topics.documents
+        self.view: PartitionView | None = None
+        self.probe = Consumer(cfg.client("consumer", **{
+            "group.id": f"{cfg.topic_prefix}-release-probe", "enable.auto.commit": False,
+            "enable.partition.eof": True, "fetch.wait.max.ms": 50}))
+
+    def read(self, store) -> tuple[dict, list[int]]:
+        """Partition → newest accepted state record, and every documents partition. A poll's
+        cost does not grow with the state topic's history."""
+        if self.view is None:
+            self.view = PartitionView(store, self.topic)
+        self.view.store = store          # the store may have been re-created (an outage)
+        states = self.view.read()
+        md = self.probe.list_topics(self.topic, timeout=10)
+        return states, sorted(md.topics[self.topic].partitions)
+
+    def load(self, states: dict, subspace) -> list[PartitionState]:
+        """The decoded states in partition order, each decoded once per (partition, generation)."""
+        return self.view.load(states, subspace)
+
+    def caught_up(self, p: int, next_offset: int) -> bool:
+        """Whether partition p holds no record at or after ``next_offset`` (read, not listed:
+        Tansu's ListOffsets under-reports)."""
+        self.probe.assign([TopicPartition(self.topic, p, next_offset)])
+        try:
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                m = self.probe.poll(0.2)
+                if m is None:
+                    continue
+                if m.error() is not None:
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        return m.offset() <= next_offset
+                    continue
+                return False
+            return False
+        finally:
+            self.probe.unassign()
+
+    def close(self) -> None:
+        self.probe.close()
