@@ -107,6 +107,16 @@ ENDED_BUDGET, ENDED_HORIZON, ENDED_OTHER = "budget", "horizon", "other"
 
 
 class ReleaseService:
+    """The deployment's release service: ``run`` polls (``step``) until stopped; ``latest`` /
+    ``latest_json()`` are the last *published* snapshot; ``close`` releases the writer, the
+    clients and the lease.
+
+    One ``step``: read the operator's commands, the partitions' states; close the selection
+    window, the warm-up or every closable epoch in order (the closing policy), each through
+    merge → reserve/draw → persist the release state (commit) → publish → announce. The
+    modules listed in this module's docstring do each part; this class keeps the order.
+    """
+
     def __init__(self, cfg: ServiceConfig) -> None:
         self._closed = False
         self.cfg = cfg
