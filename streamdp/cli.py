@@ -141,6 +141,23 @@ def _release(a) -> int:
     return ReleaseService(_config(a)).run()
 
 
+def _user_partitions(cfg) -> int | None:
+    """privacy_unit user: the documents partition count (refused if it differs from the count
+    the deployment recorded); None in document mode."""
+    if cfg.privacy_unit != "user":
+        return None
+    from streamdp.services.config import check_unit, documents_partition_count, PRIVACY_MODE_KEY
+    n = documents_partition_count(cfg)
+    store = cfg.state_store()
+    try:
+        rec = store.read_latest(PRIVACY_MODE_KEY)
+    finally:
+        store.close()
+    if rec is not None:
+        check_unit(cfg, rec.meta, n, store_name=cfg.topics.state)
+    return n
+
+
 def _produce(a) -> int:
     from streamdp.kafka.topics import ensure_topics
     from streamdp import progress
@@ -151,12 +168,15 @@ def _produce(a) -> int:
     if a.create_topics:
         ensure_topics(cfg.bootstrap, cfg.topics, partitions=a.partitions)
     rejected = Rejections(report=lambda m: progress.message(f"streamdp: rejected {m}"))
+    user_partitions = _user_partitions(cfg)
     stats: dict = {}
     bar = progress.bar(total=count_lines(a.corpus) if progress.enabled() else None,
                        desc="documents sent", unit="doc")
     try:
-        produce(cfg.bootstrap, cfg.topics.documents, encoded_records(a.corpus, rejected),
-                producer_config=cfg.client("producer"), stats=stats, progress=bar.update)
+        produce(cfg.bootstrap, cfg.topics.documents,
+                encoded_records(a.corpus, rejected, require_user=user_partitions is not None),
+                producer_config=cfg.client("producer"), stats=stats, progress=bar.update,
+                user_partitions=user_partitions)
     finally:        # also after an error: say what was sent
         bar.close()
         if stats:

@@ -273,7 +273,8 @@ class ContinualRelease:
                  denoise: DenoiseConfig = DenoiseConfig(), label: str = "tree",
                  refinement: RefinementConfig | None = None, aggregator: str = "blt",
                  blt_params: BLTParams | None = None,
-                 max_documents: int = DEFAULT_MAX_DOCUMENTS_PER_SUM) -> None:
+                 max_documents: int = DEFAULT_MAX_DOCUMENTS_PER_SUM,
+                 privacy_unit: str = "document") -> None:
         if aggregator not in AGGREGATORS:
             raise ValueError(f"aggregator must be one of {AGGREGATORS}, got {aggregator!r}")
         self.aggregator = aggregator
@@ -286,6 +287,12 @@ class ContinualRelease:
         self.split, self.power, self.denoise = split, power, denoise
         self.refinement = refinement
         self.max_documents = max_documents     # the rounding premise N_max (docs/privacy.md)
+        if privacy_unit not in ("document", "user"):
+            raise ValueError(f"privacy_unit must be 'document' or 'user', got {privacy_unit!r}")
+        # user unit: N_max also bounds every stream document released so far (a user's
+        # documents can sit in every epoch; docs/privacy.md "The user-level unit")
+        self.privacy_unit = privacy_unit
+        self.documents_released = 0
         self.rho = rho
         self.sampler = sampler
         # epochs whose documents were refined under an earlier snapshot (public: it only
@@ -375,7 +382,9 @@ class ContinualRelease:
             # the rounding premise, checked before anything is reserved (noise_sums checks again)
             require_within_premise(self._largest_raw_sum(sums), self.max_documents,
                                    f"{self.aggregator} epoch {self.epoch + 1}")
+            self.require_user_premise(int(sums.sketch.n_docs))
             released = self.tree.add_epoch(sums)
+            self.documents_released += int(sums.sketch.n_docs)
             mult = self.noise_multiplier()
             sd = noise_scales(self.mechanism.plan(STREAM), mult)
             if self.refinement is not None:
@@ -384,6 +393,15 @@ class ContinualRelease:
         if refined and self.refinement is not None:
             self.refined_epochs += 1
         return self._snapshot(released, sd)
+
+    def require_user_premise(self, more_documents: int) -> None:
+        """User unit, private: refuse (before anything is reserved) a release that would bring
+        the stream documents released so far above N_max (the rounding of every epoch sum a
+        user touches adds up; docs/privacy.md "The user-level unit"). Document unit: nothing."""
+        if self.privacy_unit == "user" and self.tree is not None:
+            require_within_premise(self.documents_released + int(more_documents),
+                                   self.max_documents,
+                                   "user-level continual release (all stream documents so far)")
 
     def _largest_raw_sum(self, sums: EpochSums) -> int:
         """Documents in the largest raw sum closing this epoch would noise: the epoch's own sum
@@ -462,10 +480,12 @@ class ContinualRelease:
                     "refined_epochs": self.refined_epochs,
                     "sums": None if self._exact is None else self._exact.to_dict()}
         state = self.tree.state_dict(lambda s: s.to_dict())
-        return {"horizon": self.horizon, **state, "refined_epochs": self.refined_epochs}
+        return {"horizon": self.horizon, **state, "refined_epochs": self.refined_epochs,
+                "documents_released": self.documents_released}
 
     def load_state(self, state: dict) -> "ContinualRelease":
         self.refined_epochs = int(state.get("refined_epochs", 0))
+        self.documents_released = int(state.get("documents_released", 0))
         if self.tree is None:
             if state.get("kind") != "continual_exact":
                 raise ValueError("state is not from a non-private continual release")

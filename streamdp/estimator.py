@@ -20,11 +20,13 @@ from streamdp.privacy.report import add_budget_context, release_report
 from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, check_max_documents,
                                        require_within_premise, warn_not_covered)
 from streamdp.privacy.spend import UnitSpender, spend
-from streamdp.privacy.user_bounding import DEFAULT_MAX_USERS, SCHEDULES, UserBounder
+from streamdp.privacy.user_bounding import (DEFAULT_MAX_USERS, SCHEDULES, UserBounder,
+                                            bounding_report)
 from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch, epoch_refined,
                                  plan_refinement, refined_topics)
-from streamdp.release import (MECHANISMS, BudgetSplit, DenoiseConfig, release_topics)
+from streamdp.release import (MECHANISMS, WARMUP_SHARE, BudgetSplit, DenoiseConfig, release_topics,
+                              warmup_plan)
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.warmup import WarmupSketch
@@ -33,7 +35,7 @@ DEFAULT_CLIP_QUANTILE = 0.97
 DEFAULT_CLIP_BUDGET_SHARE = 0.05
 # fit(warmup_docs=…): a row-count boundary charges the warm-up on the stream partition
 # (sequential composition, replace sensitivity); this share of ρ goes to the warm-up.
-COUNT_BOUNDARY_WARMUP_SHARE = 0.25
+COUNT_BOUNDARY_WARMUP_SHARE = WARMUP_SHARE
 WARMUP_BOUNDARIES = ("document", "count")
 PRIVACY_UNITS = ("document", "user")
 #: user mode: kept documents per user per epoch when not configured (the issue's target m)
@@ -248,7 +250,6 @@ class StreamingSpectralLDA:
         self._init_users(privacy_unit, max_docs_per_user_epoch, max_docs_per_user, user_weights,
                          max_users)
         self._stream_events: list = []      # every event charged to stream documents so far
-        self._stream_rows_closed = 0         # user mode: stream rows of the closed epochs
         self.continual_ = None
         self._epoch_sketches = None
         if accountant is None and self.epsilon is not None:
@@ -297,10 +298,7 @@ class StreamingSpectralLDA:
         # one weight sequence per side: a user may have documents in the warm-up and in the
         # stream; the two sums compose sequentially (both charged to the stream partition)
         self._warmup_users, self._stream_users = UserBounder(**cfg), UserBounder(**cfg)
-        self.user_bounding = {**self._stream_users.config(),
-                              "warmup": "own weight sequence, charged to the stream partition "
-                                        "(sequential composition)",
-                              "clip_histogram": "each user's first warm-up document"}
+        self.user_bounding = bounding_report(self._stream_users)
 
     def _user_weights(self, bounder, X, users, epochs=None):
         """Weights (and ranks) of the rows of X in user mode; None in document mode."""
@@ -379,21 +377,10 @@ class StreamingSpectralLDA:
         if self._warmup is None or self._warmup.n_docs == 0:
             raise ValueError("call warmup(X) with documents of length >= 3 before partial_fit(X): "
                              "the stream is sketched in the subspace the warm-up finds")
-        rho = self.rho_
-        where = {}
-        if rho is not None and self.warmup_boundary == "count":
-            # sequential composition: the warm-up is paid by (possibly) the same documents
-            rho = rho * self.warmup_share
-            where = {"partition": STREAM, "sensitivity_factor": 2.0}
-        elif rho is not None and self.privacy_unit == "user":
-            # a user may have documents on both sides: sequential composition, on the stream
-            # partition; add/remove of a user moves the warm-up sums by ≤ its clip bound
-            rho = rho * self.warmup_share
-            where = {"partition": STREAM, "sensitivity_factor": 1.0}
+        plan = self._warmup_plan()
+        rho, where = plan.subspace_rho, plan.where
         if self._auto_clip:
-            hist_rho = None if rho is None else rho * self.clip_budget_share
-            rho = None if rho is None else rho - hist_rho
-            self.clip, _ = self._warmup.clip_bounds(self.clip_quantile, hist_rho,
+            self.clip, _ = self._warmup.clip_bounds(self.clip_quantile, plan.clip_rho,
                                                     self.sampler, self._spender, **where)
         self.subspace_ = self._warmup.subspace(rho, self.sampler, self._spender,
                                                max_documents=self.max_documents_per_sum, **where)
@@ -405,7 +392,7 @@ class StreamingSpectralLDA:
                 sampler=self.sampler, spender=self._spender, power=self.power,
                 denoise=self.denoise, refinement=self.refinement,
                 aggregator=self.continual_aggregator,
-                max_documents=self.max_documents_per_sum)
+                max_documents=self.max_documents_per_sum, privacy_unit=self.privacy_unit)
             self._epoch_sketches = EpochSketches(
                 self.subspace_, self.clip, self.epochs,
                 n_topics=self.n_topics if self.refinement is not None else None,
@@ -442,14 +429,18 @@ class StreamingSpectralLDA:
             self.sketch_.update(X, weights=w)
         return self
 
+    def _warmup_plan(self):
+        """The ρ shares of the warm-up and the stream (streamdp.release.warmup_plan: the one
+        rule, shared with the release service)."""
+        return warmup_plan(self.rho_, privacy_unit=self.privacy_unit,
+                           warmup_boundary=self.warmup_boundary, warmup_share=self.warmup_share,
+                           auto_clip=self._auto_clip, clip_budget_share=self.clip_budget_share)
+
     @property
     def stream_rho_(self) -> float | None:
         """ρ available to stream documents (all of it unless a count boundary or the user unit
         shares it with the warm-up)."""
-        if self.rho_ is None or (self.warmup_boundary == "document"
-                                 and self.privacy_unit == "document"):
-            return self.rho_
-        return self.rho_ * (1.0 - self.warmup_share)
+        return self._warmup_plan().stream_rho
 
     def _spectral_split(self) -> BudgetSplit:
         """The user's split, or with refinement the spectral-start split (nothing on z, m1)."""
@@ -474,15 +465,10 @@ class StreamingSpectralLDA:
         snaps = []
         limit = self.continual_.epoch_limit
         target = int(min(self.epochs.closable_through(watermark), limit))
-        if self.privacy_unit == "user" and self.rho_ is not None:
-            # a user's documents can sit in many epochs: the rounding of every epoch sum they
-            # touch adds up, so the premise covers all stream documents released so far
-            # (docs/privacy.md, "The user-level unit")
-            upto = self._stream_rows_closed + sum(
-                sk.n_rows for e, sk in self._epoch_sketches.open.items() if e <= target)
-            require_within_premise(upto, self.max_documents_per_sum,
-                                   "user-level continual release (all stream documents so far)")
-            self._stream_rows_closed = upto
+        # user unit: all stream documents released so far within the premise (the one check,
+        # ContinualRelease.require_user_premise), refused before any epoch of this call closes
+        self.continual_.require_user_premise(sum(
+            sk.n_rows for e, sk in self._epoch_sketches.open.items() if e <= target))
         for epoch in range(self._epoch_sketches.closed_through + 1, target + 1):
             # one epoch at a time: its snapshot is the model of the documents of epoch + L
             ((_, sums),) = self._epoch_sketches.pop_through(epoch)

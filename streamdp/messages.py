@@ -55,6 +55,11 @@ TOO_LARGE = "too_large"
 INVALID_VALUE = "invalid_value"
 ERROR_CLASSES = (MALFORMED_MSGPACK, UNSUPPORTED_VERSION, MISSING_FIELD, WRONG_TYPE, INVALID_UTF8,
                  EMPTY_DOCUMENT, TOO_LARGE, INVALID_VALUE)
+# Record-level classes of the user-level unit (privacy_unit: user; not decoding errors: the
+# message is a valid document, refused by the sketcher; docs/privacy.md "The user-level unit"):
+MISSING_USER = "missing_user"                      # no ``user`` field in user mode
+USER_PARTITION_MISMATCH = "user_partition_mismatch"  # not on partition_for_user(user, n)
+USER_ERROR_CLASSES = (MISSING_USER, USER_PARTITION_MISMATCH)
 
 # Dead-letter record headers (values are UTF-8 bytes; partition and offset in decimal).
 HEADER_ERROR_CLASS = "streamdp.error.class"
@@ -78,6 +83,16 @@ class InvalidMessage(ser.SchemaError):
 
     def __str__(self) -> str:
         return f"{self.error_class}: {self.message}"
+
+    @classmethod
+    def user(cls, error_class: str, message: str) -> "InvalidMessage":
+        """A record refused by the user-level unit (one of ``USER_ERROR_CLASSES``)."""
+        if error_class not in USER_ERROR_CLASSES:
+            raise ValueError(f"unknown user-level error class {error_class!r}")
+        exc = cls.__new__(cls)
+        ser.SchemaError.__init__(exc, error_class, message)
+        exc.error_class, exc.message = error_class, message
+        return exc
 
     def __repr__(self) -> str:
         return f"InvalidMessage({self.error_class!r}, {self.message!r})"
@@ -570,6 +585,7 @@ class DocumentBatch:
         f_cnt: list[tuple] = []
         f_voc: list[tuple[int, str]] = []            # (fast row, counts.vocab) where given
         slow: list[int] = []
+        self._f_user = f_user = {}                   # fast counts position -> its user id
         inf = math.inf
         for i, raw in enumerate(values):
             if i in errors:
@@ -600,6 +616,8 @@ class DocumentBatch:
                                     if "vocab" in c:    # must be this vocabulary's id
                                         f_voc.append((len(f_pos), c["vocab"]))
                                     f_pos.append(i)
+                                    if user is not None:
+                                        f_user[i] = user
                                     f_id.append(did)
                                     f_ts.append(ts)
                                     f_ids.append(ids)
@@ -707,6 +725,11 @@ class DocumentBatch:
         """Positions of the messages decoded and not rejected so far (ascending)."""
         pos = [p for p, r in self._f_row.items() if self._f_alive[r]] + list(self.docs)
         return np.asarray(sorted(pos), dtype=np.intp)
+
+    def user(self, i: int) -> str | None:
+        """The ``user`` field of the decoded message at position ``i`` (None if absent)."""
+        doc = self.docs.get(i)
+        return doc.user if doc is not None else self._f_user.get(i)
 
     def reject(self, i: int, exc: InvalidMessage) -> None:
         """Refuse the decoded message at position ``i`` (e.g. its time is in the future)."""

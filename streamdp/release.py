@@ -95,6 +95,59 @@ class BudgetSplit:
         return cls(z=0.0, m1=0.0, s1=0.03, s2=0.15, s3=0.80, count=0.02)
 
 
+#: share of ρ the warm-up gets when it is charged to the stream partition (a row-count boundary,
+#: or the user unit); the stream keeps the rest
+WARMUP_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class WarmupPlan:
+    """How ρ is shared between the warm-up's draws and the stream: ONE rule, used by
+    ``StreamingSpectralLDA`` and the release service (docs/privacy.md, "The user-level unit").
+
+    ``clip_rho``: the clip-norm histograms (None: fixed clip bounds, or non-private);
+    ``subspace_rho``: the DP range finder; ``stream_rho``: every stream release;
+    ``where``: the warm-up events' ``partition``/``sensitivity_factor`` (empty: the warm-up is
+    its own atom, parallel composition with the stream)."""
+
+    clip_rho: float | None
+    subspace_rho: float | None
+    stream_rho: float | None
+    where: dict
+
+    @property
+    def sequential(self) -> bool:
+        """Whether the warm-up is charged to the stream partition (sequential composition)."""
+        return bool(self.where)
+
+
+def warmup_plan(rho: float | None, *, privacy_unit: str = "document",
+                warmup_boundary: str = "document", warmup_share: float = WARMUP_SHARE,
+                auto_clip: bool = True, clip_budget_share: float = 0.05) -> WarmupPlan:
+    """The :class:`WarmupPlan` of a ρ budget.
+
+    * per-document (time) boundary, document unit: the warm-up documents are disjoint from the
+      stream's — parallel composition, each side has all of ρ;
+    * row-count boundary: the same documents may sit on either side — sequential, on the stream
+      partition, ``warmup_share`` of ρ, sensitivity factor 2 (a replace moves one row across);
+    * user unit: a user may have documents on both sides — sequential, on the stream partition,
+      ``warmup_share`` of ρ, sensitivity factor 1 (add/remove of the user).
+    """
+    if privacy_unit not in ("document", "user"):
+        raise ValueError(f"privacy_unit must be 'document' or 'user', got {privacy_unit!r}")
+    if rho is None:
+        return WarmupPlan(None, None, None, {})
+    warm, stream, where = rho, rho, {}
+    if warmup_boundary == "count":
+        warm, stream = rho * warmup_share, rho * (1.0 - warmup_share)
+        where = {"partition": STREAM, "sensitivity_factor": 2.0}
+    elif privacy_unit == "user":
+        warm, stream = rho * warmup_share, rho * (1.0 - warmup_share)
+        where = {"partition": STREAM, "sensitivity_factor": 1.0}
+    clip_rho = warm * clip_budget_share if auto_clip else None
+    return WarmupPlan(clip_rho, warm - clip_rho if auto_clip else warm, stream, where)
+
+
 #: clip bound behind each noised block (refinement's topic_word sums have norm ≤ 1 per document)
 _BLOCK_CLIP = {"count": lambda c: 1.0, "m1": lambda c: c.m1, "s1": lambda c: c.m1,
                "z": lambda c: c.z, "s2": lambda c: c.z, "s3": lambda c: c.s3,

@@ -97,6 +97,30 @@ def _normalise_user(u) -> bytes:
     return b
 
 
+def partition_for_user(user, n_partitions: int) -> int:
+    """THE rule that puts a user's documents on one partition of the documents topic.
+
+    ``BLAKE2b-64(user id as UTF-8) mod n_partitions``: unkeyed and public (the producer and
+    every sketcher compute it), stable across processes, machines and library versions
+    (unlike Python's ``hash``, or a client's default partitioner, which differ between
+    librdkafka and the Java client). ``streamdp produce`` sets each record's partition with
+    it; a sketcher in user mode dead-letters a document read from any other partition
+    (``user_partition_mismatch``): a user split over P partitions would get P weight
+    sequences, total weight up to P (docs/privacy.md, "The user-level unit in the services").
+    """
+    n = _check_int("n_partitions", n_partitions)
+    digest = hashlib.blake2b(_normalise_user(user), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % n
+
+
+def bounding_report(bounder: "UserBounder") -> dict:
+    """What a privacy report says about the bounding (estimator and release service alike)."""
+    return {**bounder.config(),
+            "warmup": "own weight sequence, charged to the stream partition (sequential "
+                      "composition)",
+            "clip_histogram": "each user's first warm-up document"}
+
+
 class UserBounder:
     """Assigns each document its user-level weight, in arrival order (module docstring).
 
@@ -152,13 +176,7 @@ class UserBounder:
             ep = np.asarray(epochs).astype(np.int64).ravel()
             if ep.shape[0] != n:
                 raise ValueError(f"{n} documents but {ep.shape[0]} epochs")
-        new = {h for h in hashes if h not in self._users}
-        if len(self._users) + len(new) > self.max_users:
-            raise UserCapacityExceeded(
-                f"{len(self._users) + len(new)} distinct users would exceed max_users="
-                f"{self.max_users}: the user-level bounder fails closed (forgetting or merging "
-                "users could raise the sensitivity). Raise max_users (memory ≈ 400 bytes per "
-                "user) or start a new stream with a new budget")
+        self._check_room(hashes)
         weights = np.zeros(n)
         ranks = np.zeros(n, dtype=np.int64)
         m, M, table = self.max_docs_per_epoch, self.max_docs, self.weights_table
@@ -176,6 +194,20 @@ class UserBounder:
             ranks[i] = st[0]
             weights[i] = table[st[0] - 1]
         return weights, ranks
+
+    def _check_room(self, hashes) -> None:
+        new = {h for h in hashes if h not in self._users}
+        if len(self._users) + len(new) > self.max_users:
+            raise UserCapacityExceeded(
+                f"{len(self._users) + len(new)} distinct users would exceed max_users="
+                f"{self.max_users}: the user-level bounder fails closed (forgetting or merging "
+                "users could raise the sensitivity). Raise max_users (memory ≈ 400 bytes per "
+                "user) or start a new stream with a new budget")
+
+    def check_capacity(self, users: Iterable) -> None:
+        """Raise :class:`UserCapacityExceeded` (or :class:`MissingUser`) if :meth:`assign` of
+        ``users`` would; changes nothing. For callers that update several bounders at once."""
+        self._check_room([self._hash(_normalise_user(u)) for u in users])
 
     def close_through(self, epoch: int) -> None:
         """Forget the per-epoch counts of epochs ≤ ``epoch`` (closed: no document of theirs is

@@ -16,10 +16,15 @@ from streamdp.kafka.topics import TopicNames
 from streamdp.moments.clipping import WARMUP_NORMALISING_CLIP, ClipBounds
 from streamdp.privacy.epochs import EpochClock
 from streamdp.privacy.noise import DEFAULT_SAMPLER, SAMPLER_KINDS
+from streamdp.privacy.user_bounding import DEFAULT_MAX_USERS, SCHEDULES
+from streamdp.release import WARMUP_SHARE
 from streamdp.services.partition_state import Routing
 
 
 VOCABULARY_MODES = ("file", "public", "private")
+PRIVACY_UNITS = ("document", "user")
+#: user mode: kept documents per user per epoch when not configured (as the estimator)
+DEFAULT_MAX_DOCS_PER_USER_EPOCH = 5
 
 
 class ConfigError(ValueError):
@@ -102,6 +107,13 @@ class ServiceConfig:
     refinement_share: float = 0.5
     refinement_model_lag: int = 2                # L: epoch e is refined against snapshot e − L
     max_documents_per_sum: int = 1_000_000_000   # rounding premise N_max (docs/privacy.md)
+    # the unit of privacy (docs/privacy.md "The user-level unit"): document | user
+    privacy_unit: str = "document"
+    max_docs_per_user_epoch: int | None = None   # user: m, kept documents per user per epoch (5)
+    max_docs_per_user: int | None = None         # user: M, kept documents per user in all (m)
+    user_weights: str = "uniform"                # user: weight of the j-th kept doc: uniform|decaying
+    max_users: int = DEFAULT_MAX_USERS           # user: distinct users per partition (fail closed)
+    warmup_share: float = WARMUP_SHARE           # user: share of rho of the warm-up (sequential)
     kafka: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -199,6 +211,77 @@ class ServiceConfig:
         if not (isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535):
             bad("metrics_port", f"must be a TCP port 0..65535 (0 = any free port), got {self.metrics_port!r}")
         self._check_refinement_lag(bad)      # after the time fields it relies on
+        self._check_user_fields(bad)
+
+    _USER_FIELDS = ("max_docs_per_user_epoch", "max_docs_per_user", "user_weights", "max_users",
+                    "warmup_share")
+
+    def _check_user_fields(self, bad) -> None:
+        """privacy_unit and the user-level bounding (docs/configuration.md, docs/privacy.md)."""
+        unit = self.privacy_unit
+        if unit not in PRIVACY_UNITS:
+            bad("privacy_unit", f"must be 'document' (add/remove one document) or 'user' "
+                                f"(add/remove every document of one user id), got {unit!r}")
+        defaults = {f.name: f.default for f in dataclasses.fields(self)
+                    if f.name in self._USER_FIELDS}
+        if unit == "document":
+            changed = sorted(n for n in self._USER_FIELDS if getattr(self, n) != defaults[n])
+            if changed:
+                bad(changed[0], f"bounds users, but privacy_unit is 'document': set privacy_unit: "
+                                f"user to use {', '.join(changed)}, or remove them")
+            return
+        for name in ("max_docs_per_user_epoch", "max_docs_per_user"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                bad(name, f"must be an integer >= 1 (or null for the default), got {v!r}")
+        if self.user_weights not in SCHEDULES:
+            bad("user_weights", f"must be one of {', '.join(SCHEDULES)} (weight of a user's j-th "
+                                f"kept document: 1/M, or proportional to 1/j^2), got "
+                                f"{self.user_weights!r}")
+        if isinstance(self.max_users, bool) or not isinstance(self.max_users, int) \
+                or self.max_users < 1:
+            bad("max_users", f"must be an integer >= 1 (distinct users kept per partition; "
+                             f"about 400 bytes each; default {DEFAULT_MAX_USERS}), got "
+                             f"{self.max_users!r}")
+        ws = self.warmup_share
+        if isinstance(ws, bool) or not isinstance(ws, (int, float)) or not 0 < ws < 1:
+            bad("warmup_share", f"must be a number in (0, 1): the share of rho spent on the "
+                                f"warm-up, charged to the stream partition in user mode "
+                                f"(default {WARMUP_SHARE}), got {ws!r}")
+        if not self.private:
+            bad("privacy_unit", "is 'user' but the deployment is non-private (epsilon null): a "
+                                "unit of privacy needs a private deployment; remove privacy_unit "
+                                "or set epsilon")
+        if self.vocabulary_mode == "private":
+            bad("vocabulary_mode", "is 'private', but a user-level vocabulary selection is not "
+                                   "implemented (it counts each document's words): with "
+                                   "privacy_unit: user use vocabulary_mode: public or a public "
+                                   "vocabulary file")
+
+    @property
+    def user_bounds(self) -> tuple[int, int]:
+        """(m, M) of user mode, defaults applied (m = 5, M = m; as the estimator)."""
+        m = self.max_docs_per_user_epoch or DEFAULT_MAX_DOCS_PER_USER_EPOCH
+        return m, self.max_docs_per_user or m
+
+    def user_bounder(self):
+        """A fresh bounder of this configuration (user mode), or None (document mode)."""
+        if self.privacy_unit != "user":
+            return None
+        from streamdp.privacy.user_bounding import UserBounder
+        m, M = self.user_bounds
+        return UserBounder(max_docs_per_epoch=m, max_docs=M, schedule=self.user_weights,
+                           max_users=self.max_users)
+
+    def user_bounding_report(self) -> dict | None:
+        """What the privacy report says about the bounding (None in document mode)."""
+        b = self.user_bounder()
+        if b is None:
+            return None
+        from streamdp.privacy.user_bounding import bounding_report
+        return {**bounding_report(b), "warmup_share": float(self.warmup_share),
+                "partition_rule": "partition_for_user: BLAKE2b-64(user) mod the deployment's "
+                                  "partition count; documents elsewhere are dead-lettered"}
 
     def _check_refinement_lag(self, bad) -> None:
         """L ≥ 1, and (with refinement) a hold can always end: a sketcher holds a partition at a
@@ -461,7 +544,77 @@ def from_mapping(values: dict, *, env: dict | None = None) -> ServiceConfig:
 PRIVACY_MODE_KEY = "deployment/privacy"
 
 
-def check_privacy_mode(cfg: ServiceConfig, store=None, *, role: str = "release") -> None:
+def _privacy_marker(cfg: ServiceConfig, document_partitions: int | None) -> dict:
+    meta = {"private": True, "epsilon": cfg.epsilon, "delta": cfg.delta,
+            "privacy_unit": cfg.privacy_unit}
+    if cfg.privacy_unit == "user":
+        if document_partitions is None:
+            raise ValueError("user mode: the documents topic's partition count is required")
+        m, M = cfg.user_bounds
+        meta.update(document_partitions=int(document_partitions), max_docs_per_user_epoch=m,
+                    max_docs_per_user=M, user_weights=cfg.user_weights)
+    return meta
+
+
+def check_unit(cfg: ServiceConfig, marker: dict, document_partitions: int | None, *,
+               store_name: str = "the state topic") -> None:
+    """Refuse a service whose unit of privacy, user bounding or documents-partition count
+    differs from what the deployment recorded at its first start (``deployment/privacy``).
+
+    The unit is part of the privacy mode: every sum and every ledger event of a deployment is
+    calibrated to one unit. In user mode the partition count is fixed too: the rule
+    ``partition_for_user(user, n)`` puts a user on one partition only for one n (Kafka can add
+    partitions, which re-maps users: a user on two partitions gets two weight sequences)."""
+    had = marker.get("privacy_unit", "document")     # markers before issue 16: documents
+    if had != cfg.privacy_unit:
+        raise ConfigError(
+            f"configuration field 'privacy_unit': {store_name!r} records a deployment with "
+            f"privacy_unit {had!r}, this service is configured with {cfg.privacy_unit!r}. Every "
+            "sum and ledger event of a deployment is calibrated to its unit, which cannot change: "
+            f"configure privacy_unit: {had}, or start a new deployment (new topic_prefix and "
+            "ledger)")
+    if cfg.privacy_unit != "user":
+        return
+    m, M = cfg.user_bounds
+    for name, mine in (("max_docs_per_user_epoch", m), ("max_docs_per_user", M),
+                       ("user_weights", cfg.user_weights)):
+        if marker.get(name) != mine:
+            raise ConfigError(
+                f"configuration field {name!r}: the deployment was started with {name} "
+                f"{marker.get(name)!r} ({store_name!r}), this service has {mine!r}; the user "
+                f"bounding cannot change mid-deployment: configure {marker.get(name)!r}")
+    n = marker.get("document_partitions")
+    if document_partitions is not None and n != document_partitions:
+        raise ConfigError(
+            f"the documents topic {cfg.topics.documents!r} has {document_partitions} partitions, "
+            f"but this user-level deployment was started with {n} ({store_name!r} records it): "
+            "the rule partition_for_user(user, n) keeps each user on one partition only for a "
+            "fixed n, so the partition count cannot change. Restore the topic with "
+            f"{n} partitions, or start a new deployment (new topic_prefix and ledger)")
+
+
+def recorded_partitions(store) -> int | None:
+    """The documents-partition count a user-level deployment recorded, or None."""
+    rec = store.read_latest(PRIVACY_MODE_KEY)
+    return None if rec is None else rec.meta.get("document_partitions")
+
+
+def documents_partition_count(cfg: ServiceConfig) -> int:
+    """The documents topic's partition count (ConfigError if the topic does not exist)."""
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient(cfg.client("admin"))
+    md = admin.list_topics(cfg.topics.documents, timeout=10)
+    t = md.topics.get(cfg.topics.documents)
+    if t is None or t.error is not None or not t.partitions:
+        raise ConfigError(f"privacy_unit: user needs the documents topic "
+                          f"{cfg.topics.documents!r} to exist before the services start (its "
+                          "partition count is fixed for the deployment): create the topics "
+                          "first (streamdp topics / --create-topics)")
+    return len(t.partitions)
+
+
+def check_privacy_mode(cfg: ServiceConfig, store=None, *, role: str = "release",
+                       document_partitions: int | None = None) -> None:
     """Start-up check of the deployment's privacy mode (call before any budget is spent).
 
     * non-private or reproducible-noise configurations log a WARNING, in words;
@@ -469,7 +622,11 @@ def check_privacy_mode(cfg: ServiceConfig, store=None, *, role: str = "release")
       ledger (release service) holds a budget or spending, or its state topic holds the
       private-deployment marker, a private (DP range finder) subspace or clip bounds;
     * a private release service writes the marker (``deployment/privacy``) to the state
-      topic once, so a later non-private service is refused even if the ledger is lost.
+      topic once, so a later non-private service is refused even if the ledger is lost;
+      the marker records the unit of privacy, and in user mode the bounding (m, M, weights)
+      and the documents topic's partition count (``document_partitions``, required then):
+      a service configured otherwise is refused (:func:`check_unit`). In user mode a sketcher
+      that starts first writes the marker too.
     """
     import logging
     log = logging.getLogger(f"streamdp.{role}")
@@ -479,11 +636,15 @@ def check_privacy_mode(cfg: ServiceConfig, store=None, *, role: str = "release")
                     "these snapshots carry no privacy guarantee. Never run this in production.",
                     cfg.noise_seed)
     if cfg.private:
-        if store is not None and role == "release":
+        if store is not None:
             rec = store.read_latest(PRIVACY_MODE_KEY)
-            if rec is None:
-                store.write(PRIVACY_MODE_KEY, b"", meta={
-                    "private": True, "epsilon": cfg.epsilon, "delta": cfg.delta})
+            # the release service writes the marker; in user mode a sketcher may come first and
+            # must not sketch before the partition count is recorded (it writes the same record)
+            if rec is None and (role == "release" or cfg.privacy_unit == "user"):
+                store.write(PRIVACY_MODE_KEY, b"", meta=_privacy_marker(cfg, document_partitions))
+                rec = store.read_latest(PRIVACY_MODE_KEY)
+            if rec is not None:
+                check_unit(cfg, rec.meta, document_partitions, store_name=cfg.topics.state)
         return
     log.warning("NON-PRIVATE deployment (non_private: true): no clipping and no noise; every "
                 "snapshot is an exact function of the documents and is marked non-private. "

@@ -79,3 +79,20 @@ def _draw(rng, topics, z):
         m = z == t
         out[m] = rng.choice(topics.shape[1], size=int(m.sum()), p=topics[t])
     return out
+
+
+def zipf_users(n: int, *, exponent: float = 2.0, max_per_user: int = 500,
+               seed: int = 0) -> list[str]:
+    """``n`` author ids: each user's number of documents drawn from a Zipf law (P(k) ∝ k^-a,
+    capped at ``max_per_user``: most users write one or two documents, a few write hundreds),
+    then the documents shuffled, so a user's documents are spread over the feed."""
+    rng = np.random.default_rng(seed)
+    counts: list[int] = []
+    total = 0
+    while total < n:
+        c = int(min(rng.zipf(exponent), max_per_user, n - total))
+        counts.append(c)
+        total += c
+    users = np.repeat(np.arange(len(counts)), counts)
+    rng.shuffle(users)
+    return [f"user-{u}" for u in users.tolist()]

@@ -53,6 +53,7 @@ from streamdp.messages import InvalidMessage
 from streamdp.moments.clipping import ClipBounds
 from streamdp.moments.sketch import WhitenedSketch
 from streamdp.privacy.epochs import WARMUP_EPOCH, EpochClock
+from streamdp.privacy.user_bounding import UserBounder, partition_for_user
 from streamdp.refinement import FoldInModels, RefinementSketch
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch
@@ -202,6 +203,14 @@ class PartitionState:
     counters : dict       documents, tokens, unknown_tokens, late, empty, dlq (and
                           selection_documents once a selection document was counted)
     fence : int           fencing token of the writer (:func:`fencing_token`)
+    users_warmup, users_stream : UserBounder | None
+                          user mode (``privacy_unit: user``): the per-user counters of this
+                          partition's warm-up and stream weight sequences (docs/privacy.md
+                          "The user-level unit in the services"); None in document mode, and
+                          the warm-up's once the warm-up is released
+    users_expired_through : int  stream epochs whose per-user counts expired (the partition's
+                          progress passed their close time: no document on time for them can
+                          follow in this partition's log)
     """
 
     topic: str
@@ -217,16 +226,94 @@ class PartitionState:
         "documents": 0, "warmup_documents": 0, "tokens": 0, "unknown_tokens": 0, "late": 0,
         "empty": 0, "dlq": 0})
     fence: int = 0
+    users_warmup: UserBounder | None = None
+    users_stream: UserBounder | None = None
+    users_expired_through: int = 0
 
     @property
     def key(self) -> str:
         return state_key(self.topic, self.partition)
 
+    # ------------------------------------------------------------ user mode
+    def bind_users(self, new_bounder, *, warmup_open: bool) -> None:
+        """User mode: create this partition's bounders (``new_bounder()``: a fresh
+        :class:`UserBounder` of the configuration) or check restored ones against the
+        configuration (ValueError if m, M or the schedule changed) and apply its ``max_users``.
+        ``warmup_open``: False once the warm-up is released (its counters are not needed)."""
+        ref = new_bounder()
+        for name in ("users_warmup", "users_stream"):
+            b = getattr(self, name)
+            if b is None:
+                if name == "users_stream" or warmup_open:
+                    setattr(self, name, ref if name == "users_stream" else new_bounder())
+                continue
+            b.check_compatible(max_docs_per_epoch=ref.max_docs_per_epoch, max_docs=ref.max_docs,
+                               schedule=ref.schedule)
+            if b.n_users > ref.max_users:
+                raise ValueError(f"partition {self.partition}: the checkpoint holds {b.n_users} "
+                                 f"users, more than max_users={ref.max_users}: raise max_users")
+            b.max_users = ref.max_users
+        if not warmup_open:
+            self.users_warmup = None
+
+    def _user_weights(self, users, user_routes) -> tuple[np.ndarray, np.ndarray]:
+        """(weights, in_histogram) of a batch, in log order, updating the counters; raises
+        UserCapacityExceeded before any counter changes.
+
+        Numbered: every document that its *own* route (``user_routes``: :meth:`Routing.route`
+        of its ts and record time, before anything decided by timing — a closed epoch, a
+        released warm-up, a held model) sends to the warm-up (warm-up sequence) or to stream
+        epoch e (stream sequence, epoch e) — whether or not it is later dropped as late.
+        A user's numbering is then a function of that user's own documents in this
+        partition's log, never of batch boundaries, poll timing or other users."""
+        users = list(users)
+        own = np.asarray(user_routes)
+        n = own.shape[0]
+        if len(users) != n:
+            raise ValueError(f"{n} documents but {len(users)} user ids")
+        w = np.zeros(n)
+        first = np.zeros(n, dtype=bool)
+        warm = np.flatnonzero(own == WARMUP_EPOCH) if self.users_warmup is not None else np.zeros(0, int)
+        stream = np.flatnonzero(own > self.users_expired_through)
+        if self.users_stream is None:
+            raise RuntimeError("user mode: bind_users() before adding documents")
+        # both capacity checks before either bounder changes (fail closed, nothing changed)
+        if warm.size:
+            self.users_warmup.check_capacity([users[i] for i in warm])
+        self.users_stream.check_capacity([users[i] for i in stream])
+        if warm.size:
+            ww, ranks = self.users_warmup.assign([users[i] for i in warm])
+            w[warm], first[warm] = ww, ranks == 1
+        if stream.size:
+            w[stream], _ = self.users_stream.assign([users[i] for i in stream], own[stream])
+        return w, first
+
+    def expire_user_epochs(self, routing: "Routing") -> None:
+        """Forget the per-user counts of the stream epochs whose close time this partition's
+        progress has passed (a document on time for them can no longer follow in its log:
+        record times are non-decreasing per partition). Lifetime counts stay."""
+        if self.users_stream is None or self.progress == -math.inf:
+            return
+        e = self.users_expired_through
+        while routing.close_time(e + 1) <= self.progress:
+            e += 1
+        if e > self.users_expired_through:
+            self.users_stream.close_through(e)
+            self.users_expired_through = e
+
     # ------------------------------------------------------------ updating
     def add(self, X: sp.csr_matrix, routes: np.ndarray, subspace: Subspace | None,
             clip: ClipBounds | None, warmup_factory,
-            models: FoldInModels | None = None) -> dict[str, int]:
+            models: FoldInModels | None = None, *, users=None,
+            user_routes: np.ndarray | None = None) -> dict[str, int]:
         """Add a validated batch routed by :meth:`Routing.route`; returns per-role counts.
+
+        User mode (``users``: one id per row, ``user_routes``: each row's own route, see
+        :meth:`_user_weights`): the rows are weighted by this partition's bounders before
+        anything is routed, and each weight multiplies the document's clipped contribution to
+        every sum (the sketches' ``weights=``, as ``StreamingSpectralLDA``); the clip histogram
+        counts each user's first warm-up document only. Raises
+        :class:`~streamdp.privacy.user_bounding.UserCapacityExceeded` before anything changes.
 
         ``models``: with refinement, the public models by snapshot epoch; a stream document of
         epoch e is also folded into ``models.model_for(e)`` (the rule
@@ -247,6 +334,9 @@ class PartitionState:
         if models is not None:       # every model decided, before any sketch changes
             for r in np.unique(routes[routes > 0]):
                 models.model_for(int(r))
+        w = first = None
+        if users is not None:
+            w, first = self._user_weights(users, routes if user_routes is None else user_routes)
         out = {"warmup": 0, "stream": 0, "late": int(np.sum(routes == LATE)), "short": 0}
         short = (np.asarray(X.sum(axis=1)).ravel() < MIN_DOC_LENGTH) if X.shape[0] else np.zeros(0, bool)
         for r in np.unique(routes):
@@ -259,7 +349,10 @@ class PartitionState:
                         out["late"] += rows.size
                         continue
                     self.warmup = warmup_factory()
-                self.warmup.update(X[rows])
+                if w is None:
+                    self.warmup.update(X[rows])
+                else:
+                    self.warmup.update(X[rows], weights=w[rows], in_histogram=first[rows])
                 out["warmup"] += rows.size
                 out["short"] += int(short[rows].sum())
                 continue
@@ -268,13 +361,15 @@ class PartitionState:
             sk = self.epochs.get(int(r))
             if sk is None:
                 sk = self.epochs[int(r)] = WhitenedSketch(subspace, clip)
-            sk.update(X[rows])
+            # user mode: the rows' weights (document mode: the unweighted calls, unchanged)
+            wkw = {} if w is None else {"weights": w[rows]}
+            sk.update(X[rows], **wkw)
             model = None if models is None else models.model_for(int(r))
             if model is not None:
                 rs = self.refine.get(int(r))
                 if rs is None:
                     rs = self.refine[int(r)] = RefinementSketch(*model.shape)
-                rs.update(X[rows], model)
+                rs.update(X[rows], model, **wkw)
             out["stream"] += rows.size
             out["short"] += int(short[rows].sum())
         self.counters["late"] += out["late"]
@@ -306,6 +401,7 @@ class PartitionState:
             del self.refine[e]
         if warmup_closed:
             self.warmup = None
+            self.users_warmup = None        # its weights can no longer reach a released sum
 
     # ------------------------------------------------------------ checkpoint
     def to_bytes(self) -> bytes:
@@ -320,6 +416,12 @@ class PartitionState:
             "refine": [[e, rs.to_dict()] for e, rs in sorted(self.refine.items())],
             "closed_through": self.closed_through, "counters": self.counters,
             "fence": self.fence,
+            # user mode: the bounders (secret: per-user counts), so a re-read after a crash or
+            # a rebalance numbers every user's documents exactly as the lost run did
+            **({} if self.users_stream is None and self.users_warmup is None else {
+                "users_warmup": None if self.users_warmup is None else self.users_warmup.to_dict(),
+                "users_stream": None if self.users_stream is None else self.users_stream.to_dict(),
+                "users_expired_through": self.users_expired_through}),
         })
 
     @classmethod
@@ -340,7 +442,10 @@ class PartitionState:
                    epochs={int(e): WhitenedSketch.from_bytes(b, subspace) for e, b in obj["epochs"]},
                    refine={int(e): RefinementSketch.from_dict(r) for e, r in obj.get("refine") or []},
                    closed_through=int(obj["closed_through"]), counters=dict(obj["counters"]),
-                   fence=int(obj.get("fence", 0)))
+                   fence=int(obj.get("fence", 0)),
+                   users_warmup=_bounder(obj.get("users_warmup")),
+                   users_stream=_bounder(obj.get("users_stream")),
+                   users_expired_through=int(obj.get("users_expired_through", 0)))
 
     def meta(self) -> dict:
         """Small manifest metadata: lets the release service check progress cheaply."""
@@ -350,6 +455,34 @@ class PartitionState:
                 "selection": self.selection is not None,
                 "refine_epochs": sorted(self.refine),
                 "closed_through": self.closed_through, "fence": self.fence}
+
+
+def _bounder(obj) -> UserBounder | None:
+    return None if obj is None else UserBounder.from_dict(obj)
+
+
+def check_user(user: str | None, partition: int, n_partitions: int) -> InvalidMessage | None:
+    """User mode: why a decoded document cannot be counted on ``partition``, or None.
+
+    ``missing_user``: it has no user id. ``user_partition_mismatch``: it is not on
+    ``partition_for_user(user, n_partitions)`` — keying by user is not trusted (a producer
+    with another partitioner, a manual partition, a changed partition count): a user on two
+    partitions would get two weight sequences (docs/privacy.md)."""
+    from streamdp import messages
+    if user is None:
+        return messages.InvalidMessage.user(
+            messages.MISSING_USER, "the document has no 'user' field, and this deployment's "
+                                   "unit of privacy is the user (privacy_unit: user): the "
+                                   "producer must set it")
+    want = partition_for_user(user, n_partitions)
+    if want != partition:
+        return messages.InvalidMessage.user(
+            messages.USER_PARTITION_MISMATCH,
+            f"the document's user belongs on partition {want} of {n_partitions} "
+            f"(partition_for_user), it was read from partition {partition}: produce with "
+            "`streamdp produce` or set the partition with streamdp.privacy.user_bounding."
+            "partition_for_user")
+    return None
 
 
 def fencing_token(group_generation: int | None, restored_fence: int = 0) -> int:

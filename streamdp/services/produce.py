@@ -5,7 +5,9 @@ line) or msgpack (a stream of such maps). Each record's Kafka timestamp is the
 document's ``ts`` (replay mode), so record times are non-decreasing per
 partition when the file is in timestamp order — the release service's
 completeness rule relies on it (docs/services.md). Records are keyed by their ``user`` when they
-have one (all documents of a user in one partition, in order), else by id.
+have one, else by id; for a ``privacy_unit: user`` deployment each record's partition is set
+explicitly by ``partition_for_user`` (all documents of a user in one partition, in order; the
+sketchers dead-letter any document found elsewhere).
 
 On a documents topic with ``message.timestamp.type=LogAppendTime`` (what
 ``--create-topics`` and ``streamdp topics`` create) a real Kafka broker replaces
@@ -26,6 +28,7 @@ from confluent_kafka import Producer
 
 from streamdp import messages
 from streamdp.kafka.topics import client_config
+from streamdp.privacy.user_bounding import partition_for_user
 
 log = logging.getLogger("streamdp.produce")
 
@@ -137,24 +140,36 @@ def record_key(obj: dict) -> str:
     return str(obj["user"]) if "user" in obj else str(obj["id"])
 
 
-def encoded_records(path: str | Path,
-                    rejections: Rejections) -> Iterator[tuple[str, float, bytes, str]]:
-    """The valid documents of a corpus file, encoded, with their Kafka key; bad lines go to
-    ``rejections``."""
+def encoded_records(path: str | Path, rejections: Rejections, *, require_user: bool = False
+                    ) -> Iterator[tuple[str, float, bytes, str, str | None]]:
+    """The valid documents of a corpus file, encoded, with their Kafka key and user (or None);
+    bad lines go to ``rejections``. ``require_user`` (a ``privacy_unit: user`` deployment): a
+    document without ``user`` is rejected here rather than dead-lettered by the sketcher."""
     for where, obj in read_corpus(path):
         if isinstance(obj, Exception):
             rejections.add(where, str(obj))
             continue
         try:
-            yield (*encode_record(obj), record_key(obj))
+            if require_user and isinstance(obj, dict) and "user" not in obj:
+                raise ValueError("missing field 'user': this deployment's unit of privacy is the "
+                                 "user (privacy_unit: user), so every document needs one")
+            rec = encode_record(obj)
+            yield (*rec, record_key(obj), str(obj["user"]) if "user" in obj else None)
         except ValueError as exc:
             rejections.add(where, str(exc))
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[dict | tuple[str, float, bytes]], *,
             producer: Producer | None = None, producer_config: dict | None = None,
-            progress=None, stats: dict | None = None) -> int:
+            progress=None, stats: dict | None = None,
+            user_partitions: int | None = None) -> int:
     """Produce documents; returns how many were acknowledged. Raises on delivery failure.
+
+    ``user_partitions`` (a ``privacy_unit: user`` deployment: the documents topic's partition
+    count): a document with a user is written to partition
+    :func:`~streamdp.privacy.user_bounding.partition_for_user` explicitly — the rule the
+    sketchers check — whatever the client's default partitioner would do with its key.
+    Records are dicts, or tuples ``(id, ts, message[, key[, user]])``.
 
     Whatever stops the loop (a bad record, an exception of ``records``, Ctrl-C), the
     documents already queued are flushed first; ``stats`` (if given) then holds
@@ -180,12 +195,16 @@ def produce(bootstrap: str, topic: str, records: Iterable[dict | tuple[str, floa
     n, last_ts = 0, None
     try:
         for rec in records:
-            if isinstance(rec, tuple):      # (id, ts, message[, key]): key defaults to the id
-                doc_id, ts, raw, *key = rec
-                key = key[0] if key else doc_id
+            if isinstance(rec, tuple):      # (id, ts, message[, key[, user]]): key defaults to the id
+                doc_id, ts, raw, *rest = rec
+                key = rest[0] if rest else doc_id
+                user = rest[1] if len(rest) > 1 else None
             else:
                 doc_id, ts, raw = encode_record(rec)
                 key = record_key(rec)
+                user = str(rec["user"]) if "user" in rec else None
+            where = ({} if user_partitions is None or user is None
+                     else {"partition": partition_for_user(user, user_partitions)})
             if last_ts is not None and ts < last_ts:
                 log.warning("document %s is out of timestamp order (%s < %s): record times must be "
                             "non-decreasing per partition for epochs to close correctly", doc_id, ts,
@@ -194,7 +213,7 @@ def produce(bootstrap: str, topic: str, records: Iterable[dict | tuple[str, floa
             while True:
                 try:
                     producer.produce(topic, key=key.encode(), value=raw, timestamp=int(ts * 1000),
-                                     on_delivery=on_delivery)
+                                     on_delivery=on_delivery, **where)
                     break
                 except BufferError:
                     producer.poll(0.1)
