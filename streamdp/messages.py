@@ -578,6 +578,10 @@ class DocumentBatch:
         loads = msgpack.unpackb
         errors, docs, ts_out = self.errors, self.docs, self.ts
         bulk = max_tokens <= _BULK_MAX_TOKENS
+        # the compiled parser takes the valid token-id messages of the common shape; the
+        # loop below decodes every message it declines (and only those)
+        parsed = _parse_counts_fast(values, self.errors, vocabulary, max_bytes, max_tokens) \
+            if bulk and n else None
         f_pos: list[int] = []
         f_id: list[str] = []
         f_ts: list[float] = []
@@ -587,9 +591,11 @@ class DocumentBatch:
         slow: list[int] = []
         self._f_user = f_user = {}                   # fast counts position -> its user id
         inf = math.inf
-        for i, raw in enumerate(values):
+        todo = range(n) if parsed is None else parsed.declined.tolist()
+        for i in todo:
             if i in errors:
                 continue
+            raw = values[i]
             obj = None
             if type(raw) is bytes and len(raw) <= max_bytes:
                 try:
@@ -648,9 +654,10 @@ class DocumentBatch:
         self._f_pos = np.asarray(f_pos, dtype=np.intp)
         self._f_id = f_id
         self._f_ts = np.asarray(f_ts, dtype=np.float64)
-        self._f_alive = np.ones(len(f_pos), dtype=bool)
-        self._f_row = dict(zip(f_pos, range(len(f_pos))))
-        if len(f_pos):
+        if parsed is not None and parsed.pos.size:
+            self._merge_parsed(parsed)
+        self._f_alive = np.ones(self._f_pos.size, dtype=bool)
+        if self._f_pos.size:
             ts_out[self._f_pos] = self._f_ts
         for i in sorted(slow):
             try:
@@ -720,11 +727,44 @@ class DocumentBatch:
         return np.flatnonzero(bad)
 
     # -- after decoding --------------------------------------------------------------------
+    def _merge_parsed(self, parsed: "_ParsedCounts") -> None:
+        """Put the rows of the compiled parser and those of the Python loop (already in
+        ``_f_pos`` … ``_sort``) into one set of arrays, rows in batch order."""
+        if not self._f_pos.size:
+            self._f_pos, self._f_id, self._f_ts = parsed.pos, parsed.doc_ids, parsed.ts
+            self._ids, self._cnt, self._lens = parsed.ids, parsed.cnt, parsed.lens
+            self._sort = np.zeros(parsed.pos.size, dtype=bool)
+            return
+        pos = np.concatenate([parsed.pos, self._f_pos])
+        order = np.argsort(pos, kind="stable")
+        lens = np.concatenate([parsed.lens, self._lens])
+        src = np.zeros(lens.size, dtype=np.int64)            # each row's first element ...
+        np.cumsum(lens[:-1], out=src[1:])                    # ... in the concatenation
+        lens = lens[order]
+        dst = np.zeros(lens.size, dtype=np.int64)
+        np.cumsum(lens[:-1], out=dst[1:])
+        take = np.repeat(src[order] - dst, lens) + np.arange(int(lens.sum()))
+        self._ids = np.concatenate([parsed.ids, self._ids])[take]
+        self._cnt = np.concatenate([parsed.cnt, self._cnt])[take]
+        self._lens = lens
+        self._sort = np.concatenate([np.zeros(parsed.pos.size, dtype=bool), self._sort])[order]
+        self._f_pos = pos[order]
+        self._f_ts = np.concatenate([parsed.ts, self._f_ts])[order]
+        all_ids = parsed.doc_ids + self._f_id
+        self._f_id = [all_ids[j] for j in order.tolist()]
+
+    def _fast_row(self, i: int) -> int | None:
+        """Row of position ``i`` among the token-id rows built in bulk (None if not one)."""
+        r = int(np.searchsorted(self._f_pos, i))
+        return r if r < self._f_pos.size and self._f_pos[r] == i else None
+
     @property
     def valid(self) -> np.ndarray:
         """Positions of the messages decoded and not rejected so far (ascending)."""
-        pos = [p for p, r in self._f_row.items() if self._f_alive[r]] + list(self.docs)
-        return np.asarray(sorted(pos), dtype=np.intp)
+        pos = self._f_pos[self._f_alive]
+        if self.docs:
+            pos = np.sort(np.concatenate([pos, np.fromiter(self.docs, dtype=np.intp, count=len(self.docs))]))
+        return np.asarray(pos, dtype=np.intp)
 
     def user(self, i: int) -> str | None:
         """The ``user`` field of the decoded message at position ``i`` (None if absent)."""
@@ -733,7 +773,7 @@ class DocumentBatch:
 
     def reject(self, i: int, exc: InvalidMessage) -> None:
         """Refuse the decoded message at position ``i`` (e.g. its time is in the future)."""
-        r = self._f_row.get(i)
+        r = self._fast_row(i)
         if r is not None and self._f_alive[r]:
             self._f_alive[r] = False
         elif self.docs.pop(i, None) is None:
@@ -765,7 +805,8 @@ class DocumentBatch:
             f_tokens = np.add.reduceat(self._cnt[elems], indptr[:-1]) if lens.size else np.zeros(0, np.int64)
             f_pos = self._f_pos[alive]
             f_ts = self._f_ts[alive]
-            f_ids = [x for x, a in zip(self._f_id, alive.tolist()) if a]
+            f_ids = list(self._f_id) if nf == alive.size else \
+                [x for x, a in zip(self._f_id, alive.tolist()) if a]
         errors = dict(self.errors)
         if self.docs:
             slow_pos = sorted(self.docs)
@@ -800,3 +841,60 @@ class DocumentBatch:
         return CountBatch(counts=out_X, timestamps=np.asarray(ts, dtype=np.float64), doc_ids=ids,
                           index=np.asarray(pos, dtype=np.intp), n_tokens=n_tok, n_unknown=n_unk,
                           errors=tuple(sorted(errors.items())))
+
+
+# --------------------------------------------------------------------------- compiled fast path
+@dataclass(frozen=True, eq=False)
+class _ParsedCounts:
+    """What the compiled parser accepted: rows in batch order (see :func:`_parse_counts_fast`)."""
+
+    pos: np.ndarray             # intp (m,): batch positions
+    ts: np.ndarray              # float64 (m,)
+    doc_ids: list[str]
+    lens: np.ndarray            # int64 (m,): words per document
+    ids: np.ndarray             # int64 (Σ lens,): word ids, document after document
+    cnt: np.ndarray             # int64 (Σ lens,)
+    declined: np.ndarray        # intp: positions left to the Python loop (not in ``errors``)
+
+
+def _counts_kernel():
+    """The compiled parser (:mod:`streamdp._counts_decode_kernel`), imported on first use so
+    that ``import streamdp`` does not pay for numba."""
+    from streamdp._counts_decode_kernel import parse_counts_messages
+    return parse_counts_messages
+
+
+def warm_bulk_decoder() -> None:
+    """Load (or compile) the compiled parser now (≈ 0.1–0.5 s once per process, ≈ 3 s to
+    compile): a service pays it at start-up, not inside its first batch."""
+    DocumentBatch([b""], Vocabulary(["x"]))
+
+
+def _parse_counts_fast(values: Sequence[Any], errors: Mapping[int, InvalidMessage],
+                       vocabulary: Vocabulary, max_bytes: int, max_tokens: int) -> _ParsedCounts:
+    """Run the compiled parser over the batch: every valid token-id message of the common
+    shape (:mod:`streamdp._counts_decode_kernel`) is parsed and checked there; the others are
+    returned in ``declined`` for the full path."""
+    n = len(values)
+    raws = values if set(map(type, values)) == {bytes} else [v if type(v) is bytes else b"" for v in values]
+    joined = b"".join(raws)
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, raws), dtype=np.int64, count=n), out=starts[1:])
+    skip = np.zeros(n, dtype=bool)
+    if errors:
+        skip[np.fromiter(errors, dtype=np.intp, count=len(errors))] = True
+    ok = np.zeros(n, dtype=bool)
+    ts = np.empty(n)
+    id_span = np.empty((n, 2), dtype=np.int64)
+    lens = np.empty(n, dtype=np.int64)
+    cap = len(joined) // 2 + 1              # each (id, count) pair takes ≥ 2 bytes
+    ids, cnt = np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.int64)
+    used = _counts_kernel()(np.frombuffer(joined, dtype=np.uint8), starts, skip, max_bytes,
+                            max_tokens, MAX_ID_CHARS, len(vocabulary),
+                            np.frombuffer(vocabulary.id.encode("utf-8"), dtype=np.uint8),
+                            ok, ts, id_span, lens, ids, cnt)
+    pos = np.flatnonzero(ok)
+    text = joined.decode("latin-1")         # accepted ids are ASCII: one char per byte
+    doc_ids = [text[a:b] for a, b in id_span[pos].tolist()]
+    return _ParsedCounts(pos=pos, ts=ts[pos], doc_ids=doc_ids, lens=lens[pos], ids=ids[:used],
+                         cnt=cnt[:used], declined=np.flatnonzero(~ok & ~skip))
