@@ -160,6 +160,15 @@ def two_sum(a, b):
     return s, e
 
 
+#: vectors at least this long take the compiled Sum2 step (:mod:`streamdp._sum2_kernel`)
+_COMPILED_MIN = 1 << 12
+
+
+def _sum2_kernel():
+    from streamdp._sum2_kernel import sum2_inplace     # numba: imported on first use
+    return sum2_inplace
+
+
 def accumulate(hi: np.ndarray, lo: np.ndarray, x) -> None:
     """Sum2 step in place: hi ← fl(hi + x), lo += the exact rounding error of that addition.
 
@@ -177,9 +186,13 @@ def accumulate(hi: np.ndarray, lo: np.ndarray, x) -> None:
         lo += t
         hi[...] = s
         return
-    # the same in cache-sized blocks: the temporaries stay in cache (memory traffic ≈ ⅓)
     h, l, xv = hi.reshape(-1), lo.reshape(-1), np.ascontiguousarray(x).reshape(-1)
     n = h.size
+    if n >= _COMPILED_MIN and hi.dtype == lo.dtype == np.float64:
+        # the same operations, element by element, in one compiled pass (bit-identical)
+        _sum2_kernel()(h, l, xv)
+        return
+    # the same in cache-sized blocks: the temporaries stay in cache (memory traffic ≈ ⅓)
     blk = min(n, _BLOCK)
     s_buf, bp_buf, t_buf = np.empty(blk), np.empty(blk), np.empty(blk)
     for a in range(0, n, blk):
