@@ -296,8 +296,10 @@ def run_one(bootstrap: str, kind: str, msgs: list, stream_start: float, vocab: V
                         confirm_backfill=True)     # a replayed feed
     timers = Timers()
     undo = install_phase_timers(timers)
-    if hasattr(messages, "warm_bulk_decoder"):    # the compiled parser: loaded at start-up
+    if hasattr(messages, "warm_bulk_decoder"):    # compiled kernels: loaded at start-up
         messages.warm_bulk_decoder()
+        from streamdp.privacy import rounding
+        rounding.accumulate(*np.zeros((3, 1 << 12)))
     sk = BenchSketcher(cfg, timers, instance=f"bench-{kind}")
     prof = cProfile.Profile() if a.profile else None
     try:

@@ -14,7 +14,10 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True)
+# error_model="numpy": no zero-division checks (they keep LLVM from vectorising the loops); no
+# division here can be by zero — a_sum ≥ k·10⁻³ (α floored), denom ≥ a_sum, and c_w / s_w only
+# where s_w > 0 — so the results are bit-identical to the checked build (≈ 10% faster)
+@njit(cache=True, nogil=True, error_model="numpy")
 def fold_in_rows(indptr, indices, counts, phiT, alpha, n_iter, theta_out, resp_out):
     """θ (n, k) and responsibilities (nnz, k) of the CSR documents (indptr, indices, counts)
     under Φᵀ = ``phiT`` (d, k) and prior ``alpha`` (k,, already floored), written into
