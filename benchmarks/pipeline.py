@@ -187,9 +187,11 @@ class BenchSketcher(Sketcher):
                    + st.counters["dlq"] for st in self.states.values())
 
 
-def install_phase_timers(timers: Timers):
-    """Wrap documents_to_counts and PartitionState.add with per-batch timers; returns an undo."""
+def install_phase_timers(timers: Timers, background: bool = False):
+    """Wrap documents_to_counts and PartitionState.add with per-batch timers; returns an undo.
+    ``background``: PartitionState.add(..., refine_in_background=True)."""
     orig_counts, orig_add = messages.documents_to_counts, ps_mod.PartitionState.add
+    bg = {"refine_in_background": True} if background else {}
 
     def timed_counts(*a, **kw):
         t0 = time.perf_counter()
@@ -201,7 +203,7 @@ def install_phase_timers(timers: Timers):
     def timed_add(self, *a, **kw):
         t0 = time.perf_counter()
         try:
-            return orig_add(self, *a, **kw)
+            return orig_add(self, *a, **kw, **bg)
         finally:
             timers.add("sketch", time.perf_counter() - t0)
 
@@ -295,7 +297,7 @@ def run_one(bootstrap: str, kind: str, msgs: list, stream_start: float, vocab: V
                         non_production=True,       # embedded broker
                         confirm_backfill=True)     # a replayed feed
     timers = Timers()
-    undo = install_phase_timers(timers)
+    undo = install_phase_timers(timers, background=a.background_refine)
     if hasattr(messages, "warm_bulk_decoder"):    # compiled kernels: loaded at start-up
         messages.warm_bulk_decoder()
         from streamdp.privacy import rounding
@@ -365,6 +367,7 @@ def run_one(bootstrap: str, kind: str, msgs: list, stream_start: float, vocab: V
         "t_other": seconds - sum(tm.get(n, 0) for n in ("fetch", "process", "checkpoint")),
         "counters": counters, "epochs": sorted({e for s in st for e in s.epochs}),
         "k_prime": k_prime, "d": a.d, "k": a.k, "refine": bool(a.refine),
+        "background_refine": bool(a.background_refine),
     }
     if counters.get("documents") != n_docs or counters.get("dlq") or counters.get("late"):
         raise RuntimeError(f"unexpected routing: {counters}")
@@ -395,6 +398,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--refine", type=int, default=1, help="1: a released model exists, every document "
                    "is also folded into it (refinement sums, issue 10); 0: sketches only")
+    p.add_argument("--background-refine", action="store_true", help="fold documents into the "
+                   "refinement sketch on a second thread (PartitionState.add(refine_in_background=True))")
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--profile", action="store_true", help="cProfile the measured window (slows it)")
     p.add_argument("--profile-lines", type=int, default=30)

@@ -41,7 +41,9 @@ that accepts or rejects a state record against the newest accepted one.
 from __future__ import annotations
 
 import math
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -305,7 +307,8 @@ class PartitionState:
     def add(self, X: sp.csr_matrix, routes: np.ndarray, subspace: Subspace | None,
             clip: ClipBounds | None, warmup_factory,
             models: FoldInModels | None = None, *, users=None,
-            user_routes: np.ndarray | None = None) -> dict[str, int]:
+            user_routes: np.ndarray | None = None,
+            refine_in_background: bool = False) -> dict[str, int]:
         """Add a validated batch routed by :meth:`Routing.route`; returns per-role counts.
 
         User mode (``users``: one id per row, ``user_routes``: each row's own route, see
@@ -314,6 +317,13 @@ class PartitionState:
         every sum (the sketches' ``weights=``, as ``StreamingSpectralLDA``); the clip histogram
         counts each user's first warm-up document only. Raises
         :class:`~streamdp.privacy.user_bounding.UserCapacityExceeded` before anything changes.
+
+        ``refine_in_background``: fold each epoch's rows into its refinement sketch on a worker
+        thread while this thread updates the epoch's whitened sketch (the fold-in kernel, the
+        sparse products and the compensated sums release the GIL), so one sketcher can use a
+        second core. Each sketch still gets the same updates in the same order, from one
+        thread at a time: the states are bit-identical to the sequential path
+        (tests/test_partition_concurrency.py); the job has ended before the next epoch's rows.
 
         ``models``: with refinement, the public models by snapshot epoch; a stream document of
         epoch e is also folded into ``models.model_for(e)`` (the rule
@@ -363,8 +373,21 @@ class PartitionState:
                 sk = self.epochs[int(r)] = WhitenedSketch(subspace, clip)
             # user mode: the rows' weights (document mode: the unweighted calls, unchanged)
             wkw = {} if w is None else {"weights": w[rows]}
-            sk.update(X[rows], **wkw)
             model = None if models is None else models.model_for(int(r))
+            if model is not None and refine_in_background:
+                rs = self.refine.get(int(r))
+                if rs is None:
+                    rs = self.refine[int(r)] = RefinementSketch(*model.shape)
+                Xr = X[rows]
+                job = _refine_worker().submit(rs.update, Xr, model, **wkw)
+                try:
+                    sk.update(Xr, **wkw)
+                finally:
+                    job.exception()         # wait for it, also when sk.update raised
+                job.result()                # its error, if any
+                model = None
+            else:
+                sk.update(X[rows], **wkw)
             if model is not None:
                 rs = self.refine.get(int(r))
                 if rs is None:
@@ -483,6 +506,19 @@ def check_user(user: str | None, partition: int, n_partitions: int) -> InvalidMe
             "`streamdp produce` or set the partition with streamdp.privacy.user_bounding."
             "partition_for_user")
     return None
+
+
+_worker: ThreadPoolExecutor | None = None
+_worker_lock = threading.Lock()
+
+
+def _refine_worker() -> ThreadPoolExecutor:
+    """The one worker thread of ``PartitionState.add(..., refine_in_background=True)``."""
+    global _worker
+    with _worker_lock:
+        if _worker is None:
+            _worker = ThreadPoolExecutor(1, thread_name_prefix="streamdp-refine")
+        return _worker
 
 
 def fencing_token(group_generation: int | None, restored_fence: int = 0) -> int:
