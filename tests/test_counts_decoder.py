@@ -350,3 +350,17 @@ def test_document_batch_mixes_fast_and_python_rows_in_batch_order():
     assert db.valid.tolist() == [0, 1, 2, 4]
     with pytest.raises(KeyError):
         db.reject(3, InvalidMessage("invalid_value", "x"))
+
+
+def test_user_field_of_every_message():
+    """The user-level unit reads ``user`` per position: messages with one take the Python
+    path (which keeps it), the parser's rows have none — as decode_document says."""
+    raws = [encode_document("a", 1.0, counts=([1, 2], [1, 1])),
+            encode_document("b", 2.0, counts=([3], [2]), user="alice"),
+            encode_document("c", 3.0, text="w001x w002x", user="bob"),
+            encode_document("d", 4.0, counts=([4, 9], [1, 3]))]
+    assert parse(raws).pos.tolist() == [0, 3]
+    db = DocumentBatch(raws, VOCAB)
+    assert [db.user(i) for i in range(4)] == [decode_document(r).user for r in raws] == \
+        [None, "alice", "bob", None]
+    assert_batch_equal(raws)
