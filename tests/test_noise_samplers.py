@@ -1,5 +1,6 @@
-"""The vetted samplers: OpenDP's exact Gaussian (the default) and Google's secure Gaussian (python-dp,
-opt-in), drawn in one process or in parallel chunks across worker processes.
+"""The vetted samplers: OpenDP's Gaussian on a σ-relative lattice (the default), OpenDP's exact
+Gaussian and Google's secure Gaussian (python-dp, opt-in), drawn in one process or in parallel
+chunks across worker processes.
 
 What must hold for the privacy argument (docs/privacy.md "Noise"):
 * the noise is N(0, σ²) per coordinate, and chunks drawn by different processes are independent
@@ -7,18 +8,27 @@ What must hold for the privacy argument (docs/privacy.md "Noise"):
 * the released floats are on the sampler's lattice gℤ — an exact lattice sum rounded once — which is
   what rules out Mironov-style float leaks (the naive numpy sampler fails this check);
 * the inputs pass through the mechanism (value + noise), bad input is refused before any draw;
-* the default everywhere is the exact OpenDP sampler, and the snapshot's report names it.
+* the default everywhere is the OpenDP lattice sampler, and the snapshot's report names it;
+* the lattice's input rounding is charged: every event's ρ is (Δ + ROUNDING_SLACK·σ)²/(2σ²), and
+  the sampler's rounding term (OpenDP's own privacy map) never exceeds ROUNDING_SLACK·σ — known
+  answers and an attack with inputs at lattice midpoints below.
 """
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from streamdp.privacy import noise
-from streamdp.privacy.noise import (DEFAULT_SAMPLER, GOOGLE_NAME, OPENDP_NAME, SAMPLER_KINDS,
-                                    CSPRNGGaussianSampler, GoogleDPGaussianSampler,
-                                    OpenDPGaussianSampler, google_granularity, make_sampler)
+from streamdp.privacy.events import ROUNDING_SLACK, GaussianEvent, sigma_for_rho
+from streamdp.privacy.noise import (DEFAULT_SAMPLER, GOOGLE_NAME, OPENDP_LATTICE_NAME, OPENDP_NAME,
+                                    SAMPLER_KINDS, CSPRNGGaussianSampler, GoogleDPGaussianSampler,
+                                    OpenDPGaussianSampler, OpenDPLatticeGaussianSampler,
+                                    google_granularity, lattice_exponent, make_sampler,
+                                    opendp_sensitivity_slack)
 
 P_MIN = 1e-6          # a correct sampler fails a check with probability below this
 
@@ -27,15 +37,18 @@ def _is_normal(z: np.ndarray, sigma: float) -> bool:
     return stats.kstest(z / sigma, "norm").pvalue > P_MIN
 
 
-def test_default_sampler_is_the_exact_opendp_one_everywhere():
+def test_default_sampler_is_the_opendp_lattice_one_everywhere():
     """google's per-draw failure probability (≈ 2⁻⁴⁵) is not charged to δ, so it is opt-in
-    (docs/privacy.md, "Noise"); the default everywhere is OpenDP's exact Gaussian."""
-    assert DEFAULT_SAMPLER == "opendp" and set(SAMPLER_KINDS) == {"google", "opendp", "fast"}
-    assert make_sampler().name == OPENDP_NAME
+    (docs/privacy.md, "Noise"); the default everywhere is OpenDP's Gaussian on a σ-relative
+    lattice (rounding charged), the exact one stays available as "opendp"."""
+    assert DEFAULT_SAMPLER == "opendp-lattice"
+    assert set(SAMPLER_KINDS) == {"opendp-lattice", "opendp", "google", "fast"}
+    assert make_sampler().name == OPENDP_LATTICE_NAME
+    assert make_sampler("opendp").name == OPENDP_NAME
     from streamdp.services.config import ServiceConfig
     from streamdp import StreamingSpectralLDA
-    assert ServiceConfig.__dataclass_fields__["sampler"].default == "opendp"
-    assert StreamingSpectralLDA(2, 1.0, epsilon=1.0).sampler.name == OPENDP_NAME
+    assert ServiceConfig.__dataclass_fields__["sampler"].default == "opendp-lattice"
+    assert StreamingSpectralLDA(2, 1.0, epsilon=1.0).sampler.name == OPENDP_LATTICE_NAME
     with pytest.raises(ValueError, match="google"):
         make_sampler("gauss")
 
@@ -145,7 +158,7 @@ def test_release_report_names_the_default_sampler():
     est = StreamingSpectralLDA(3, 1.0, epsilon=4.0, seed=0, clip_length=30)
     est.warmup(X[:500]).partial_fit(X[500:])
     snap = est.release()
-    assert snap.privacy["sampler"] == OPENDP_NAME
+    assert snap.privacy["sampler"] == OPENDP_LATTICE_NAME
     assert snap.topic_word.shape == (3, 60)
 
 
@@ -188,3 +201,102 @@ def test_forked_process_does_not_repeat_the_parents_noise():
     parent = s.sample(1.0, 2_000)
     assert child.size == 2_000 and len(np.intersect1d(child, parent)) < 5
     assert _is_normal(child, 1.0)
+
+
+# --- the lattice sampler: its rounding, charged ---------------------------------------------
+
+def test_charged_rho_known_answer():
+    """Δ = 1, σ = 3, n = 10⁶ by hand: the lattice is the largest 2^k with 2^k·10³ ≤ 2⁻⁴¹·3, i.e.
+    2⁻⁵⁰ (2⁻⁴⁹·10³ = 1.78·10⁻¹² > 1.36·10⁻¹² ≥ 2⁻⁵⁰·10³ = 8.88·10⁻¹³); OpenDP's map states the
+    rounding term (2⁻⁵⁰ − 2⁻¹⁰⁷⁴)·10³; every event is charged (Δ + 2⁻⁴⁰σ)²/(2σ²) ≥ OpenDP's ρ."""
+    sigma, n, delta = 3.0, 10**6, 1.0
+    assert ROUNDING_SLACK == 2.0**-40
+    assert lattice_exponent(sigma, n) == -50
+    slack = opendp_sensitivity_slack(sigma, n, -50)
+    assert slack == pytest.approx(2.0**-50 * 1e3, rel=1e-12)
+    assert OpenDPLatticeGaussianSampler().sensitivity_slack(sigma, n) == slack
+    charged = GaussianEvent("z", delta, sigma).rho
+    by_hand = (1.0 + 2.0**-40 * 3.0) ** 2 / (2 * 9.0)
+    assert charged == pytest.approx(by_hand, rel=1e-15)
+    assert charged > 1.0 / 18.0                            # the rounding is charged, not dropped
+    opendp_rho = float(noise._opendp_measurement(sigma, n, -50).map(delta))
+    assert opendp_rho == pytest.approx((1.0 + 2.0**-50 * 1e3) ** 2 / 18.0, rel=1e-14)
+    assert opendp_rho <= charged
+    # count draws and the calibration: sigma_for_rho inverts the charge exactly
+    e = GaussianEvent("s3_query", 0.25, sigma_for_rho(0.25, 1e-3, 40), count=40)
+    assert e.rho == pytest.approx(1e-3, rel=1e-12)
+    assert e.sigma == pytest.approx(0.25 / (math.sqrt(2e-3 / 40) - 2.0**-40), rel=1e-14)
+    # the exact sampler's map has no rounding term
+    assert OpenDPGaussianSampler().sensitivity_slack(sigma, n) == 0.0
+
+
+@pytest.mark.parametrize("sigma", [1e-6, 0.37, 3.0, 1234.5, 1e9])
+def test_lattice_slack_within_the_charge_for_any_size(sigma):
+    """An adversary may pick the vector size: the lattice shrinks with √n so that OpenDP's own
+    rounding term stays ≤ ROUNDING_SLACK·σ (checked with OpenDP's map, no draw)."""
+    for n in (1, 2, 3, 999, 10**6, 5 * 10**6 + 17, 10**9, 2**31 - 1):   # OpenDP sizes are i32
+        k = lattice_exponent(sigma, n)
+        assert Fraction(2) ** (2 * k) * n <= (Fraction(ROUNDING_SLACK / 2) * Fraction(sigma)) ** 2
+        assert Fraction(2) ** (2 * k + 2) * n > (Fraction(ROUNDING_SLACK / 2) * Fraction(sigma)) ** 2
+        assert opendp_sensitivity_slack(sigma, n, k) <= ROUNDING_SLACK * sigma
+
+
+def test_midpoint_attack_is_covered_by_the_charge():
+    """Neighbours x, x' (‖x − x'‖ ≤ Δ) placed just above / just below lattice midpoints, so that
+    rounding pushes them apart by almost a full step per coordinate. The rounded mechanism's
+    true ρ = ‖round(x) − round(x')‖²/(2σ²) exceeds the naive Δ²/(2σ²) — the attack is real —
+    and stays below what the accountant charges and below OpenDP's map. Δ ≪ σ makes the rounding
+    term large next to Δ (the adversary's best case)."""
+    sigma, n, m = 0.7, 1024, 40                            # √n = 32 exactly
+    s = OpenDPLatticeGaussianSampler(workers=1)
+    k = s.lattice(sigma, n)
+    step = Fraction(2) ** k
+    eta = step / 2**20
+    # per coordinate x − x' = m·2^k + 2η, so Δ = 32·(m·2^k + 2η) ≈ 2⁻³⁶·σ
+    delta = float(32 * (m * step + 2 * eta))
+    assert Fraction(delta) == 32 * (m * step + 2 * eta)
+    x = np.full(n, float((m + Fraction(1, 2)) * step + eta))      # rounds up to (m+1)·2^k
+    x2 = np.full(n, float(step / 2 - eta))                        # rounds down to 0
+    assert Fraction(float(x[0])) == (m + Fraction(1, 2)) * step + eta    # exact floats
+    dist2 = (Fraction(float(x[0])) - Fraction(float(x2[0]))) ** 2 * n
+    assert dist2 <= Fraction(delta) ** 2                       # they are neighbours
+
+    def rnd(v):                                                # nearest multiple of 2^k
+        q = Fraction(float(v)) / step
+        return math.floor(q + Fraction(1, 2)) * step
+    v2 = (rnd(x[0]) - rnd(x2[0])) ** 2 * n
+    true_rho = float(v2 / (2 * Fraction(sigma) ** 2))
+    naive = delta**2 / (2 * sigma**2)
+    charged = GaussianEvent("z", delta, sigma).rho
+    opendp_rho = float(noise._opendp_measurement(sigma, n, k).map(delta))
+    assert true_rho > naive * 1.04                              # rounding does add privacy loss
+    assert true_rho <= opendp_rho <= charged
+    # and the sampler takes these inputs through the mechanism (values + σ-noise)
+    for v in (x, x2):
+        assert _is_normal(s.add_noise(v, sigma) - v, sigma)
+
+
+def test_lattice_sampler_through_worker_chunks():
+    """Parallel chunks use the whole vector's lattice: every output is an exact multiple of 2^k
+    (an exact lattice sum, |y| ≪ 2^(k+53)); a chunk drawn on 2⁻¹⁰⁷⁴ would not be."""
+    sigma, n = 1.5, 6_000
+    s = OpenDPLatticeGaussianSampler(workers=2, min_parallel=1_000)
+    x = np.random.default_rng(3).normal(0, 1, n)
+    y = s.add_noise(x, sigma)
+    k = lattice_exponent(sigma, n)
+    q = y / 2.0**k
+    assert np.array_equal(q, np.round(q))
+    d = y - x
+    assert _is_normal(d, sigma)
+    assert abs(np.corrcoef(d[:3000], d[3000:])[0, 1]) < 6 / np.sqrt(3000)
+    # the exact sampler leaves this lattice (its outputs carry the input's low bits)
+    e = OpenDPGaussianSampler(workers=1).add_noise(x, sigma) / 2.0**k
+    assert not np.array_equal(e, np.round(e))
+
+
+def test_lattice_draw_refused_when_rounding_exceeds_the_charge(monkeypatch):
+    """A lattice coarser than the charge allows is refused before any draw."""
+    monkeypatch.setattr(noise, "LATTICE_FRACTION", 2.0**-30)
+    s = OpenDPLatticeGaussianSampler(workers=1)
+    with pytest.raises(RuntimeError, match="exceeds the charged"):
+        s.add_noise(np.zeros(100), 1.0)

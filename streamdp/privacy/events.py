@@ -10,12 +10,25 @@ Currency is zero-concentrated DP (zCDP, Bun & Steinke 2016). A Gaussian mechanis
 with L2 sensitivity ``Δ`` and standard deviation ``σ`` is ρ-zCDP with
 ``ρ = Δ² / (2σ²)``; ``count`` independent draws of the same shape compose to
 ``count · ρ``.
+
+Every event is charged for the input rounding of the samplers too (:data:`ROUNDING_SLACK`):
+a vetted sampler rounds the value onto a lattice before adding lattice noise, which can move
+two neighbouring inputs apart by up to the lattice's rounding distance s (OpenDP's privacy map
+for ``make_gaussian`` with granularity 2^k: Δ + (2^k − 2^−1074)·√n). Every sampler keeps
+s ≤ ROUNDING_SLACK·σ per ``add_noise`` call (each call draws one event, or one of its
+``count`` draws), and :attr:`GaussianEvent.rho` charges (Δ + ROUNDING_SLACK·σ)²/(2σ²): the
+one place where a draw's ρ is computed (docs/privacy.md, "Noise").
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
+
+#: The σ-relative bound on any sampler's input-rounding term, per ``add_noise`` call: the
+#: sensitivity every event is charged for is Δ + ROUNDING_SLACK·σ. The samplers enforce it
+#: (streamdp.privacy.noise: ``sensitivity_slack(σ, n) <= ROUNDING_SLACK·σ`` before a draw).
+ROUNDING_SLACK = 2.0**-40
 
 # Data partitions with disjoint documents. A document belongs to exactly one of
 # them (decided by the document alone), so its privacy loss is the maximum over
@@ -97,8 +110,9 @@ class GaussianEvent:
 
     @property
     def rho(self) -> float:
-        """Total zCDP cost of the ``count`` releases."""
-        return self.count * self.sensitivity**2 / (2.0 * self.sigma**2)
+        """Total zCDP cost of the ``count`` releases, the sampler's rounding included:
+        count·(Δ + ROUNDING_SLACK·σ)²/(2σ²)."""
+        return self.count * (self.sensitivity / self.sigma + ROUNDING_SLACK)**2 / 2.0
 
     def to_dict(self) -> dict:
         out = {"block": self.block, "sensitivity": self.sensitivity,
@@ -179,10 +193,16 @@ def epoch_partition(first: int, last: int) -> str:
 
 
 def sigma_for_rho(sensitivity: float, rho: float, count: int = 1) -> float:
-    """Noise standard deviation so that ``count`` draws cost ``rho`` in total."""
+    """Noise standard deviation so that ``count`` draws cost ``rho`` in total, as
+    :attr:`GaussianEvent.rho` charges them: count·(Δ/σ + ROUNDING_SLACK)²/2 = ρ, i.e.
+    σ = Δ/(√(2ρ/count) − ROUNDING_SLACK)."""
     if rho <= 0:
         raise ValueError(f"rho must be > 0, got {rho}")
-    return sensitivity * (count / (2.0 * rho)) ** 0.5
+    per_draw = (2.0 * rho / count) ** 0.5
+    if not per_draw > 2.0 * ROUNDING_SLACK:
+        raise ValueError(f"rho={rho} over {count} draws is below the samplers' rounding "
+                         f"resolution (√(2ρ/count) must exceed {2.0 * ROUNDING_SLACK:.3g})")
+    return sensitivity / (per_draw - ROUNDING_SLACK)
 
 
 def rho_by_partition(events: Sequence[GaussianEvent]) -> dict[str, float]:

@@ -3,11 +3,18 @@
 All noise in streamdp is added through a :class:`GaussianSampler`'s
 ``add_noise(value, sigma)``; the release code never calls numpy's random
 functions for noise directly. Two vetted samplers: Google's secure-noise Gaussian
-through python-dp (:class:`GoogleDPGaussianSampler`, the default everywhere since
-issue 13: ≈ 20× OpenDP per core, and parallel over the machine's cores) and OpenDP's
-(:class:`OpenDPGaussianSampler`); the fast CSPRNG-seeded numpy sampler is an explicit
-opt-in (``sampler="fast"``). :func:`make_sampler` chooses (:data:`DEFAULT_SAMPLER`).
-Measurements: ``benchmarks/samplers.py``, docs/privacy_accounting.md "Noise samplers".
+through python-dp (:class:`GoogleDPGaussianSampler`, opt-in: its per-draw failure
+probability is not charged to δ) and OpenDP's ``make_gaussian``, either on a σ-relative lattice
+(:class:`OpenDPLatticeGaussianSampler`, the default: ≈ 4× the exact one per core, its rounding
+charged by the accountant) or exact on the float lattice 2⁻¹⁰⁷⁴ (:class:`OpenDPGaussianSampler`);
+all three are parallel over the machine's cores. The fast CSPRNG-seeded numpy sampler is an
+explicit opt-in (``sampler="fast"``). :func:`make_sampler` chooses (:data:`DEFAULT_SAMPLER`).
+Measurements: ``benchmarks/samplers.py``, docs/benchmarks.md, docs/privacy.md "Noise".
+
+Every sampler reports ``sensitivity_slack(σ, n)``: how far its input rounding can move two
+neighbouring n-entry inputs apart (L2). The accountant charges every draw for
+Δ + ROUNDING_SLACK·σ (streamdp.privacy.events), and the vetted samplers refuse a draw whose
+slack would exceed that.
 
 :class:`CSPRNGGaussianSampler` is a numpy ``Generator`` (PCG64) whose 128-bit
 seed comes from the operating system's CSPRNG (:mod:`secrets`). It is fast
@@ -20,8 +27,10 @@ privacy report) and :func:`make_sampler` emits an :class:`InsecureNoiseWarning`.
 
 Sampler names, as they appear in privacy reports:
 
-* ``"google-dp-secure-gaussian"`` — Google's secure-noise Gaussian (python-dp), the default;
-* ``"opendp-gaussian"`` — OpenDP's vetted sampler;
+* ``"opendp-gaussian-lattice:2^k<=2^-41*sigma/sqrt(n)"`` — OpenDP's Gaussian on the lattice
+  2^k·ℤ, k chosen per draw from σ and the entry count n (:data:`OPENDP_LATTICE_NAME`), the default;
+* ``"opendp-gaussian"`` — OpenDP's exact Gaussian (k = −1074);
+* ``"google-dp-secure-gaussian"`` — Google's secure-noise Gaussian (python-dp), opt-in;
 * ``"numpy-pcg64-csprng"`` — the fast sampler, seeded from the OS CSPRNG;
 * ``"numpy-pcg64-seeded-INSECURE-reproducible"`` — the fast sampler with a
   known seed: NOT private, tests and benchmarks only.
@@ -42,6 +51,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from streamdp.privacy.events import ROUNDING_SLACK
+
 
 @runtime_checkable
 class GaussianSampler(Protocol):
@@ -59,9 +70,15 @@ class GaussianSampler(Protocol):
 CSPRNG_NAME = "numpy-pcg64-csprng"
 GOOGLE_NAME = "google-dp-secure-gaussian"
 OPENDP_NAME = "opendp-gaussian"
+#: the lattice step is the largest power of two 2^k with 2^k·√n ≤ LATTICE_FRACTION·σ: half the
+#: ROUNDING_SLACK the accountant charges, so OpenDP's own (upward-rounded) map stays below it
+LATTICE_FRACTION = ROUNDING_SLACK / 2
+OPENDP_LATTICE_NAME = "opendp-gaussian-lattice:2^k<=2^-41*sigma/sqrt(n)"
 #: the kinds :func:`make_sampler` accepts, and the default everywhere (estimator, CLI, services)
-SAMPLER_KINDS = ("google", "opendp", "fast")
-DEFAULT_SAMPLER = "opendp"   # exact, fully accounted; "google" is opt-in (docs/privacy.md "Noise")
+SAMPLER_KINDS = ("opendp-lattice", "opendp", "google", "fast")
+#: vetted, fully accounted (rounding charged via ROUNDING_SLACK), ≈ 4× "opendp" (exact);
+#: "google" is opt-in (docs/privacy.md "Noise")
+DEFAULT_SAMPLER = "opendp-lattice"
 SEEDED_NAME = "numpy-pcg64-seeded-INSECURE-reproducible"
 
 
@@ -93,16 +110,22 @@ class CSPRNGGaussianSampler:
         x = np.asarray(value, dtype=np.float64)
         return x + self.sample(sigma, x.shape)
 
+    def sensitivity_slack(self, sigma: float, n: int) -> float:
+        """No input rounding (the sum x + noise is a float sum: not vetted anyway)."""
+        return 0.0
+
 
 def make_sampler(kind: str = DEFAULT_SAMPLER, seed: int | None = None, *,
                  workers: int | None = None) -> GaussianSampler:
     """The sampler named by configuration.
 
-    ``"google"`` (the default everywhere): Google's secure-noise Gaussian through python-dp,
-    vetted, ≈ 4·10⁵ draws/s per core, large vectors drawn in parallel on ``workers`` processes
-    (default: the CPUs this process may use). ``"opendp"``: OpenDP's vetted Gaussian, exact and
-    slow (≈ 2–3·10⁴ draws/s per core). ``"fast"``: the CSPRNG-seeded numpy sampler, an explicit
-    opt-in (docs/privacy_accounting.md). A ``seed`` makes noise reproducible — tests and
+    ``"opendp-lattice"`` (the default everywhere): OpenDP's vetted Gaussian on a σ-relative
+    lattice (≈ 8·10⁴ draws/s per core), its rounding charged by the accountant. ``"opendp"``:
+    OpenDP's exact Gaussian on 2⁻¹⁰⁷⁴ (≈ 2·10⁴ draws/s per core). ``"google"``: Google's
+    secure-noise Gaussian through python-dp, ≈ 4·10⁵ draws/s per core, opt-in (its ≈ 2⁻⁴⁵
+    per-draw failure probability is not charged to δ). Large vectors are drawn in parallel on
+    ``workers`` processes (default: the CPUs this process may use). ``"fast"``: the
+    CSPRNG-seeded numpy sampler, an explicit opt-in (docs/privacy_accounting.md). A ``seed`` makes noise reproducible — tests and
     benchmarks only — and implies the fast sampler, since the vetted samplers cannot be seeded.
     """
     if seed is not None:
@@ -112,13 +135,16 @@ def make_sampler(kind: str = DEFAULT_SAMPLER, seed: int | None = None, *,
         return CSPRNGGaussianSampler(seed)
     if kind == "google":
         return GoogleDPGaussianSampler(workers=workers)
+    if kind == "opendp-lattice":
+        return OpenDPLatticeGaussianSampler(workers=workers)
     if kind == "opendp":
         return OpenDPGaussianSampler(workers=workers)
     if kind == "fast":
         return CSPRNGGaussianSampler()
-    raise ValueError(f"noise sampler must be one of {SAMPLER_KINDS} ('google': Google's secure "
-                     f"Gaussian, vetted, default; 'opendp': OpenDP's, vetted, slow; 'fast': "
-                     f"CSPRNG-seeded numpy), got {kind!r}")
+    raise ValueError(f"noise sampler must be one of {SAMPLER_KINDS} ('opendp-lattice': OpenDP's "
+                     f"Gaussian on a σ-relative lattice, vetted, default; 'opendp': OpenDP's exact "
+                     f"Gaussian, vetted, slow; 'google': Google's secure Gaussian, vetted, its "
+                     f"failure probability not charged; 'fast': CSPRNG-seeded numpy), got {kind!r}")
 
 
 def default_workers() -> int:
@@ -164,10 +190,10 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, "-m", "streamdp.privacy.noise_worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
-    def send(self, kind: str, values: np.ndarray, sigma: float) -> None:
+    def send(self, kind: str, values: np.ndarray, sigma: float, k: int) -> None:
         from streamdp.privacy.noise_worker import HEADER
         code = {"google": b"g", "opendp": b"o"}[kind]
-        self.proc.stdin.write(HEADER.pack(code, sigma, values.size))
+        self.proc.stdin.write(HEADER.pack(code, sigma, values.size, k))
         self.proc.stdin.write(np.ascontiguousarray(values, dtype="<f8").tobytes())
         self.proc.stdin.flush()
 
@@ -191,6 +217,9 @@ class _Worker:
         except Exception:
             self.proc.kill()
 
+
+#: OpenDP's finest granularity for float64 (the subnormal step): exact, no rounding
+EXACT_K = -1074
 
 _WORKERS: list[_Worker] = []
 _WORKERS_LOCK = threading.Lock()     # one draw at a time talks to the workers
@@ -222,37 +251,41 @@ def _close_workers() -> None:
         _WORKERS.pop().close()
 
 
-def _draw_chunk(kind: str, values: np.ndarray, sigma: float) -> np.ndarray:
-    """``values`` + noise by the vetted mechanism ``kind`` (in a worker or in this process)."""
+def _draw_chunk(kind: str, values: np.ndarray, sigma: float, k: int = EXACT_K) -> np.ndarray:
+    """``values`` + noise by the vetted mechanism ``kind`` (in a worker or in this process);
+    OpenDP rounds ``values`` to the lattice 2^k·ℤ (k = −1074: exact, every float is on it)."""
     if kind == "google":
         add = _google_mechanism(sigma).add_noise
         return np.fromiter(map(add, values.tolist()), dtype=np.float64, count=values.size)
     if kind == "opendp":
-        return np.asarray(_opendp_measurement(sigma, values.size)(values.tolist()), dtype=np.float64)
+        return np.asarray(_opendp_measurement(sigma, values.size, k)(values.tolist()),
+                          dtype=np.float64)
     raise ValueError(f"unknown vetted sampler {kind!r}")
 
 
 def _parallel_add_noise(kind: str, x: np.ndarray, sigma: float, workers: int,
-                        min_parallel: int) -> np.ndarray:
+                        min_parallel: int, k: int = EXACT_K) -> np.ndarray:
+    """Chunks of one draw, all on the same lattice 2^k (chosen by the caller for the whole
+    vector, so the whole draw's rounding distance is 2^k·√n whatever the chunking)."""
     flat = np.ascontiguousarray(x, dtype=np.float64).ravel()
     n_chunks = min(workers, max(1, flat.size // max(1, min_parallel)))
     here = not (_FORKED and kind == "google")      # may this process draw a chunk itself?
     if n_chunks <= 1 and here:
-        return _draw_chunk(kind, flat, sigma).reshape(x.shape)
+        return _draw_chunk(kind, flat, sigma, k).reshape(x.shape)
     with _WORKERS_LOCK:
-        return _draw_with_workers(kind, flat, sigma, n_chunks, here).reshape(x.shape)
+        return _draw_with_workers(kind, flat, sigma, n_chunks, here, k).reshape(x.shape)
 
 
 def _draw_with_workers(kind: str, flat: np.ndarray, sigma: float, n_chunks: int,
-                       here: bool) -> np.ndarray:
+                       here: bool, k: int = EXACT_K) -> np.ndarray:
     chunks = np.array_split(flat, n_chunks)
     remote = chunks[1:] if here else chunks
     pool = _workers(len(remote))
     try:
         # chunks in worker processes; this process draws the first one meanwhile
         for w, c in zip(pool, remote):
-            w.send(kind, c, sigma)
-        first = [_draw_chunk(kind, chunks[0], sigma)] if here else []
+            w.send(kind, c, sigma, k)
+        first = [_draw_chunk(kind, chunks[0], sigma, k)] if here else []
         rest = [w.receive(c.size) for w, c in zip(pool, remote)]
     except BaseException:
         for w in pool:                  # a worker in an unknown state is never reused
@@ -278,12 +311,38 @@ def _google_mechanism(sigma: float):
 
 
 @lru_cache(maxsize=64)
-def _opendp_measurement(sigma: float, n: int):
+def _opendp_measurement(sigma: float, n: int, k: int = EXACT_K):
     import opendp.prelude as dp
 
     dp.enable_features("contrib")
     space = (dp.vector_domain(dp.atom_domain(T=float, nan=False), size=n), dp.l2_distance(T=float))
-    return dp.m.make_gaussian(*space, scale=float(sigma))
+    if k == EXACT_K:
+        return dp.m.make_gaussian(*space, scale=float(sigma))
+    return dp.m.make_gaussian(*space, scale=float(sigma), k=int(k))
+
+
+def lattice_exponent(sigma: float, n: int) -> int:
+    """The lattice 2^k of the default OpenDP sampler for a draw of n entries at σ: the largest
+    k with 2^k·√n ≤ LATTICE_FRACTION·σ (exact rational comparison, 4^k·n ≤ (fσ)²), never below
+    OpenDP's finest −1074. σ is public, n the public shape: the choice reveals nothing."""
+    from fractions import Fraction
+
+    if not (sigma > 0 and math.isfinite(sigma)) or n < 1:
+        raise ValueError(f"lattice_exponent needs sigma > 0 finite and n >= 1, got {sigma}, {n}")
+    bound = (Fraction(LATTICE_FRACTION) * Fraction(sigma)) ** 2 / n     # 4^k ≤ bound
+    k = math.floor(math.log2(LATTICE_FRACTION * sigma / math.sqrt(n))) + 1
+    while Fraction(4) ** k > bound:          # the float guess may be one off: fix it exactly
+        k -= 1
+    while Fraction(4) ** (k + 1) <= bound:
+        k += 1
+    return max(EXACT_K, k)
+
+
+def opendp_sensitivity_slack(sigma: float, n: int, k: int) -> float:
+    """The rounding term of OpenDP's own privacy map for ``make_gaussian`` on n floats with
+    granularity 2^k: its map is ρ(Δ) = (Δ + s)²/(2σ²) with s = (2^k − 2^−1074)·√n (OpenDP
+    ``get_rounding_distance``; rounded up), so s = σ·√(2·ρ(0)). 0 for k = −1074."""
+    return float(sigma) * math.sqrt(2.0 * float(_opendp_measurement(float(sigma), int(n), k).map(0.0)))
 
 
 def google_granularity(sigma: float) -> float:
@@ -346,6 +405,11 @@ class GoogleDPGaussianSampler:
         """i.i.d. N(0, σ²) draws of the given shape: the mechanism on a zero vector."""
         return self.add_noise(np.zeros(shape), sigma)
 
+    def sensitivity_slack(self, sigma: float, n: int) -> float:
+        """g·√n (rounding to gℤ moves each entry by ≤ g/2): < 2⁻⁴⁰·σ for n ≤ 10⁹, inside the
+        ROUNDING_SLACK·σ every event is charged for."""
+        return google_granularity(sigma) * math.sqrt(n)
+
 
 class OpenDPGaussianSampler:
     """OpenDP's vetted Gaussian mechanism (``make_gaussian``, opendp ≥ 0.16).
@@ -397,3 +461,49 @@ class OpenDPGaussianSampler:
     def sample(self, sigma: float, shape: tuple[int, ...] | int) -> np.ndarray:
         """i.i.d. N(0, σ²) draws of the given shape: OpenDP noise on a zero vector."""
         return self.add_noise(np.zeros(shape), sigma)
+
+    def lattice(self, sigma: float, n: int) -> int:
+        """The granularity exponent k of a draw (−1074 here: exact)."""
+        return EXACT_K
+
+    def sensitivity_slack(self, sigma: float, n: int) -> float:
+        """The rounding term of OpenDP's privacy map for this draw (0 here, exact lattice)."""
+        return opendp_sensitivity_slack(sigma, n, self.lattice(sigma, n))
+
+
+class OpenDPLatticeGaussianSampler(OpenDPGaussianSampler):
+    """OpenDP's vetted Gaussian on a σ-relative lattice: the default sampler.
+
+    The same mechanism as :class:`OpenDPGaussianSampler` with the granularity argument ``k`` of
+    ``make_gaussian``: the input vector is rounded to the nearest multiple of 2^k, an exact
+    discrete Gaussian on 2^k·ℤ is added (rational arithmetic, OS entropy), the exact sum is
+    rounded once to a float. k is chosen per draw from the public σ and entry count n
+    (:func:`lattice_exponent`: 2^k·√n ≤ 2⁻⁴¹·σ), so σ/2^k ≈ 2⁴¹·√n lattice steps: the
+    arithmetic stays within a few machine words instead of OpenDP's ≈ 1,075-bit integers at
+    k = −1074, ≈ 4× faster per core (docs/benchmarks.md "Lattice sampler").
+
+    Rounding moves two neighbouring inputs apart by up to s = (2^k − 2^−1074)·√n in L2, and
+    OpenDP's privacy map says so: ρ = (Δ + s)²/(2σ²). Before every draw this sampler asks
+    OpenDP's map for s (:meth:`sensitivity_slack`) and refuses to draw unless
+    s ≤ ROUNDING_SLACK·σ, the term every :class:`~streamdp.privacy.events.GaussianEvent` is
+    charged for (docs/privacy.md "Noise"). The parallel chunks all use the whole vector's k.
+    """
+
+    name = OPENDP_LATTICE_NAME
+
+    def lattice(self, sigma: float, n: int) -> int:
+        return lattice_exponent(sigma, n)
+
+    def add_noise(self, value, sigma: float) -> np.ndarray:
+        """``value`` rounded to 2^k·ℤ + exact discrete Gaussian noise, by OpenDP (float64)."""
+        x = np.asarray(value, dtype=np.float64)
+        _check_vetted_input(x, sigma, "OpenDP lattice Gaussian")
+        if x.size == 0:
+            return x.copy()
+        sigma = float(sigma)
+        k = self.lattice(sigma, x.size)
+        slack = opendp_sensitivity_slack(sigma, x.size, k)
+        if not slack <= ROUNDING_SLACK * sigma:
+            raise RuntimeError(f"OpenDP lattice 2^{k} for n={x.size}, σ={sigma}: rounding term "
+                               f"{slack:.3g} exceeds the charged {ROUNDING_SLACK * sigma:.3g}")
+        return _parallel_add_noise("opendp", x, sigma, self.workers, self.min_parallel, k)

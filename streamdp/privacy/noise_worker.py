@@ -4,7 +4,8 @@ Started as ``python -m streamdp.privacy.noise_worker`` (a fresh interpreter: nev
 shares no random-generator state with its parent, and the parent's ``__main__`` is not
 re-imported). It serves requests on stdin/stdout until stdin closes:
 
-request   ``<c d Q``: kind (``b"g"`` Google, ``b"o"`` OpenDP), σ, n; then n float64 values
+request   ``<c d Q i``: kind (``b"g"`` Google, ``b"o"`` OpenDP), σ, n, OpenDP's lattice exponent k
+          (−1074: exact); then n float64 values
 reply     ``b"+"`` and n float64 (values + noise), or ``b"-"``, a ``<Q`` length and a UTF-8 error
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 
 import numpy as np
 
-HEADER = struct.Struct("<cdQ")
+HEADER = struct.Struct("<cdQi")
 KINDS = {b"g": "google", b"o": "opendp"}
 
 
@@ -33,12 +34,12 @@ def serve(inp, out) -> None:
 
     while True:
         try:
-            kind, sigma, n = HEADER.unpack(_read_exact(inp, HEADER.size))
+            kind, sigma, n, k = HEADER.unpack(_read_exact(inp, HEADER.size))
             values = np.frombuffer(_read_exact(inp, 8 * n), dtype="<f8")
         except EOFError:
             return
         try:
-            result = np.ascontiguousarray(_draw_chunk(KINDS[kind], values, sigma), dtype="<f8")
+            result = np.ascontiguousarray(_draw_chunk(KINDS[kind], values, sigma, k), dtype="<f8")
         except Exception as exc:                      # reported to the parent, which raises
             msg = f"{type(exc).__name__}: {exc}".encode()
             out.write(b"-" + struct.pack("<Q", len(msg)) + msg)
