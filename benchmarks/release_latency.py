@@ -18,7 +18,7 @@ recorded next to the wall time, since wall time on a shared machine depends on i
 Sketching the documents is not part of the latency (docs/benchmarks.md, throughput).
 
     python benchmarks/release_latency.py --json benchmarks/results/release_latency.json
-    python benchmarks/release_latency.py --d 50000 --k 50 --sampler opendp   # the old default
+    python benchmarks/release_latency.py --d 50000 --k 50 --sampler opendp   # exact OpenDP
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import markdown_table, write_json  # noqa: E402
 
 from streamdp import RefinementConfig, StreamingSpectralLDA  # noqa: E402
-from streamdp.privacy.noise import SAMPLER_KINDS, make_sampler  # noqa: E402
+from streamdp.privacy.noise import DEFAULT_SAMPLER, SAMPLER_KINDS, make_sampler  # noqa: E402
 from streamdp.synthetic import make_lda_model, sample_documents  # noqa: E402
 
 
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--d", default="5000,10000,50000")
     ap.add_argument("--k", default="20,50")
-    ap.add_argument("--sampler", default="google", choices=SAMPLER_KINDS)
+    ap.add_argument("--sampler", default=DEFAULT_SAMPLER, choices=SAMPLER_KINDS)
     ap.add_argument("--warmup-docs", type=int, default=2000)
     ap.add_argument("--stream-docs", type=int, default=5000)
     ap.add_argument("--json")

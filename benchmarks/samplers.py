@@ -6,15 +6,22 @@ processes and builds the mechanisms). Options:
 
 * ``google`` — Google's secure-noise Gaussian through python-dp (vetted), one process, and
   ``google×W`` on W processes (chunks of the vector, each an independent draw);
-* ``opendp`` — OpenDP ``make_gaussian`` on the float vector domain (vetted; default lattice
-  2⁻¹⁰⁷⁴), one process and ``opendp×W``; ``opendp-k-40``: the same on the coarser lattice 2⁻⁴⁰
-  (its privacy map then carries the rounding, so σ would have to grow slightly);
+* ``opendp-lattice`` — OpenDP ``make_gaussian`` with granularity 2^k, 2^k·√n ≤ 2⁻⁴¹σ (the
+  default sampler; its rounding charged by the accountant), one process and ``opendp-lattice×W``;
+* ``opendp`` — OpenDP ``make_gaussian`` on the float vector domain (vetted; exact lattice
+  2⁻¹⁰⁷⁴), one process and ``opendp×W``; ``opendp-k-40``: the same on the fixed lattice 2⁻⁴⁰;
 * ``fast`` — numpy PCG64 seeded from the OS CSPRNG (not vetted: a naive float sampler).
 
 The machine is shared: ``uptime``'s load average is recorded before and after, and the samples
 per CPU second (this process and its noise workers) are reported next to the samples per second.
 
+``--lattice`` instead sweeps OpenDP's granularity, one process: 2^k = σ·2^−r for r in
+``--rel`` (the lattice relative to σ) and the fixed k in ``--fixed-k``, at each vector size in
+``--sizes``, reporting draws per CPU second and OpenDP's rounding term s (its privacy map is
+(Δ + s)²/(2σ²)) relative to σ.
+
     python benchmarks/samplers.py --n 400000 --json benchmarks/results/samplers.json
+    python benchmarks/samplers.py --lattice --json benchmarks/results/samplers_lattice.json
 """
 from __future__ import annotations
 
@@ -30,7 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import markdown_table, write_json  # noqa: E402
 
 from streamdp.privacy.noise import (CSPRNGGaussianSampler, GoogleDPGaussianSampler,  # noqa: E402
-                                    OpenDPGaussianSampler, default_workers)
+                                    OpenDPGaussianSampler, OpenDPLatticeGaussianSampler,
+                                    _opendp_measurement, default_workers, lattice_exponent,
+                                    opendp_sensitivity_slack)
 
 SIGMA = 3.0
 
@@ -54,6 +63,12 @@ def options(workers: int, which: set[str]):
         out.append(("google", "vetted", 1, GoogleDPGaussianSampler(workers=1)))
         if workers > 1:
             out.append((f"google×{workers}", "vetted", workers, GoogleDPGaussianSampler(workers=workers)))
+    if "opendp-lattice" in which:
+        out.append(("opendp-lattice", "vetted (Δ + 2⁻⁴⁰σ charged)", 1,
+                    OpenDPLatticeGaussianSampler(workers=1)))
+        if workers > 1:
+            out.append((f"opendp-lattice×{workers}", "vetted (Δ + 2⁻⁴⁰σ charged)", workers,
+                        OpenDPLatticeGaussianSampler(workers=workers)))
     if "opendp" in which:
         out.append(("opendp", "vetted", 1, OpenDPGaussianSampler(workers=1)))
         if workers > 1:
@@ -94,16 +109,63 @@ def measure(sampler, n: int, repeats: int) -> tuple[float, float]:
     return n / best, n / best_cpu
 
 
+def lattice_sweep(sizes: list[int], rels: list[int], fixed_ks: list[int], repeats: int) -> list[dict]:
+    """Draws per CPU second of OpenDP ``make_gaussian`` (one process) by granularity 2^k."""
+    import resource
+
+    def cpu():
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return ru.ru_utime + ru.ru_stime
+
+    rows = []
+    for n in sizes:
+        x = np.random.default_rng(0).normal(size=n).tolist()
+        ks = [("exact (2⁻¹⁰⁷⁴)", -1074), (f"default: 2^k·√n ≤ 2⁻⁴¹σ", lattice_exponent(SIGMA, n))]
+        ks += [(f"σ·2^-{r}", int(np.floor(np.log2(SIGMA))) - r) for r in rels]
+        ks += [(f"k = {k}", k) for k in fixed_ks]
+        for label, k in ks:
+            m = _opendp_measurement(SIGMA, n, k)
+            best = float("inf")
+            for _ in range(repeats):
+                c = cpu()
+                y = m(x)
+                best = min(best, cpu() - c)
+            assert len(y) == n
+            slack = opendp_sensitivity_slack(SIGMA, n, k)
+            rows.append({"n": n, "lattice": label, "k": k, "log2(σ/2^k)": np.log2(SIGMA) - k,
+                         "draws per CPU s": n / best, "slack s/σ": f"{slack / SIGMA:.2e}"})
+            print(f"n={n} {label} k={k}: {n / best:,.0f} draws per CPU s, s/σ = {slack / SIGMA:.3g}",
+                  flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=400_000, help="entries per draw")
     ap.add_argument("--opendp-n", type=int, default=100_000, help="entries per draw for OpenDP (slow)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--workers", type=int, default=default_workers())
-    ap.add_argument("--only", default="google,opendp,fast")
+    ap.add_argument("--only", default="opendp-lattice,google,opendp,fast")
+    ap.add_argument("--lattice", action="store_true", help="sweep OpenDP's granularity k instead")
+    ap.add_argument("--sizes", default="1000,20000,200000", help="--lattice: vector sizes")
+    ap.add_argument("--rel", default="20,30,40,50,60,80,120",
+                    help="--lattice: r of the lattices 2^k ≈ σ·2^-r")
+    ap.add_argument("--fixed-k", default="-40,-60", help="--lattice: fixed k")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     load_before = os.getloadavg()
+    if args.lattice:
+        rows = lattice_sweep([int(v) for v in args.sizes.split(",")],
+                             [int(v) for v in args.rel.split(",")],
+                             [int(v) for v in args.fixed_k.split(",")], args.repeats)
+        load_after = os.getloadavg()
+        print()
+        print(markdown_table(rows, ["n", "lattice", "k", "log2(σ/2^k)", "draws per CPU s",
+                                    "slack s/σ"]))
+        print(f"\nσ = {SIGMA}, one process; load average before {load_before}, after {load_after}")
+        write_json(args.json, {"sigma": SIGMA, "lattice_rows": rows, "load_before": load_before,
+                               "load_after": load_after})
+        return 0
     rows = []
     for name, vetted, w, sampler in options(args.workers, set(args.only.split(","))):
         n = args.opendp_n if name.startswith("opendp") else args.n

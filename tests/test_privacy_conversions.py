@@ -10,7 +10,7 @@ import dp_accounting
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
 from streamdp.privacy.conversions import RHO_RTOL, zcdp_delta, zcdp_epsilon, zcdp_rho
-from streamdp.privacy.events import GaussianEvent, sigma_for_rho
+from streamdp.privacy.events import ROUNDING_SLACK, GaussianEvent, sigma_for_rho
 
 DENSE_ORDERS = 1.0 + np.logspace(-3, 4, 20000)
 
@@ -81,13 +81,18 @@ def test_matches_opendp_gaussian_measurement():
     space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l2_distance(T=float)
     meas = dp.c.make_zCDP_to_approxDP(dp.m.make_gaussian(*space, scale=sigma))
     ev = GaussianEvent("z", sens, sigma)
-    assert zcdp_epsilon(ev.rho, 1e-7) == pytest.approx(meas.map(sens).epsilon(1e-7), rel=1e-12)
+    # the event is charged as OpenDP's Gaussian at Δ + ROUNDING_SLACK·σ (the samplers' rounding)
+    charged = sens + ROUNDING_SLACK * sigma
+    assert zcdp_epsilon(ev.rho, 1e-7) == pytest.approx(meas.map(charged).epsilon(1e-7), rel=1e-12)
+    assert zcdp_epsilon(ev.rho, 1e-7) >= meas.map(sens).epsilon(1e-7)
 
 
 def test_event_convention_matches_dp_accounting_gaussian():
     # dp_accounting issue 378: its GaussianDpEvent is add/remove with
-    # noise_multiplier = σ/Δ; our GaussianEvent.rho must be the same mechanism.
+    # noise_multiplier = σ/Δ; our GaussianEvent.rho must be the same mechanism (at the charged
+    # sensitivity Δ + ROUNDING_SLACK·σ).
     ev = GaussianEvent("z", sensitivity=0.3, sigma=1.7, count=3)
+    assert ev.noise_multiplier == pytest.approx(1.7 / (0.3 + ROUNDING_SLACK * 1.7), rel=1e-15)
     a = rdp.RdpAccountant(orders=DENSE_ORDERS)
     a.compose(dp_accounting.GaussianDpEvent(ev.noise_multiplier), count=ev.count)
     b = rdp.RdpAccountant(orders=DENSE_ORDERS)

@@ -105,8 +105,9 @@ class GaussianEvent:
 
     @property
     def noise_multiplier(self) -> float:
-        """σ / Δ (the dp_accounting convention, add/remove neighbours)."""
-        return self.sigma / self.sensitivity
+        """σ / (Δ + ROUNDING_SLACK·σ): the dp_accounting convention (add/remove neighbours) for
+        the Gaussian this event is charged as, the samplers' rounding included."""
+        return self.sigma / (self.sensitivity + ROUNDING_SLACK * self.sigma)
 
     @property
     def rho(self) -> float:
