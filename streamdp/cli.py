@@ -514,8 +514,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tensor: noised whitened third moment; iterative: noised power iterations "
                         "(docs/estimator.md)")
     s.add_argument("--sampler", choices=SAMPLER_KINDS, default=DEFAULT_SAMPLER,
-                   help="noise sampler: opendp (OpenDP's exact Gaussian, vetted, default, ≈2·10⁴ draws/s "
-                        "per core), google (Google's secure Gaussian via python-dp, ≈4·10⁵/s, "
+                   help="noise sampler: opendp-lattice (OpenDP's Gaussian on a σ-relative lattice, "
+                        "vetted, rounding charged, default, ≈8·10⁴ draws/s per core), opendp (OpenDP's "
+                        "exact Gaussian, vetted, ≈2·10⁴ draws/s per core), google (Google's secure Gaussian via python-dp, ≈4·10⁵/s, "
                         "opt-in: its per-draw failure probability ≈2⁻⁴⁵ is not charged) "
                         "or fast (CSPRNG-seeded numpy, not vetted; docs/privacy_accounting.md)")
     s.add_argument("--vocab", type=positive_int, default=1000, help="vocabulary size d")

@@ -90,9 +90,11 @@ class StreamingSpectralLDA:
     threshold : float              τ of the denoising threshold (private only)
     seed : int or None             public randomness (Ω, power-method starts)
     noise_seed : int or None       reproducible noise — tests/benchmarks ONLY
-    sampler : {"google", "opendp", "fast"} or GaussianSampler
-                                   "opendp" (default): OpenDP's exact vetted Gaussian
-                                   (≈ 2·10⁴ draws/s per core, parallel over cores);
+    sampler : {"opendp-lattice", "opendp", "google", "fast"} or GaussianSampler
+                                   "opendp-lattice" (default): OpenDP's vetted Gaussian on a
+                                   σ-relative lattice 2^k·√n ≤ 2⁻⁴¹σ, its rounding charged
+                                   (≈ 8·10⁴ draws/s per core, parallel over cores);
+                                   "opendp": OpenDP's exact Gaussian (≈ 2·10⁴ draws/s per core);
                                    "google": Google's secure Gaussian (python-dp, ≈ 4·10⁵
                                    draws/s per core; opt-in: its per-draw failure
                                    probability ≈ 2⁻⁴⁵ is not charged to δ);

@@ -711,7 +711,7 @@ def test_k8s_config_files_are_valid_service_configs():
     env = {"STREAMDP_VOCABULARY": "/v.txt"}
     for path in (K8S / "base" / "config" / "streamdp.json", K8S / "overlays" / "dev" / "streamdp.json"):
         cfg = service_config.from_file(path, env=env)
-        assert cfg.private and cfg.sampler == "opendp" and cfg.noise_seed is None, path
+        assert cfg.private and cfg.sampler == "opendp-lattice" and cfg.noise_seed is None, path
         assert cfg.lateness > 0, "live epochs close only with lateness > 0 (docs/services.md)"
 
 

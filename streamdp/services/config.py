@@ -166,7 +166,8 @@ class ServiceConfig:
             bad("continual_aggregator", "must be 'blt' (BLT matrix factorization, default) or "
                 f"'tree' (binary tree), got {self.continual_aggregator!r}")
         if self.sampler not in SAMPLER_KINDS:
-            bad("sampler", f"must be one of {SAMPLER_KINDS} ('opendp': vetted, exact, default; 'google': "
+            bad("sampler", f"must be one of {SAMPLER_KINDS} ('opendp-lattice': vetted, rounding charged, default; "
+                f"'opendp': vetted, exact, slower; 'google': "
                 f"fast, opt-in, per-draw failure probability not charged; 'fast': not vetted), got {self.sampler!r}")
         if not 0 < self.clip_quantile <= 1:
             bad("clip_quantile", f"must be in (0, 1], got {self.clip_quantile!r}")
