@@ -159,6 +159,10 @@ def test_release_report_names_the_default_sampler():
     est.warmup(X[:500]).partial_fit(X[500:])
     snap = est.release()
     assert snap.privacy["sampler"] == OPENDP_LATTICE_NAME
+    assert snap.privacy["sampler_rounding_slack_sigmas"] == ROUNDING_SLACK
+    for e in snap.privacy["events"]:            # every recorded ρ includes the rounding charge
+        assert e["rho"] == pytest.approx((e["sensitivity"] / e["sigma"] + 2.0**-40) ** 2
+                                         * e["count"] / 2, rel=1e-12)
     assert snap.topic_word.shape == (3, 60)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Iterable
 
-from streamdp.privacy.events import GaussianEvent, rho_by_partition
+from streamdp.privacy.events import ROUNDING_SLACK, GaussianEvent, rho_by_partition
 from streamdp.privacy.rounding import DEFAULT_MAX_DOCUMENTS_PER_SUM
 
 UNIT = "one document"
@@ -71,6 +71,9 @@ def release_report(*, mechanism: str, events: Iterable[GaussianEvent], noise_sd:
         "clip_bounds": clip.to_dict(),
         "budget_split": split.as_dict() if private and split is not None else None,
         "sampler": getattr(sampler, "name", None) if private else None,
+        # every event's ρ is charged at sensitivity Δ + this·σ: the samplers' lattice rounding
+        # (streamdp.privacy.events.ROUNDING_SLACK, docs/privacy.md "Noise")
+        "sampler_rounding_slack_sigmas": ROUNDING_SLACK if private else None,
         "power_method": asdict(power),
         "denoise_threshold": float(denoise_threshold) if private else 0.0,
         "rounding": rounding_report(clip, max_documents) if private else None,
@@ -186,7 +189,8 @@ def describe(report: dict, *, n_docs: float | None = None) -> list[tuple[str, st
         out.append(("Releases covered", text + "."))
     if sampler and not report.get("non_private"):
         out.append(("Noise", f"drawn by {sampler}; sensitivities bounded by clipping every "
-                    "document (the clip bounds are in the report)."))
+                    "document (the clip bounds are in the report); every draw is charged for "
+                    "its sensitivity plus 2^-40·σ, the sampler's lattice rounding."))
     vocab = report.get("vocabulary") if isinstance(report.get("vocabulary"), dict) else None
     if is_non_private(report):
         out.append(("What is public", "Whatever this snapshot is published to. Without a "
