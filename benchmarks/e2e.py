@@ -81,9 +81,10 @@ def _worker(wid: int, cfg_kwargs: dict, expected: dict, go, stop, out) -> None:
         """Pauses whatever it is assigned until ``go`` (the join is not measured)."""
 
         def _on_assign(self, consumer, partitions):
-            super()._on_assign(consumer, partitions)
-            if not go.is_set():
-                consumer.pause([TopicPartition(tp.topic, tp.partition) for tp in partitions])
+            super()._on_assign(consumer, partitions)      # assigned paused, restored by step()
+            if not go.is_set():     # held: the restore seeks but does not resume them
+                for tp in partitions:
+                    self.paused[tp.partition] = "start"
 
     sk = PausedStart(cfg, instance=f"e2e-{wid}")
     topic = sk.topics.documents
@@ -100,6 +101,8 @@ def _worker(wid: int, cfg_kwargs: dict, expected: dict, go, stop, out) -> None:
             if held != last:
                 out.put(("assigned", wid, held))
                 last = held
+        for p in [p for p, need in sk.paused.items() if need == "start"]:
+            del sk.paused[p]
         sk.consumer.resume([TopicPartition(topic, p) for p in sk.states])
         t0, cpu0 = time.time(), time.process_time()
         held = sorted(sk.states)

@@ -1,6 +1,6 @@
 """Crash consistency of the sketcher service: kill -9 at random points and rebalances.
 
-The sketcher's promise (module docstring of ``streamdp/services/sketcher.py``): a crash at
+The sketcher's promise (module docstring of ``streamdp/services/processor.py``): a crash at
 any point neither loses nor double-counts a document, because each partition's state
 record holds the sketches *and* the next input offset they cover. These tests run real
 ``python -m streamdp sketcher`` processes against the embedded broker, SIGKILL them at

@@ -1,0 +1,364 @@
+"""The Kafka-facing half of a sketcher: a stream processor in the style of Sentry's arroyo.
+
+:class:`StreamProcessor` owns the confluent-kafka consumer, its subscription with
+cooperative rebalancing, the commit policy (the commit as a fence against zombies), the
+dead-letter policy, pausing/seeking (holds and restores) and the poll loop, health and
+rebalance metrics. What is done with the records is the business of a *processing
+strategy* (:class:`ProcessingStrategy`; the sketcher's is
+:class:`streamdp.services.sketch_strategy.SketchStrategy`). The processor knows nothing of
+sketches.
+
+Commit and checkpoint semantics (the one place they are stated)
+---------------------------------------------------------------
+* The truth is the state topic. For each assigned documents partition the strategy keeps
+  a state (the sketcher: a :class:`PartitionState`, sketches + next offset + progress) and
+  checkpoints it as one self-sufficient, chunked record every ``checkpoint_seconds``, on
+  revoke (arroyo's ``close``/``join``: before the partition is given up) and on SIGTERM.
+  The Kafka consumer-group offset (the checkpoint's next offset) is committed just
+  *before* the state write, as a fence (below); it is informational otherwise: on restore
+  only the state record counts.
+* On assignment the rebalance callback only records the new partitions and assigns them
+  *paused*; the poll loop then reads their latest complete state from the state topic,
+  seeks each to its ``next_offset`` and resumes it (health stays "not ready" meanwhile).
+  No record of a partition reaches the strategy before its state is restored, and a
+  record below the restored offset is dropped should one arrive. Documents after the last
+  checkpoint are re-read and re-processed; documents before it are never seen again. A
+  crash at any point therefore neither loses nor double-counts a document.
+* Rebalancing is cooperative (``cooperative-sticky``, incremental assign/unassign): a
+  member keeps the partitions that do not move, without a revoke or a checkpoint of them,
+  and goes on processing them while others move.
+* A batch is validated completely before any state changes; a bad record goes to the
+  dead-letter topic with headers saying why (flushed before the commit/checkpoint that
+  covers its offset, so it is never lost; after a crash it may be dead-lettered twice).
+* On ``lost`` partitions (session expired) state is dropped without a checkpoint: another
+  member may already own them.
+* A partition can be *held* (:meth:`StreamProcessor.hold`): paused and seeked back to the
+  record that cannot be processed yet, until the strategy says what it waits for is there
+  (the sketcher: the vocabulary, the subspace, a refinement model). The record is re-read
+  after resuming.
+* Fencing (issue 15; docs/operations.md §Kafka ACLs): every checkpoint carries a fencing
+  token (the consumer-group generation of the partition's assignment, recorded in the
+  assign callback) and its next_offset; on restore :func:`select_state` rejects a record
+  that goes backwards against one this process accepted. Before writing, the offset
+  commit (which the group coordinator refuses from a member that lost its partitions)
+  acts as a fence: a zombie drops its state instead of writing.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections import defaultdict
+from typing import Protocol
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from streamdp import messages
+
+log = logging.getLogger("streamdp.sketcher")
+
+#: the partition assignment strategy of the sketchers' consumer group. Tansu (the embedded
+#: broker) accepts it: the assignment is computed by the group leader's client, the
+#: coordinator only relays it (measured: a joining member takes half the partitions while
+#: the other keeps the rest without a revoke of them).
+ASSIGNMENT_STRATEGY = "cooperative-sticky"
+
+
+def consumer_settings(instance: str, group_id: str, stats_cb=None) -> dict:
+    """librdkafka settings of the documents consumer (client, group and timing)."""
+    return {
+        "group.id": group_id, "client.id": instance,
+        "partition.assignment.strategy": ASSIGNMENT_STRATEGY,
+        "enable.auto.commit": False, "auto.offset.reset": "earliest",
+        "statistics.interval.ms": 5000, "stats_cb": stats_cb,
+        # A short session timeout reassigns a dead member's partitions quickly
+        # (measured on Tansu: ≈ 9 s after SIGKILL, ≈ 3 s after a clean leave);
+        # max.poll.interval.ms bounds a stalled loop (a checkpoint takes < 1 s).
+        "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
+        "max.poll.interval.ms": 20000, "fetch.wait.max.ms": 100,
+    }
+
+
+class RateLimitedLog:
+    """At most ``per_minute`` log lines per key; the rest are counted and summarised."""
+
+    def __init__(self, per_minute: int = 20) -> None:
+        self.per_minute, self._window, self._n, self._suppressed = per_minute, 0.0, 0, 0
+
+    def warning(self, msg: str, *args) -> None:
+        now = time.monotonic()
+        if now - self._window > 60:
+            if self._suppressed:
+                log.warning("%d similar messages suppressed in the last minute", self._suppressed)
+            self._window, self._n, self._suppressed = now, 0, 0
+        if self._n < self.per_minute:
+            self._n += 1
+            log.warning(msg, *args)
+        else:
+            self._suppressed += 1
+
+
+class ProcessingStrategy(Protocol):
+    """What a :class:`StreamProcessor` drives: the work on the partitions of the current
+    assignment. Unlike arroyo's Python strategies (one per assignment, closed and recreated
+    at every rebalance) it is updated incrementally, as arroyo's Rust ``update_partitions``:
+    under cooperative rebalancing a partition that stays is never checkpointed for a move."""
+
+    def owns(self, partition: int) -> bool:
+        """A restored partition of the current assignment."""
+
+    def partitions(self) -> list[int]:
+        """The restored partitions of the current assignment."""
+
+    def restore(self, assigned: dict[int, int | None]) -> dict[int, int]:
+        """Take the newly assigned partitions (partition -> consumer-group generation of the
+        assignment), restore their state; return where each starts (offset or logical)."""
+
+    def submit(self, partition: int, batch: list) -> None:
+        """Process one poll batch of ``partition`` (records in offset order)."""
+
+    def revoke(self, partitions: list[int]) -> None:
+        """Checkpoint, then forget these partitions (arroyo's close + join)."""
+
+    def lost(self, partitions: list[int]) -> None:
+        """Forget these partitions without a checkpoint (another member may own them)."""
+
+    def poll(self, holds: dict[int, str]) -> None:
+        """Scheduled work once per loop (control messages, refreshes for held partitions)."""
+
+    def ready(self, partition: int, need: str) -> bool:
+        """Is what held ``partition`` (``need``) there now?"""
+
+    def resumed(self, partitions: list[int]) -> None:
+        """These held partitions were resumed."""
+
+    def checkpoint_all(self) -> None:
+        """Checkpoint every partition with unsaved changes."""
+
+
+class StreamProcessor:
+    """The consumer, rebalances, commits/fencing, dead letters, holds and the poll loop of
+    one sketcher (module docstring: the semantics). ``consumer``, ``producer``: confluent-
+    kafka clients (made by the caller, :func:`consumer_settings`); the processor closes the
+    consumer and flushes the producer on :meth:`close`."""
+
+    def __init__(self, consumer, producer, strategy: ProcessingStrategy, *, topic: str,
+                 dlq_topic: str, metrics, health, instance: str, batch_size: int,
+                 poll_seconds: float, checkpoint_seconds: float, cooperative: bool = True) -> None:
+        self.consumer, self.producer, self.strategy = consumer, producer, strategy
+        self.topic, self.dlq_topic = topic, dlq_topic
+        self.metrics, self.health, self.instance = metrics, health, instance
+        self.batch_size, self.poll_seconds = batch_size, poll_seconds
+        self.checkpoint_seconds = checkpoint_seconds
+        self.cooperative = cooperative
+        self.holds: dict[int, str] = {}         # partition -> what it waits for
+        self.restoring: dict[int, int | None] = {}   # assigned, not restored: -> group generation
+        self._start_at: dict[int, int] = {}     # restored at this offset; first batch checked
+        self.fenced_writes = 0                  # checkpoints refused because the partition was lost
+        #: every rebalance callback, in order: (kind, partitions) with kind assign/revoke/lost
+        self.rebalance_log: list[tuple[str, list[int]]] = []
+        self.last_checkpoint = time.monotonic()
+        self.bad_log = RateLimitedLog()
+
+    # ------------------------------------------------------------ subscription
+    def subscribe(self) -> None:
+        self.consumer.subscribe([self.topic], on_assign=self.on_assign,
+                                on_revoke=self.on_revoke, on_lost=self.on_lost)
+
+    def owned(self) -> list[int]:
+        """The partitions of the current assignment (restored or being restored)."""
+        return sorted(set(self.restoring) | set(self.strategy.partitions()))
+
+    # ------------------------------------------------------------ rebalance callbacks
+    def on_assign(self, consumer, partitions) -> None:
+        """Record the new partitions and assign them paused: their state is read by the
+        poll loop (:meth:`restore_pending`), not here, so the rebalance completes at once."""
+        self.health.beat()
+        generation = group_generation(consumer)
+        for tp in partitions:
+            self.restoring[tp.partition] = generation
+        if self.cooperative:
+            consumer.incremental_assign(partitions)
+        else:
+            consumer.assign(partitions)
+        if partitions:
+            consumer.pause(partitions)
+        self.rebalance_log.append(("assign", sorted(tp.partition for tp in partitions)))
+        if self.restoring:
+            self.health.set_ready(False, "restoring state")
+        else:
+            self._assigned()
+
+    def on_revoke(self, consumer, partitions) -> None:
+        revoked = [tp.partition for tp in partitions]
+        self.rebalance_log.append(("revoke", sorted(revoked)))
+        for p in revoked:
+            self.restoring.pop(p, None)         # never restored: nothing to checkpoint
+            self._start_at.pop(p, None)
+        try:
+            self.strategy.revoke(revoked)       # checkpoint before the partitions are given up
+        finally:                                # given up even if that fails (the last one counts)
+            for p in revoked:
+                self.holds.pop(p, None)
+            if self.cooperative:
+                consumer.incremental_unassign(partitions)
+            self.metrics.rebalance("revoke", assigned=len(self.owned()))
+            log.info("%s: revoked %s, keeping %s", self.instance, sorted(revoked), self.owned())
+
+    def on_lost(self, consumer, partitions) -> None:
+        lost = [tp.partition for tp in partitions]
+        self.rebalance_log.append(("lost", sorted(lost)))
+        for p in lost:
+            self.restoring.pop(p, None)
+            self._start_at.pop(p, None)
+            self.holds.pop(p, None)
+        self.strategy.lost(lost)
+        if self.cooperative:
+            consumer.incremental_unassign(partitions)
+        self.metrics.rebalance("lost", assigned=len(self.owned()))
+        log.warning("%s: lost %s (no checkpoint), keeping %s", self.instance, sorted(lost), self.owned())
+
+    def _assigned(self) -> None:
+        owned = self.owned()
+        self.metrics.rebalance("assign", assigned=len(owned))
+        self.health.set_ready(True, f"{len(owned)} partition(s) assigned and restored")
+        log.info("%s: assigned %s", self.instance, owned)
+
+    def restore_pending(self) -> None:
+        """Restore the partitions assigned since the last loop: the strategy reads their
+        state, each is seeked to where it starts and resumed (unless held)."""
+        pending = dict(self.restoring)
+        self.health.set_ready(False, "restoring state")
+        self.health.beat()
+        starts = self.strategy.restore(pending)
+        self.health.beat()
+        for p, offset in starts.items():
+            self.consumer.seek(TopicPartition(self.topic, p, offset))
+            if offset >= 0:
+                self._start_at[p] = offset
+        go = [p for p in starts if p not in self.holds]
+        if go:
+            self.consumer.resume([TopicPartition(self.topic, p) for p in go])
+        for p in pending:
+            self.restoring.pop(p, None)
+        self._assigned()
+
+    def _first_batch(self, p: int, batch: list) -> list:
+        """The first batch after a restore starts at the restored offset (the seek made
+        sure); anything below it is already in the state and is dropped, never re-counted."""
+        start = self._start_at.pop(p)
+        if batch[0].offset() < start:
+            log.warning("%s: partition %d: records from offset %d, the restored state starts at "
+                        "%d: dropping the records below it", self.instance, p, batch[0].offset(), start)
+            batch = [m for m in batch if m.offset() >= start]
+        return batch
+
+    # ------------------------------------------------------------ the loop
+    def step(self) -> None:
+        if self.restoring:
+            self.restore_pending()
+        msgs = self.consumer.consume(num_messages=self.batch_size, timeout=self.poll_seconds)
+        self.health.beat()
+        by_partition: dict[int, list] = defaultdict(list)
+        for m in msgs:
+            if m.error() is not None:
+                if m.error().code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer error: %s", m.error())
+                continue
+            by_partition[m.partition()].append(m)
+        strategy = self.strategy
+        for p, batch in by_partition.items():
+            if p in self._start_at:
+                batch = self._first_batch(p, batch)
+            if batch and strategy.owns(p) and p not in self.holds:
+                strategy.submit(p, batch)
+        strategy.poll(self.holds)
+        ready = [p for p, need in self.holds.items() if strategy.ready(p, need)]
+        if ready:
+            self.consumer.resume([TopicPartition(self.topic, p) for p in ready])
+            for p in ready:
+                del self.holds[p]
+            strategy.resumed(ready)
+        if time.monotonic() - self.last_checkpoint >= self.checkpoint_seconds:
+            self.checkpoint_all()
+
+    def checkpoint_all(self) -> None:
+        self.strategy.checkpoint_all()
+        self.last_checkpoint = time.monotonic()
+
+    def close(self) -> None:
+        """Leave the group (the revoke callback checkpoints what is left), flush dead letters."""
+        try:
+            self.consumer.close()
+        finally:
+            self.producer.flush(10)
+
+    # ------------------------------------------------------------ holds
+    def hold(self, p: int, offset: int, need: str, what: str | None = None) -> None:
+        """Hold partition ``p`` at ``offset`` (that record is re-read after resuming) until
+        the strategy says ``need`` is there (:meth:`ProcessingStrategy.ready`)."""
+        self.consumer.pause([TopicPartition(self.topic, p)])
+        self.consumer.seek(TopicPartition(self.topic, p, offset))
+        self.holds[p] = need
+        log.info("%s: partition %d paused at offset %d until the %s is released",
+                 self.instance, p, offset, what or need)
+
+    # ------------------------------------------------------------ dead letters
+    def dead_letter(self, m, exc: messages.InvalidMessage) -> None:
+        """Produce ``m`` to the dead-letter topic with headers saying why (flushed by
+        :meth:`commit` before a checkpoint covers its offset)."""
+        self.metrics.dlq(exc.error_class)
+        self.bad_log.warning("dead-lettered %s[%d]@%d: %s: %s", m.topic(), m.partition(),
+                             m.offset(), exc.error_class, exc.message)
+        while True:
+            try:
+                self.producer.produce(self.dlq_topic, value=m.value(), key=m.key(),
+                                      headers=messages.dlq_headers(exc, m.topic(), m.partition(),
+                                                                   m.offset()))
+                return
+            except BufferError:
+                self.producer.poll(0.1)
+
+    # ------------------------------------------------------------ commits
+    def commit(self, p: int, next_offset: int) -> bool:
+        """Before a checkpoint of partition ``p`` up to ``next_offset``: make the dead
+        letters durable, then commit the offset as a fence. False: the partition is no
+        longer ours (a zombie), the caller must drop its state without writing it."""
+        # DLQ records for the offsets this checkpoint covers must be durable first.
+        if self.producer.flush(30) != 0:
+            raise RuntimeError("dead-letter records not acknowledged in 30 s; not checkpointing")
+        # Fence: the group coordinator refuses a commit from a member that lost its
+        # partitions (UNKNOWN_MEMBER_ID / ILLEGAL_GENERATION; measured on Tansu too). A
+        # zombie then drops the partition instead of overwriting the new owner's state;
+        # readers reject what slips through this check (select_state).
+        try:
+            self.consumer.commit(offsets=[TopicPartition(self.topic, p, next_offset)],
+                                 asynchronous=False)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() in _FENCED_COMMIT:
+                self.fenced_writes += 1
+                log.warning("%s: partition %d is no longer ours (%s): dropping its state without "
+                            "a checkpoint", self.instance, p, err)
+                self.holds.pop(p, None)
+                return False
+            log.debug("offset commit failed (state is the truth): %s", exc)
+        except Exception as exc:                # noqa: BLE001 — offsets are informational
+            log.debug("offset commit failed (state is the truth): %s", exc)
+        return True
+
+
+_FENCED_COMMIT = {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION,
+                  KafkaError.FENCED_INSTANCE_ID}
+
+
+def group_generation(consumer) -> int | None:
+    """The consumer-group generation id of ``consumer`` (librdkafka's serialised group
+    metadata: ``b"CGMDv2:" + int32 generation + ...``, native byte order), or None."""
+    try:
+        raw = consumer.consumer_group_metadata()
+    except Exception:                           # noqa: BLE001
+        return None
+    if isinstance(raw, (bytes, bytearray)) and raw[:7] == b"CGMDv2:" and len(raw) >= 11:
+        return int.from_bytes(raw[7:11], sys.byteorder, signed=True)
+    return None

@@ -1,0 +1,671 @@
+"""The sketcher's processing strategy: routing and per-partition sketches.
+
+:class:`SketchStrategy` is what :class:`streamdp.services.processor.StreamProcessor` drives
+for one sketcher: the :class:`PartitionState` of every partition of the current assignment,
+restored when the partition is assigned and checkpointed before it is revoked. Commits,
+checkpoints, restores, holds and dead letters follow the semantics stated once in the module
+docstring of :mod:`streamdp.services.processor`. :class:`SketchContext` is what all the
+partitions share: the vocabulary, the subspace and clip bounds, the refinement models, the
+control messages of the release service and the state store.
+
+What the strategy adds to those semantics
+-----------------------------------------
+* Stream documents that arrive before the subspace exists hold their partition (seeked
+  back to that document) until the release service announces ``subspace_ready``.
+* Vocabulary (``vocabulary_mode`` public/private, issue 11): until the deployment's
+  vocabulary record exists on the state topic, nothing can be counted. Documents of the
+  selection window (private: ``ts < selection_end``, :meth:`Routing.route`) are tokenised
+  and their clipped distinct-word sets added to the partition's selection histogram
+  (checkpointed like the sketches); the first document routed to the warm-up or the
+  stream holds the partition at its offset (same mechanism as above) until
+  ``vocabulary_ready``; the sketcher then loads the record (content id checked), drops
+  the histogram (the release service consumed it) and goes on as usual.
+
+Time, fencing and control (issue 15; docs/operations.md §Time, §Kafka ACLs)
+--------------------------------------------------------------------------
+* Routing is :meth:`Routing.route` (one rule): a record or document time beyond
+  the service clock + ``max_future_seconds`` is dead-lettered (``future_timestamp``);
+  a partition's progress never passes this process's wall clock. Where broker
+  time is required (``require_broker_time``, default: unless ``non_production``)
+  the documents topic must be LogAppendTime (checked at start-up) and a
+  CreateTime record is dead-lettered (``producer_timestamp``).
+* Fencing tokens and the commit fence: see the processor module; the strategy restores
+  with :func:`select_state` and stamps :func:`fencing_token` (generation, restored token).
+* Refinement (DESIGN §8, docs/services.md §Refinement, docs/privacy.md §The refinement
+  model rule): with ``refinement`` on, a stream document of epoch e is also folded into
+  the model of the snapshot of epoch e − L (:func:`streamdp.refinement.model_epoch_for`,
+  L = ``refinement_model_lag``; none while e − L < 1) — never the model that happens to be
+  newest when it is read, which depends on poll timing. The models come from the release
+  state record (``release/tree``, ``refinement_models``: the last L snapshots' models) on
+  the state topic, read at start-up, whenever an authenticated ``epochs_closed`` arrives
+  and every few seconds while a partition is held; that record is persisted *before* the
+  release is published, and reading it is atomic with the confirmation of the released
+  epochs. A document whose model is not decided yet (epoch e − L not closed) holds its
+  partition at its offset (as for the subspace) until the record says e − L is closed;
+  documents of epochs that record already closed are late. The refinement sums are part
+  of the PartitionState checkpoint; a document re-read after a crash is folded into the
+  same model as in the lost run.
+* Control messages from the release service count only with a valid HMAC
+  (``control_key_file``), and even then raw sketches are dropped only through
+  the epoch the release state on the state topic confirms as released.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, TIMESTAMP_NOT_AVAILABLE
+
+from streamdp import messages
+from streamdp import serialization as ser
+from streamdp.documents import MIN_DOC_LENGTH
+from streamdp.kafka.state_store import StateStore
+from streamdp.moments.clipping import ClipBounds
+from streamdp.refinement import FoldInModels, RefinementModel
+from streamdp.services import control
+from streamdp.services import vocabulary as vocab_mod
+from streamdp.services.config import ConfigError, ServiceConfig
+from streamdp.services.partition_state import (LATE, PRODUCER_TIMESTAMP, SELECTION, PartitionState,
+                                               RecordTimeRejected, fencing_token, select_state,
+                                               state_key)
+from streamdp.services.processor import RateLimitedLog
+from streamdp.snapshot import TopicSnapshot
+from streamdp.whitening.subspace import Subspace
+from streamdp.whitening.warmup import WarmupSketch
+
+log = logging.getLogger("streamdp.sketcher")
+
+#: how often a sketcher holding partitions re-reads the state topic for the record it waits for
+HELD_REFRESH_SECONDS = 5.0
+
+
+def load_subspace(store: StateStore, vocabulary_id: str | None = None) -> tuple[Subspace, ClipBounds] | None:
+    rec = store.read_latest(control.SUBSPACE_KEY)
+    if rec is None:
+        return None
+    found = rec.meta.get("vocabulary_id")
+    if vocabulary_id is not None and found is not None and found != vocabulary_id:
+        raise ConfigError(f"the deployment's subspace was built for vocabulary {found}, this "
+                          f"sketcher's vocabulary file is {vocabulary_id}: every service must use "
+                          "the same vocabulary (a new vocabulary needs a new deployment)")
+    sub = Subspace.from_bytes(rec.payload)
+    return sub, ClipBounds.from_dict(rec.meta["clip"])
+
+
+def initial_vocabulary(cfg: ServiceConfig):
+    """(vocabulary, candidates) at start-up: the file's vocabulary (``file`` mode), or none
+    yet and, in ``private`` mode, the public candidate list it will be selected from."""
+    if cfg.vocabulary_mode == "file":
+        return cfg.load_vocabulary(), None
+    if cfg.vocabulary_mode == "private":
+        try:
+            return None, vocab_mod.candidates(cfg)
+        except vocab_mod.VocabularyError as exc:
+            raise ConfigError(str(exc)) from None
+    return None, None
+
+
+class SketchContext:
+    """What every partition of a sketcher shares: the vocabulary, the subspace and clip
+    bounds, the refinement models, the release service's control messages and the state
+    store. Announcements that change the partitions' states (vocabulary published, warm-up
+    or epochs closed) are applied to the partitions of every strategy in ``strategies``."""
+
+    def __init__(self, cfg: ServiceConfig, *, instance: str, store, control_consumer,
+                 control_key, vocabulary=None, candidates=None) -> None:
+        self.cfg, self.instance = cfg, instance
+        self.tokenizer = cfg.tokenizer_()
+        self.vocabulary = self.d = self.k_prime = None
+        self.candidates = candidates            # private: the public candidate list
+        if vocabulary is not None:
+            self.set_vocabulary(vocabulary)
+        self.routing = cfg.routing
+        self.topics = cfg.topics
+        self.subspace: Subspace | None = None
+        self.clip: ClipBounds | None = None
+        self.closed_through = 0
+        self.warmup_closed = False
+        self.refinement = cfg.refinement_config()
+        # the public models by snapshot epoch and the epoch the release state confirms closed
+        self.models = None if self.refinement is None else FoldInModels(self.refinement.model_lag)
+        self.model_epoch: int | None = None            # the newest model loaded (its epoch)
+        self.control_key = control_key
+        self.control_rejected = 0           # unauthenticated / unconfirmed control messages
+        self.broker_time = cfg.broker_time_required
+        self.store = store
+        self.control_consumer = control_consumer
+        self.strategies: list[SketchStrategy] = []
+        self._bad_log = RateLimitedLog()
+
+    def _each_state(self, change) -> None:
+        """Apply ``change`` to every partition state held now (and mark it unsaved)."""
+        for strategy in self.strategies:
+            for p, st in strategy.states.items():
+                change(st)
+                strategy.dirty.add(p)
+
+    # ------------------------------------------------------------ vocabulary, subspace
+    def set_vocabulary(self, vocab) -> None:
+        self.vocabulary = vocab
+        self.d = len(vocab)
+        self.k_prime = self.cfg.k_prime(self.d)
+
+    def refresh_vocabulary(self) -> None:
+        """public/private: load the deployment's vocabulary record (content id checked)."""
+        if self.vocabulary is not None:
+            return
+        try:
+            got = vocab_mod.load_record(self.store)
+        except vocab_mod.VocabularyError as exc:
+            log.error("%s: %s", self.instance, exc)
+            return
+        if got is None:
+            return
+        vocab, meta = got
+        self.set_vocabulary(vocab)
+        # the release service consumed the selection histograms (the record exists)
+        self._each_state(lambda st: st.forget_selection())
+        log.info("%s: vocabulary %s (%d words, %s) loaded", self.instance, vocab.id, len(vocab),
+                 meta.get("mode"))
+        self.refresh_subspace()
+
+    def refresh_subspace(self) -> None:
+        if self.vocabulary is None:
+            return                      # no warm-up before the vocabulary
+        self.refresh_model()
+        got = load_subspace(self.store, self.vocabulary.id)
+        if got is not None:
+            self.subspace, self.clip = got
+            self.warmup_closed = True
+            # The warm-up is closed: drop the warm-up sketches of the partitions held now,
+            # as a restart would (SketchStrategy.restore), so a warm-up document that still
+            # arrives is late whether or not this process restarted in between.
+            self._each_state(lambda st: st.forget_closed(self.closed_through, True))
+            log.info("%s: subspace %s (k'=%d) loaded", self.instance, self.subspace.id, self.subspace.dim)
+
+    # ------------------------------------------------------------ refinement models
+    def refresh_model(self, rec=None) -> None:
+        """Load the fold-in models and the closed epoch from the release state record (public
+        models of the last L snapshots; see the module docstring). ``rec``: that record if the
+        caller already read it."""
+        if self.models is None or self.d is None:
+            return
+        rec = self.store.read_latest(control.RELEASE_STATE_KEY) if rec is None else rec
+        if rec is None:
+            return
+        closed = int(rec.meta.get("epoch") or 0)
+        if closed <= self.models.closed_through and self.model_epoch is not None:
+            return                      # nothing new
+        obj = ser.loads(rec.payload)
+        raw = obj.get("refinement_models")
+        if raw is None and obj.get("last_snapshot"):     # a record written before the rule
+            raw = [RefinementModel.from_snapshot(TopicSnapshot.from_bytes(obj["last_snapshot"])).to_dict()]
+        for m in raw or []:
+            model = RefinementModel.from_dict(m, fold_in_iter=self.refinement.fold_in_iter)
+            if model.shape != (self.cfg.n_topics, self.d):
+                log.error("%s: the released model of epoch %s has shape %s, this sketcher expects "
+                          "(%d, %d): not folding documents into it", self.instance, model.epoch,
+                          model.shape, self.cfg.n_topics, self.d)
+                continue
+            if model.epoch is not None and model.epoch <= closed:
+                self.models.models.setdefault(model.epoch, model)
+        self.models.close_through(closed)
+        if self.models.models:
+            newest = max(self.models.models)
+            if newest != self.model_epoch:
+                log.info("%s: release closed through epoch %d; models of epochs %s (lag %d)",
+                         self.instance, closed, sorted(self.models.models), self.models.lag)
+            self.model_epoch = newest
+        lost = [m for m in range(max(1, closed + 1 - self.models.lag), closed + 1)
+                if m not in self.models.models]
+        if lost:
+            log.warning("%s: the release state (epoch %d) holds no model for epoch(s) %s (written "
+                        "before the refinement model rule, or of another shape): documents of "
+                        "epochs %s get no refinement term", self.instance, closed, lost,
+                        [m + self.models.lag for m in lost])
+
+    # ------------------------------------------------------------ control
+    def poll_control(self) -> None:
+        through = None
+        for m in self.control_consumer.consume(num_messages=100, timeout=0):
+            if m.error() is not None:
+                continue
+            try:
+                msg = control.decode(m.value())
+            except Exception as exc:            # noqa: BLE001 — bad control input is logged, never fatal
+                self.reject_control("ignored bad control message at offset %d: %s", m.offset(), exc)
+                continue
+            if msg["type"] not in control.RELEASE_TYPES:
+                continue                        # operator → release messages
+            if not control.authentic(msg, self.control_key):
+                self.reject_control("ignored unauthenticated %s control message at offset %d "
+                                    "(no valid MAC under this deployment's control key)",
+                                    msg["type"], m.offset())
+                continue
+            if msg["type"] == "vocabulary_ready" and self.vocabulary is None:
+                self.refresh_vocabulary()
+            elif msg["type"] == "subspace_ready" and self.subspace is None:
+                self.refresh_subspace()
+            elif msg["type"] == "epochs_closed" and (msg["through"] > self.closed_through
+                                                     or not self.warmup_closed):
+                through = max(msg["through"], -1 if through is None else through)
+        if through is not None:
+            self.apply_epochs_closed(through)
+
+    def reject_control(self, fmt: str, *args) -> None:
+        self.control_rejected += 1
+        self._bad_log.warning(fmt, *args)
+
+    def apply_epochs_closed(self, through: int) -> None:
+        """Drop raw sketches through ``through`` — but only as far as the release state on
+        the state topic confirms (the control message is a hint, the release state the truth)."""
+        released = self.confirmed_release()
+        if released is None:
+            self.reject_control("epochs_closed through %d not confirmed: no subspace/release state "
+                                "on the state topic; keeping every raw sketch", through)
+            return
+        if through > released:
+            self.reject_control("epochs_closed through %d, but the release state confirms only %d: "
+                                "dropping raw sketches through %d only", through, released, released)
+        through = min(through, released)
+        self.closed_through = max(self.closed_through, through)
+        self.warmup_closed = True
+        self._each_state(lambda st: st.forget_closed(self.closed_through, True))
+
+    def confirmed_release(self) -> int | None:
+        """The last epoch the release state on the state topic records as released
+        (0 = only the warm-up), or None if not even the warm-up is released."""
+        if self.store.read_latest(control.SUBSPACE_KEY) is None:
+            return None
+        rec = self.store.read_latest(control.RELEASE_STATE_KEY)
+        if rec is not None:
+            self.refresh_model(rec)      # the same record holds the released model
+        return 0 if rec is None else int(rec.meta.get("epoch") or 0)
+
+
+class SketchStrategy:
+    """The partitions of this sketcher's current assignment: their :class:`PartitionState`
+    (``states``), which have unsaved changes (``dirty``), and the record each held partition
+    waits at (``held_for``). Driven by a :class:`StreamProcessor` (``io``: its holds, dead
+    letters and commit fence); updated incrementally at each rebalance (the processor
+    module's :class:`ProcessingStrategy`)."""
+
+    def __init__(self, ctx: SketchContext, metrics) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.cfg
+        self.metrics = metrics
+        self.topic = ctx.topics.documents
+        self.io = None                          # the StreamProcessor (attach)
+        self.states: dict[int, PartitionState] = {}
+        self.dirty: set[int] = set()
+        self.held_for: dict[int, tuple[int, float]] = {}   # partition -> (model epoch, record time)
+        self.model_holds = 0                # times a partition was held for its refinement model
+        self._accepted: dict[int, object] = {}     # newest state record accepted per partition
+        self._last_refresh = time.monotonic()
+        ctx.strategies.append(self)
+
+    def attach(self, io) -> None:
+        self.io = io
+
+    # ------------------------------------------------------------ assignment
+    def owns(self, p: int) -> bool:
+        return p in self.states
+
+    def partitions(self) -> list[int]:
+        return list(self.states)
+
+    def restore(self, assigned: dict[int, int | None]) -> dict[int, int]:
+        """The newest state of each newly assigned partition that this process may accept
+        (:func:`select_state`), stamped with the fencing token of its assignment; returns
+        where each partition starts (its ``next_offset``, or the beginning)."""
+        ctx = self.ctx
+        found = ctx.store.read_all_latest(prefix=f"sketch/{self.topic}/")
+        starts = {}
+        for p, generation in assigned.items():
+            key = state_key(self.topic, p)
+            rec, rejected = select_state(self._accepted.get(p), found.get(key))
+            if rejected:
+                log.warning("%s: partition %d: the newest state record goes backwards (fence/next_offset "
+                            "%s/%s < accepted %s/%s): a zombie wrote it; restoring the accepted one",
+                            ctx.instance, p, found[key].meta.get("fence"), found[key].meta["next_offset"],
+                            rec.meta.get("fence"), rec.meta["next_offset"])
+            if rec is not None:
+                st = PartitionState.from_bytes(rec.payload, ctx.subspace)
+                self._accepted[p] = rec
+                starts[p] = st.next_offset
+            else:
+                st = PartitionState(self.topic, p)
+                starts[p] = OFFSET_BEGINNING
+            st.fence = fencing_token(generation, st.fence)
+            st.forget_closed(ctx.closed_through, ctx.warmup_closed)
+            if ctx.vocabulary is not None and self.cfg.vocabulary_mode != "file":
+                st.forget_selection()         # the published vocabulary consumed it
+            self.states[p] = st
+        return starts
+
+    def revoke(self, partitions: list[int]) -> None:
+        """Checkpoint, then forget (arroyo's close + join for these partitions). A partition
+        is given up even if its checkpoint fails: the new owner restores the last one."""
+        try:
+            for p in partitions:
+                if p in self.states:
+                    self.checkpoint(p)
+                    self.forget(p)
+        finally:
+            for p in partitions:
+                self.forget(p)
+
+    def lost(self, partitions: list[int]) -> None:
+        for p in partitions:
+            self.forget(p)
+
+    def forget(self, p: int) -> None:
+        self.states.pop(p, None)
+        self.dirty.discard(p)
+        self.held_for.pop(p, None)
+
+    # ------------------------------------------------------------ holds
+    def _hold(self, p: int, offset: int, need: str) -> None:
+        """Hold partition ``p`` at ``offset`` until ``need`` (the vocabulary, the subspace, or
+        the refinement model of ``held_for[p]``) is published."""
+        what = need if need != "model" else f"model of epoch {self.held_for[p][0]}"
+        self.io.hold(p, offset, need, what)
+
+    def ready(self, p: int, need: str) -> bool:
+        ctx = self.ctx
+        return ((need == "vocabulary" and ctx.vocabulary is not None)
+                or (need == "subspace" and ctx.subspace is not None)
+                or (need == "model" and self._model_decided(p)))
+
+    def resumed(self, partitions: list[int]) -> None:
+        for p in partitions:
+            self.held_for.pop(p, None)
+
+    def poll(self, holds: dict[int, str]) -> None:
+        """Control messages; while partitions are held, look again now and then for the
+        release record they wait for, in case its announcement was read before the record
+        was visible (or was never seen)."""
+        ctx = self.ctx
+        ctx.poll_control()
+        if holds and time.monotonic() - self._last_refresh >= HELD_REFRESH_SECONDS:
+            self._last_refresh = time.monotonic()
+            needs = set(holds.values())
+            if "vocabulary" in needs and ctx.vocabulary is None:
+                ctx.refresh_vocabulary()
+            if "subspace" in needs and ctx.subspace is None:
+                ctx.refresh_subspace()
+            if "model" in needs:
+                ctx.refresh_model()
+            self._advance_held_progress()
+
+    def _model_decided(self, p: int) -> bool:
+        m = self.held_for.get(p, (None,))[0]
+        return m is None or m <= self.ctx.models.closed_through
+
+    def _advance_held_progress(self) -> None:
+        """A partition held at a record: its progress is that record's time, capped by the
+        clock (Routing.advance_progress) — advanced again as the clock passes it, so the
+        release service can close the epoch the partition waits for."""
+        now = time.time()
+        for p, (_, rt) in self.held_for.items():
+            st = self.states.get(p)
+            if st is not None:
+                progress = self.ctx.routing.advance_progress(st.progress, [rt], now)
+                if progress != st.progress:
+                    st.progress = progress
+                    self.dirty.add(p)
+
+    # ------------------------------------------------------------ checkpoints
+    def checkpoint(self, p: int) -> None:
+        """Write partition ``p``'s state (if changed) after the processor's commit fence
+        (dead letters flushed, offset committed); a fenced partition is dropped unwritten."""
+        st = self.states.get(p)
+        if st is None or p not in self.dirty:
+            return
+        if not self.io.commit(p, st.next_offset):
+            self.forget(p)
+            return
+        payload = st.to_bytes()
+        meta = st.meta()
+        self.ctx.store.write(st.key, payload, meta=meta)
+        self._accepted[p] = _Accepted(meta, payload)
+        self.dirty.discard(p)
+        self.metrics.checkpointed(len(payload))
+
+    def checkpoint_all(self) -> None:
+        for p in list(self.states):
+            self.checkpoint(p)
+
+    # ------------------------------------------------------------ the shared context, read here
+    # (names as in the process code below: what the deployment shares, not per partition)
+    routing = property(lambda self: self.ctx.routing)
+    tokenizer = property(lambda self: self.ctx.tokenizer)
+    broker_time = property(lambda self: self.ctx.broker_time)
+    candidates = property(lambda self: self.ctx.candidates)
+    models = property(lambda self: self.ctx.models)
+    vocabulary = property(lambda self: self.ctx.vocabulary)
+    d = property(lambda self: self.ctx.d)
+    k_prime = property(lambda self: self.ctx.k_prime)
+    subspace = property(lambda self: self.ctx.subspace)
+    clip = property(lambda self: self.ctx.clip)
+
+    # ------------------------------------------------------------ processing
+    def submit(self, p: int, batch: list) -> None:
+        if self.ctx.vocabulary is None:
+            self.process_before_vocabulary(p, batch)
+        else:
+            self.process(p, batch)
+
+    @staticmethod
+    def _producer_time_error() -> RecordTimeRejected:
+        return RecordTimeRejected(
+            PRODUCER_TIMESTAMP, "record time set by the producer (CreateTime), but this "
+            "deployment routes by broker time only: the documents topic must have "
+            "message.timestamp.type=LogAppendTime (docs/operations.md §Time)")
+
+    def _decode_record(self, m, kind: int, rt: float | None, now: float):
+        """The one check of a record before it is routed: broker time when required, a
+        decodable document within the limits, not in the future. Returns (document, record
+        time) or raises :class:`messages.InvalidMessage` (dead-lettered by the caller)."""
+        if self.broker_time and kind != TIMESTAMP_LOG_APPEND_TIME:
+            raise self._producer_time_error()
+        value = m.value()
+        if value is None:
+            raise messages.InvalidMessage(messages.MALFORMED_MSGPACK, "null record value")
+        doc = messages.decode_document(value, max_bytes=self.cfg.max_document_bytes,
+                                       max_tokens=self.cfg.max_document_tokens)
+        t_rec = doc.ts if rt is None else rt
+        if self.routing.is_future(doc.ts, t_rec, now):     # == route(...) == FUTURE
+            raise self.routing.future_error(doc.ts, t_rec, now)
+        return doc, t_rec
+
+    def process(self, p: int, batch: list) -> None:
+        """Validate the whole batch, then update the partition's sketches once.
+
+        Decoding and validation run in bulk over the batch (:class:`messages.DocumentBatch`,
+        same results as :meth:`_decode_record` per record): the checks in the order of
+        :meth:`_decode_record` — broker time, a decodable document, not in the future —
+        then the vocabulary checks of the count batch. A bad record gets its own error and
+        is dead-lettered; it never changes the other rows."""
+        t0 = time.perf_counter()
+        st = self.states[p]
+        now = time.time()                  # the service clock, read once per batch
+        stamps = [m.timestamp() for m in batch]
+        # every message's record time (nan if none), read once
+        batch_rt = np.fromiter((math.nan if kind == TIMESTAMP_NOT_AVAILABLE else ms / 1000.0
+                                for kind, ms in stamps), dtype=np.float64, count=len(batch))
+        rejected: dict[int, messages.InvalidMessage] = {}
+        if self.broker_time:
+            for i, (kind, _) in enumerate(stamps):
+                if kind != TIMESTAMP_LOG_APPEND_TIME:
+                    rejected[i] = self._producer_time_error()
+        values = [m.value() for m in batch]
+        for i, value in enumerate(values):
+            if value is None and i not in rejected:
+                rejected[i] = messages.InvalidMessage(messages.MALFORMED_MSGPACK, "null record value")
+        db = messages.DocumentBatch(values, self.vocabulary, max_bytes=self.cfg.max_document_bytes,
+                                    max_tokens=self.cfg.max_document_tokens, rejected=rejected)
+        # record time = broker time, or the document's ts where the record has none
+        t_recs = np.where(np.isnan(batch_rt), db.ts, batch_rt)
+        valid = db.valid
+        if valid.size:
+            ts_v, rt_v = db.ts[valid], t_recs[valid]
+            # == routing.is_future per record (the same three float64 comparisons)
+            mf = self.routing.max_future_seconds
+            fut = (ts_v > now + mf) | (rt_v > now + mf) | (ts_v > rt_v + mf)
+            for i in valid[fut].tolist():
+                db.reject(i, self.routing.future_error(float(db.ts[i]), float(t_recs[i]), now))
+        cb = db.to_counts(self.tokenizer)
+        bad = [(batch[i], exc) for i, exc in cb.errors]
+        rt_good = t_recs[cb.index]
+        routes = self.routing.route(cb.timestamps, rt_good, now) if cb.n_docs else np.zeros(0, np.int64)
+        routes = np.where(routes == SELECTION, LATE, routes)   # the vocabulary exists: window closed
+        if self.models is not None:          # epochs the release state confirms closed: late
+            routes = np.where((routes > 0) & (routes <= self.models.closed_through), LATE, routes)
+
+        # Stop at the first stream document that cannot be sketched yet: before the subspace,
+        # any; with refinement, one whose model (the snapshot of its epoch − L) is not decided.
+        blocked, need = np.zeros(routes.shape, bool), "subspace"
+        if self.subspace is None:
+            blocked = routes > 0
+        elif self.models is not None:
+            undecided = [e for e in np.unique(routes[routes > st.closed_through])
+                         if not self.models.decided(int(e))]
+            blocked, need = np.isin(routes, undecided), "model"
+        cut_offset = None
+        if np.any(blocked):
+            first = int(np.flatnonzero(blocked)[0])
+            blocker = batch[cb.index[first]]
+            cut_offset = blocker.offset()
+            keep = np.flatnonzero([batch[j].offset() < cut_offset for j in cb.index])
+            X, routes_k = cb.counts[keep], routes[keep]
+            bad = [(m, e) for m, e in bad if m.offset() < cut_offset]
+            last_offset = cut_offset - 1
+            processed = [m for m in batch if m.offset() < cut_offset]
+            blocker_rt = rt_good[first]
+        else:
+            keep = np.arange(cb.n_docs)
+            X, routes_k = cb.counts, routes
+            last_offset = batch[-1].offset()
+            processed = batch
+            blocker_rt = None
+
+        # --- everything validated: now the one state update
+        def new_warmup():
+            return WarmupSketch(self.d, self.k_prime, clip=self.cfg.warmup_clip, seed=self.cfg.seed)
+
+        counts = st.add(X, routes_k, self.subspace, self.clip, new_warmup, models=self.models)
+        for m, exc in bad:
+            self.io.dead_letter(m, exc)
+        st.counters["dlq"] += len(bad)
+        n_tok = int(cb.n_tokens[keep].sum()) if keep.size else 0
+        n_unk = int(cb.n_unknown[keep].sum()) if keep.size else 0
+        st.counters["tokens"] += n_tok
+        st.counters["unknown_tokens"] += n_unk
+        lengths = np.asarray(X.sum(axis=1)).ravel() if X.shape[0] else np.zeros(0)
+        n_short = int(np.sum((lengths < MIN_DOC_LENGTH) & (routes_k != LATE)))
+        st.counters["empty"] += n_short
+        if processed:
+            st.next_offset = last_offset + 1
+            # processed = a prefix of the batch; progress never passes the service clock
+            st.progress = self.routing.advance_progress(st.progress, batch_rt[:len(processed)], now)
+        if cut_offset is not None:
+            st.progress = self.routing.advance_progress(st.progress, [blocker_rt], now)
+            if need == "model":
+                self.held_for[p] = (self.models.model_epoch(int(routes[first])), float(blocker_rt))
+                self.model_holds += 1
+            self._hold(p, cut_offset, need)
+        self.dirty.add(p)
+        # documents_total counts documents that entered a sketch; too-short and late
+        # ones are counted under skipped_total{reason} instead (docs/metrics.md)
+        self.metrics.observe_batch(counts["stream"] + counts["warmup"] - counts["short"], n_tok, n_unk,
+                                   time.perf_counter() - t0, partition=p)
+        if counts["short"]:
+            self.metrics.skipped("too_short", counts["short"])
+        if counts["late"]:
+            self.metrics.skipped("late", counts["late"])
+
+    def process_before_vocabulary(self, p: int, batch: list) -> None:
+        """Before the deployment's vocabulary exists (vocabulary_mode public/private):
+        selection-window documents go to the partition's selection histogram, late ones are
+        counted, bad ones dead-lettered; the first document that needs the vocabulary
+        (warm-up or stream) pauses the partition at its offset. Validated first, then one
+        state update, as :meth:`process`."""
+        t0 = time.perf_counter()
+        st = self.states[p]
+        now = time.time()
+        token_lists, bad, rts = [], [], []
+        n_late = n_tok = 0
+        cut = None                              # (offset, record time) of the first blocked doc
+        for m in batch:
+            kind, rt = _record_time(m)
+            try:
+                doc, t_rec = self._decode_record(m, kind, rt, now)
+                route = int(self.routing.route([doc.ts], [t_rec], now)[0])
+                if route >= 0:                  # warm-up or stream: needs the vocabulary
+                    cut = (m.offset(), t_rec)
+                    break
+                toks = None
+                if route == SELECTION:
+                    toks = self._selection_tokens(doc)
+            except messages.InvalidMessage as exc:
+                bad.append((m, exc))
+                rts.append(math.nan if rt is None else rt)
+                continue
+            rts.append(math.nan if rt is None else rt)
+            if route == SELECTION:
+                token_lists.append(toks)
+                n_tok += len(toks)
+            else:
+                n_late += 1
+        # --- everything validated: now the one state update
+        if token_lists:
+            st.add_selection(token_lists, lambda: vocab_mod.SelectionHistogram.for_config(
+                self.cfg, self.candidates), self.candidates)
+        for m, exc in bad:
+            self.io.dead_letter(m, exc)
+        st.counters["dlq"] += len(bad)
+        st.counters["late"] += n_late
+        st.counters["tokens"] += n_tok
+        if rts:
+            st.next_offset = batch[len(rts) - 1].offset() + 1
+            st.progress = self.routing.advance_progress(st.progress, rts, now)
+        if cut is not None:
+            st.progress = self.routing.advance_progress(st.progress, [cut[1]], now)
+            self._hold(p, cut[0], "vocabulary")
+        self.dirty.add(p)
+        self.metrics.observe_batch(len(token_lists), n_tok, 0, time.perf_counter() - t0, partition=p)
+        if n_late:
+            self.metrics.skipped("late", n_late)
+
+    def _selection_tokens(self, doc) -> list[str]:
+        """The tokens of a selection-window document; a ``counts`` document (ids over a
+        vocabulary that does not exist yet) cannot be used and is dead-lettered."""
+        if self.candidates is None:         # public mode has no selection window
+            raise RuntimeError("a selection-window document without a private selection")
+        if doc.kind == "text":
+            toks = self.tokenizer.tokenize(doc.payload)
+            if len(toks) > self.cfg.max_document_tokens:
+                raise messages.InvalidMessage(messages.TOO_LARGE, f"text has {len(toks)} tokens, "
+                                              f"the limit is {self.cfg.max_document_tokens}")
+            return list(toks)
+        if doc.kind == "tokens":
+            return list(doc.payload)
+        raise messages.InvalidMessage(
+            "invalid_value", "a counts document in the vocabulary-selection window (ts < "
+            "selection_end): its ids refer to a vocabulary, and the deployment's vocabulary is "
+            "selected from these documents; send text or tokens before selection_end")
+
+
+class _Accepted:
+    """A state record this process wrote itself (as the store would return it)."""
+
+    def __init__(self, meta: dict, payload: bytes) -> None:
+        self.meta, self.payload = dict(meta), payload
+
+
+def _record_time(m) -> tuple[int, float | None]:
+    kind, ms = m.timestamp()
+    return kind, (None if kind == TIMESTAMP_NOT_AVAILABLE else ms / 1000.0)
