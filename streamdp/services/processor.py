@@ -184,6 +184,9 @@ class StreamProcessor:
         if partitions:
             consumer.pause(partitions)
         self.rebalance_log.append(("assign", sorted(tp.partition for tp in partitions)))
+        if partitions:
+            log.info("%s: partitions %s added (generation %s), paused until restored", self.instance,
+                     sorted(tp.partition for tp in partitions), generation)
         if self.restoring:
             self.health.set_ready(False, "restoring state")
         else:
