@@ -48,7 +48,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -155,8 +155,8 @@ class StreamProcessor:
         self.restoring: dict[int, int | None] = {}   # assigned, not restored: -> group generation
         self._start_at: dict[int, int] = {}     # restored at this offset; first batch checked
         self.fenced_writes = 0                  # checkpoints refused because the partition was lost
-        #: every rebalance callback, in order: (kind, partitions) with kind assign/revoke/lost
-        self.rebalance_log: list[tuple[str, list[int]]] = []
+        #: the last rebalance callbacks, in order: (kind, partitions), kind assign/revoke/lost
+        self.rebalance_log: deque[tuple[str, list[int]]] = deque(maxlen=256)
         self.last_checkpoint = time.monotonic()
         self.bad_log = RateLimitedLog()
 
