@@ -46,7 +46,7 @@ from streamdp import EpochClock, StreamingSpectralLDA  # noqa: E402
 from streamdp.continual import EpochSketches, SketchNodeMechanism, zero_sums  # noqa: E402
 from streamdp.evaluation import matched_topic_error  # noqa: E402
 from streamdp.privacy.accountant import Accountant  # noqa: E402
-from streamdp.privacy.blt import (BLTAggregator, default_params, sqrt_toeplitz_coefs,  # noqa: E402
+from streamdp.privacy.blt import (BLTAggregator, calibrate_unit_rho, default_params, sqrt_toeplitz_coefs,  # noqa: E402
                                   sqrt_toeplitz_error_profile, tree_error_profile)
 from streamdp.privacy.events import STREAM, EventLog, GaussianEvent  # noqa: E402
 from streamdp.privacy.memory_ledger import MemoryLedger  # noqa: E402
@@ -151,9 +151,10 @@ def run(model, sub, clip, epoch_sums, k, eps, delta, seed, mechanisms, all_steps
     if "blt" in mechanisms:
         acct = Accountant(eps, delta, MemoryLedger())
         params = default_params(R)
-        probe = SketchNodeMechanism(sub, clip, BudgetSplit(), rho, sampler)
-        weight = BLTAggregator(params, probe).charge_weight()     # ‖c‖² + rounding over T_max
-        mech = SketchNodeMechanism(sub, clip, BudgetSplit(), rho / weight, sampler)
+        # ρ_unit ≈ ρ/(‖c‖² + rounding over T_max), charged ≤ ρ (calibrate_unit_rho)
+        unit_rho = calibrate_unit_rho(rho, lambda r: BLTAggregator(
+            params, SketchNodeMechanism(sub, clip, BudgetSplit(), r, sampler)))
+        mech = SketchNodeMechanism(sub, clip, BudgetSplit(), unit_rho, sampler)
         blt = BLTAggregator(params, mech, acct, label="blt")
         for t, s in enumerate(epoch_sums, start=1):
             out = blt.add_epoch(s)

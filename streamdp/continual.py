@@ -39,7 +39,7 @@ from streamdp.moments.sketch import SketchSums, WhitenedSketch
 from streamdp.privacy.epochs import WARMUP_EPOCH, EpochClock
 from streamdp.privacy.events import STREAM, BudgetSpender, GaussianEvent
 from streamdp.privacy.noise import GaussianSampler
-from streamdp.privacy.blt import BLTAggregator, BLTParams, default_params
+from streamdp.privacy.blt import BLTAggregator, BLTParams, calibrate_unit_rho, default_params
 from streamdp.privacy.report import release_report
 from streamdp.privacy.spend import Codec
 from streamdp.privacy.tree import (HorizonExceeded, TreeAggregator, completing_levels,
@@ -317,11 +317,14 @@ class ContinualRelease:
         if self.aggregator == "tree":
             self.rho_node = self.rho / self.depth
         else:
-            # ρ_unit = ρ/W, W ≥ Σ_{j<T_max}(c_j + ε)² (ε: the BLT's rounding term; the
-            # sensitivities Δ_b, hence ε, do not depend on ρ_node)
-            probe = SketchNodeMechanism(self.subspace, self.clip, self.split, self.rho, self.sampler,
-                                        share, max_documents=self.max_documents)
-            self.rho_node = self.rho / BLTAggregator(self.blt_params, probe).charge_weight()
+            # ρ_unit ≤ ρ/W, W ≥ Σ_{j<T_max}(c_j + ε)² (ε: the BLT's rounding term; the
+            # sensitivities Δ_b, hence ε, do not depend on ρ_node), shrunk until T_max epochs are
+            # charged ≤ ρ with the samplers' rounding term (calibrate_unit_rho)
+            def aggregator_for(rho_unit: float) -> BLTAggregator:
+                return BLTAggregator(self.blt_params, SketchNodeMechanism(
+                    self.subspace, self.clip, self.split, rho_unit, self.sampler, share,
+                    max_documents=self.max_documents))
+            self.rho_node = calibrate_unit_rho(self.rho, aggregator_for)
         self.mechanism = SketchNodeMechanism(self.subspace, self.clip, self.split, self.rho_node,
                                              self.sampler, share, max_documents=self.max_documents)
         if self.aggregator == "tree":

@@ -493,3 +493,48 @@ def test_blt_with_opendp_and_refinement_sums(corpus):
         assert snap.privacy["noise_sd"][REFINE_BLOCK] == pytest.approx(sd[REFINE_BLOCK] * math.sqrt(var))
         assert snap.privacy["sampler"] == OpenDPGaussianSampler.name
     np.testing.assert_allclose(rel.sketch.z, 0.0)        # withheld by the spectral start split
+
+
+def test_calibration_charges_the_samplers_rounding_and_still_reaches_max_epochs():
+    """Every event is charged count·(c̃Δ/σ + s)²/2 (s = ROUNDING_SLACK, the samplers' input
+    rounding, which does not scale with c̃). Calibrating the unit plan at ρ/W, as the BLT did
+    before, over-plans by ≈ 2s·(σ/Δ)·‖c‖₁/W: at σ/Δ ≈ 1,000 the accountant refused the last
+    epochs before T_max. calibrate_unit_rho charges every epoch to T_max within ρ."""
+    from streamdp.privacy.blt import calibrate_unit_rho, charged_total
+    from streamdp.privacy.events import ROUNDING_SLACK
+
+    p, T = default_params(16), 3000
+
+    def run(unit_rho: float):
+        acc = Accountant(0.005, 1e-6, MemoryLedger())
+        agg = BLTAggregator(p, GaussianArrayMechanism(1.0, sigma_for_rho(1.0, unit_rho),
+                                                      CSPRNGGaussianSampler(0)), acc, max_epochs=T)
+        try:
+            for _ in range(T):
+                agg.add_epoch(np.zeros(1))
+        except BudgetExhausted:
+            pass
+        return agg, acc.report()
+
+    rho = Accountant(0.005, 1e-6, MemoryLedger()).rho_budget
+
+    def agg_for(r):
+        return BLTAggregator(p, GaussianArrayMechanism(1.0, sigma_for_rho(1.0, r), None), max_epochs=T)
+
+    naive = rho / agg_for(rho).charge_weight()
+    assert sigma_for_rho(1.0, naive) > 800                         # the regime where it shows
+    old, old_report = run(naive)
+    assert old.epoch < T, "the ρ/W plan should run out before T_max at this σ"
+    unit = calibrate_unit_rho(rho, agg_for)
+    assert unit < naive and unit / naive > 1 - 1e-8               # σ grows by < 10⁻⁸
+    new, report = run(unit)
+    assert new.epoch == T
+    assert report["rho_worst_case"] <= report["rho_budget"] * (1 + 1e-12)
+    # the charge the accountant saw is the closed form, and the bound covers it
+    c = p.coefs(T) + new.rounding_ratio()
+    exact = charged_total(new.unit_events(), float(c.sum()), float((c * c).sum()), T)
+    assert report["rho_worst_case"] == pytest.approx(exact, rel=1e-9)
+    assert exact <= new.charged_rho_bound() <= rho
+    assert new.rho_per_document(T) == pytest.approx(exact, rel=1e-12)
+    (e,) = new.unit_events()
+    assert e.rho == pytest.approx((1.0 / e.sigma + ROUNDING_SLACK) ** 2 / 2, rel=1e-15)

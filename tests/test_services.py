@@ -464,11 +464,16 @@ def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, poin
         for p in ("stream:epochs=1-1", "stream:epochs=1-2", "stream:epochs=2-2"):
             assert parts[p] == pytest.approx(B / 2, rel=1e-9)
     else:
-        # BLT: epochs 1 and 2 charged (c_0 + ε)² + (c_1 + ε)² of W = ρ (ε: the rounding
-        # term, W ≥ Σ_{j<T_max}(c_j + ε)²), once each
+        # BLT: epochs 1 and 2 charged at (c_0 + ε) and (c_1 + ε) times the unit plan (ε: the
+        # rounding term), once each, the samplers' rounding included (charged_total); the
+        # unit plan is calibrated so that T_max epochs are charged ≤ ρ
+        from streamdp.privacy.blt import charged_total
         blt, agg = release.continual.blt_params, release.continual.tree
         eps = agg.rounding_ratio()
-        expected = B * float(np.sum((blt.coefs(2) + eps) ** 2)) / agg.charge_weight()
+        c = blt.coefs(2) + eps
+        expected = charged_total(agg.unit_events(), float(c.sum()), float((c * c).sum()), 2)
+        assert agg.charged_rho_bound() <= B
+        assert expected == pytest.approx(B * float(np.sum(c * c)) / agg.charge_weight(), rel=1e-6)
         assert sorted(parts) == ["stream", "warmup"]
         assert parts["stream"] == pytest.approx(expected, rel=1e-9)
         assert rep["rho_by_atom"]["stream_worst_epoch_rho"] == pytest.approx(expected, rel=1e-9)

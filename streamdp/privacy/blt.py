@@ -48,7 +48,7 @@ from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
 import numpy as np
 
 from streamdp.privacy import rounding
-from streamdp.privacy.events import STREAM, BudgetSpender, EventLog, GaussianEvent
+from streamdp.privacy.events import ROUNDING_SLACK, STREAM, BudgetSpender, EventLog, GaussianEvent
 from streamdp.privacy.spend import Codec, spend
 from streamdp.privacy.tree import HorizonExceeded
 
@@ -294,6 +294,40 @@ def charged_weight(params: BLTParams, eps: float, max_epochs: int) -> float:
     return params.sensitivity_squared() + 2.0 * eps * params.coefs_l1() + int(max_epochs) * eps * eps
 
 
+def charged_total(unit: Sequence[GaussianEvent], sum_c: float, sum_c2: float, n: int) -> float:
+    """What n epochs whose steps are scaled by c̃_1 … c̃_n (Σc̃ = ``sum_c``, Σc̃² = ``sum_c2``) are
+    charged, each event as :attr:`GaussianEvent.rho` charges it — count·(c̃Δ/σ + s)²/2 with s =
+    ROUNDING_SLACK, the samplers' input rounding, which does *not* scale with c̃:
+    Σ_e count_e/2 · (a_e²·Σc̃² + 2a_e·s·Σc̃ + n·s²), a_e = Δ_e/σ_e. Monotone in both sums, so
+    upper bounds on them give an upper bound on the charge."""
+    s = ROUNDING_SLACK
+    total = 0.0
+    for e in unit:
+        a = float(e.sensitivity) / float(e.sigma)
+        total += e.count * (a * a * sum_c2 + 2.0 * a * s * sum_c + n * s * s) / 2.0
+    return total
+
+
+def calibrate_unit_rho(rho: float, aggregator_for: Callable[[float], "BLTAggregator"]) -> float:
+    """The largest ρ_unit found (≤ ρ/W) whose T_max epochs are charged at most ρ in total.
+
+    ``aggregator_for(ρ_unit)`` builds the aggregator whose unit plan is calibrated at ρ_unit.
+    Starting from ρ/W (W ≥ Σ(c_j + ε)², right when the charge scales with c̃²), ρ_unit shrinks by
+    ρ/charged until :meth:`BLTAggregator.charged_rho_bound` ≤ ρ: the samplers' rounding term is
+    charged per event, not per unit of c̃, so ρ/W alone overshoots by ≈ 2s·σ/Δ·‖c‖₁/W
+    (≈ 2·10⁻⁹ at the default parameters)."""
+    if not (rho > 0 and math.isfinite(rho)):
+        raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
+    unit_rho = rho / aggregator_for(rho).charge_weight()
+    for _ in range(20):
+        bound = aggregator_for(unit_rho).charged_rho_bound()
+        if bound <= rho:
+            return unit_rho
+        unit_rho *= (rho / bound) * (1.0 - 1e-12)
+    raise ValueError(f"could not calibrate the BLT's unit plan within rho={rho} (the samplers' "
+                     "rounding term dominates: rho per epoch is too small)")
+
+
 def _split(a):
     """Dekker's split: a = hi + lo with hi, lo of ≤ 26 significant bits (|a| < 2⁹⁹⁶)."""
     c = 134217729.0 * a          # 2²⁷ + 1
@@ -475,13 +509,20 @@ class BLTAggregator(Generic[V]):
         return [e for c in self.params.coefs(int(n)) for e in scaled_events(unit, float(c) + eps)]
 
     def rho_per_document(self, n: int | None = None) -> float:
-        """What one document can cost through epoch n: ρ_unit·Σ_{j<n}(c_j + ε)²; None: through
-        T_max, the bound ρ_unit·W (= ρ_stream when calibrated as :meth:`charge_weight` says)."""
-        rho_unit = sum(e.rho for e in self.unit_events())
+        """What one document (of epoch 1, the worst) is charged through epoch n, each event as
+        the accountant charges it (:func:`charged_total`); None: through T_max, the bound
+        :meth:`charged_rho_bound` (≤ ρ_stream when calibrated by :func:`calibrate_unit_rho`)."""
         if n is None:
-            return rho_unit * self.charge_weight()
+            return self.charged_rho_bound()
         c = self.params.coefs(int(n)) + self.rounding_ratio()
-        return rho_unit * float(np.sum(c * c))
+        return charged_total(self.unit_events(), float(np.sum(c)), float(np.sum(c * c)), int(n))
+
+    def charged_rho_bound(self) -> float:
+        """≥ what epochs 1 … T_max charge in total: :func:`charged_total` with Σc̃² ≤ W
+        (:meth:`charge_weight`) and Σc̃ ≤ ‖c‖₁ + T_max·ε."""
+        T, eps = self.max_epochs, self.rounding_ratio()
+        return charged_total(self.unit_events(), self.params.coefs_l1() + T * eps,
+                             self.charge_weight(), T)
 
     def noise_multiplier(self, t: int | None = None) -> float:
         """√(Var_t/σ²): the sd of the release noise at t relative to one draw's σ."""
