@@ -427,7 +427,8 @@ def _demo(a) -> int:
     run_demo(epsilon=None if a.non_private else a.epsilon, warmup_docs=a.warmup_docs,
              stream_docs=a.stream_docs, epochs=a.epochs, sketchers=a.sketchers,
              bootstrap=a.bootstrap, workdir=a.workdir, sampler=a.sampler, seed=a.seed,
-             vocabulary=a.vocabulary, selection_docs=a.selection_docs)
+             vocabulary=a.vocabulary, selection_docs=a.selection_docs,
+             privacy_unit=a.privacy_unit, max_docs_per_user_epoch=a.max_docs_per_user_epoch)
     return 0
 
 
@@ -561,6 +562,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--sampler", choices=SAMPLER_KINDS, default=DEFAULT_SAMPLER,
                    help="noise sampler (docs/privacy_accounting.md)")
     d.add_argument("--seed", type=int, default=0, help="seed of the demo corpus")
+    d.add_argument("--privacy-unit", choices=("document", "user"), default="document",
+                   help="document: add/remove one document; user: add/remove every document of "
+                        "one user (the demo's documents get authors, documents per user from a "
+                        "Zipf law; each user's documents bounded and weighted; docs/privacy.md)")
+    d.add_argument("--max-docs-per-user-epoch", type=positive_int, default=None,
+                   help="user unit: m, a user's documents kept per epoch (default 5)")
     progress_flag(d)
     d.set_defaults(func=_demo)
 

@@ -29,7 +29,7 @@ from streamdp.kafka.topics import TopicNames, ensure_topics
 from streamdp.report import report_from_dir
 from streamdp.services import control
 from streamdp.services.config import ServiceConfig
-from streamdp.services.demo_corpus import TOPICS, sample_texts
+from streamdp.services.demo_corpus import TOPICS, sample_texts, zipf_users
 from streamdp.services.produce import produce
 from streamdp.text.vocabulary import Vocabulary
 
@@ -73,7 +73,8 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
              epochs: int = 4, sketchers: int = 2, bootstrap: str | None = None,
              workdir: str | None = None, sampler: str = DEFAULT_SAMPLER, seed: int = 0,
              timeout: float = 600.0, out=print, vocabulary: str | None = None,
-             selection_docs: int = 10_000) -> dict:
+             selection_docs: int = 10_000, privacy_unit: str = "document",
+             max_docs_per_user_epoch: int | None = None) -> dict:
     from streamdp.kafka.broker import EmbeddedBroker
     from streamdp.services.release import ReleaseService
     from streamdp.services.sketcher import Sketcher
@@ -87,6 +88,16 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
         raise ValueError(f"vocabulary must be one of {VOCABULARY_CHOICES}, got {vocabulary!r}")
     if vocabulary == "private" and epsilon is None:
         raise ValueError("--vocabulary private needs a budget: a non-private demo uses public or corpus")
+    if privacy_unit not in ("document", "user"):
+        raise ValueError(f"privacy_unit must be 'document' or 'user', got {privacy_unit!r}")
+    if privacy_unit == "user" and epsilon is None:
+        raise ValueError("--privacy-unit user needs a budget (a unit of privacy means nothing "
+                         "without noise): drop --non-private")
+    if privacy_unit == "user" and vocabulary == "private":
+        raise ValueError("--privacy-unit user: a user-level vocabulary selection is not "
+                         "implemented; use --vocabulary public or corpus")
+    if privacy_unit == "document" and max_docs_per_user_epoch is not None:
+        raise ValueError("--max-docs-per-user-epoch bounds users: add --privacy-unit user")
     for name, n in (("warmup_docs", warmup_docs), ("stream_docs", stream_docs), ("epochs", epochs),
                     ("sketchers", sketchers), ("selection_docs", selection_docs)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -105,7 +116,8 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
     out(f"broker {bootstrap}; topics {prefix}.*; work dir {work}")
 
     if vocabulary is None:      # private needs a budget: a non-private demo takes the public list
-        vocabulary = "private" if epsilon is not None else "public"
+        # (and a user-level deployment a public vocabulary: no user-level selection yet)
+        vocabulary = "private" if epsilon is not None and privacy_unit == "document" else "public"
     if vocabulary not in VOCABULARY_CHOICES:
         raise ValueError(f"vocabulary must be one of {VOCABULARY_CHOICES}, got {vocabulary!r}")
     if vocabulary != "private":
@@ -113,6 +125,26 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
     n_all = selection_docs + warmup_docs + stream_docs
     with progress.bar(total=n_all, desc="generating the demo corpus", unit="doc") as bar:
         texts, topics, words = sample_texts(n_all, seed=seed, progress=bar.update)
+    user_fields: dict = {}
+    user_partitions = None
+    if privacy_unit == "user":
+        authors = zipf_users(n_all, seed=seed + 3)
+        user_partitions = max(2, sketchers)       # the topics' partition count (ensure_topics)
+        # decaying weights: under a Zipf law most users write one document, which then keeps
+        # weight 1/H2(M) >= 0.6 instead of 1/M (docs/privacy.md "The user-level unit")
+        user_fields = {"privacy_unit": "user", "user_weights": "decaying",
+                       "max_docs_per_user_epoch": max_docs_per_user_epoch}
+        per_user = np.unique(authors, return_counts=True)[1]
+        out(f"privacy unit: the user. {len(per_user):,} users wrote the {n_all:,} documents "
+            f"(documents per user from a Zipf law: median {int(np.median(per_user))}, most "
+            f"{int(per_user.max())}); each user's documents go to partition "
+            f"partition_for_user(user, {user_partitions})")
+
+    def doc(i: int) -> dict:
+        d = {"id": f"doc-{i}", "ts": float(ts[i]), "text": texts[i]}
+        if user_partitions is not None:
+            d["user"] = authors[i]
+        return d
     epoch_seconds = 3600.0
     stream_start = float(int(time.time()) - 7 * 86400)    # a week ago: a replayed feed
     selection_end = stream_start - 86400.0
@@ -143,7 +175,11 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
                         ledger=str(work / "ledger.jsonl"), snapshot_dir=str(work / "snapshots"),
                         checkpoint_seconds=2.0, poll_seconds=0.5, seed=seed,
                         non_production=True,   # embedded broker: CreateTime, derived control key
-                        confirm_backfill=True)  # a replay of last week's documents, on purpose
+                        confirm_backfill=True,  # a replay of last week's documents, on purpose
+                        **user_fields)
+    if user_partitions is not None:     # what the release service records (and checks)
+        from streamdp.services.config import documents_partition_count
+        user_partitions = documents_partition_count(cfg)
     release = ReleaseService(cfg)
     workers = [Sketcher(cfg, instance=f"sketcher-{i}") for i in range(sketchers)]
     threads = [threading.Thread(target=w.run, kwargs={"install_signals": False}, daemon=True,
@@ -159,9 +195,8 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
             out(f"producing {selection_docs:,} selection-window documents; the sketchers hold "
                 "the later ones until the vocabulary is selected")
             with progress.bar(total=selection_docs, desc="producing", unit="doc") as bar:
-                produce(bootstrap, names.documents,
-                        ({"id": f"doc-{i}", "ts": float(ts[i]), "text": texts[i]}
-                         for i in range(selection_docs)), progress=bar.update)
+                produce(bootstrap, names.documents, (doc(i) for i in range(selection_docs)),
+                        progress=bar.update, user_partitions=user_partitions)
         out(f"producing {warmup_docs:,} warm-up and {stream_docs:,} stream documents "
             f"({epochs} hourly epochs), one epoch at a time as a live feed would: the documents "
             "of epoch e are folded into the release of epoch e - 2 (refinement; the sketchers hold "
@@ -195,9 +230,8 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
             what = "warm-up and first-epoch" if e == 1 else f"epoch {e}"
             with progress.bar(total=len(rows), desc=f"producing {what} documents",
                               unit="doc") as bar:
-                produce(bootstrap, names.documents,
-                        ({"id": f"doc-{i}", "ts": float(ts[i]), "text": texts[i]} for i in rows),
-                        progress=bar.update)
+                produce(bootstrap, names.documents, (doc(i) for i in rows),
+                        progress=bar.update, user_partitions=user_partitions)
             out(f"  [{time.time() - t_start:5.1f} s] produced {len(rows):,} {what} documents; "
                 "closing the epoch ...")
             # flush: close the warm-up and every epoch seen once all partitions are caught up
@@ -247,9 +281,15 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
             spent, budget = acc["rho_worst_case"], acc["rho_budget"]
             first, last = pr["epochs_covered"][0], pr["epochs_covered"][-1]
             span = f"{first}–{last}" if first != last else f"{first}"
-            out(f"\nprivacy: unit one document, add/remove neighbours; budget ε={pr['epsilon']:g} at "
-                f"δ={pr['delta']:g} for all {pr['horizon']} releases (epochs "
-                f"{span} of {pr['horizon']} released)")
+            out(f"\nprivacy: unit {pr['unit']}, neighbours: {pr['neighbouring']}; budget "
+                f"ε={pr['epsilon']:g} at δ={pr['delta']:g} for all {pr['horizon']} releases "
+                f"(epochs {span} of {pr['horizon']} released)")
+            ub = pr.get("user_bounding")
+            if ub:
+                out(f"  user bounding: at most {ub['max_docs_per_user_epoch']} documents per user "
+                    f"per epoch and {ub['max_docs_per_user']} in all, {ub['weights']} weights "
+                    f"summing to ≤ 1 per user; the warm-up takes {ub['warmup_share']:.0%} of the "
+                    "budget, charged with the stream (a user may write on both sides)")
             out(f"  spent so far: ε {acc['epsilon_worst_case']:.2f} of {pr['epsilon']:.2f} at "
                 f"δ {pr['delta']:g}, {100 * spent / budget:.0f}% of the budget (counted as zCDP "
                 f"ρ, which adds up across releases where ε does not: ρ {spent:.4g} of {budget:.4g})")

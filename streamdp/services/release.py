@@ -81,11 +81,12 @@ from streamdp.privacy.noise import make_sampler
 from streamdp.privacy.report import add_budget_context
 from streamdp.privacy.rounding import DocumentCountExceeded
 from streamdp.privacy.tree import HorizonExceeded
-from streamdp.release import BudgetSplit, DenoiseConfig
+from streamdp.release import BudgetSplit, DenoiseConfig, warmup_plan
 from streamdp.refinement import FoldInModels, RefinementModel, model_epoch_for
 from streamdp.services import control
 from streamdp.kafka.connectivity import OutageGuard, check_bootstrap
-from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode, check_stream_start
+from streamdp.services.config import (ConfigError, ServiceConfig, check_privacy_mode,
+                                      check_stream_start, documents_partition_count)
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.partition_state import SELECTION, PartitionState
 from streamdp.services.release_inputs import ControlCommands, DocumentsPartitions
@@ -152,7 +153,10 @@ class ReleaseService:
                 ledger = Path(cfg.ledger)
                 check_stream_start(cfg, first_start=not known and not (
                     ledger.is_file() and ledger.stat().st_size > 0))
-                check_privacy_mode(cfg, reader, role="release")   # never private -> non-private
+                check_privacy_mode(cfg, reader, role="release",   # never private -> non-private;
+                                   document_partitions=(         # the unit never changes
+                                       documents_partition_count(cfg)
+                                       if cfg.privacy_unit == "user" else None))
                 self.accountant = (bind_ledger(cfg, reader.read_all_latest(prefix="release/"))
                                    if cfg.private else None)
             finally:
@@ -162,9 +166,14 @@ class ReleaseService:
             self.writer.open()
             if self.accountant is not None:      # Kafka may have moved since the first check
                 check_ledger(cfg, self.accountant, self.writer.records())
-            self.spend = SpendSession(self.accountant) if cfg.private else None
+            self.spend = SpendSession(self.accountant, unit=cfg.privacy_unit) if cfg.private else None
             self.sampler = make_sampler(cfg.sampler, cfg.noise_seed) if cfg.private else None
             self.rho = self.accountant.rho_budget if cfg.private else None   # derived once, there
+            # the ρ shares of warm-up and stream: THE rule of the estimator (user unit: the
+            # warm-up on the stream partition, warmup_share of ρ; document unit: parallel)
+            self.plan = warmup_plan(self.rho, privacy_unit=cfg.privacy_unit,
+                                    warmup_share=cfg.warmup_share,
+                                    clip_budget_share=cfg.clip_budget_share)
             self.producer = Producer(cfg.client("producer", **{
                 "enable.idempotence": True, "acks": "all"}))
             self.sinks = ReleaseSinks(self.producer, self.topics, cfg.snapshot_dir,
@@ -396,11 +405,11 @@ class ReleaseService:
         split = BudgetSplit.spectral_start() if self.refinement is not None else BudgetSplit()
         self.continual = ContinualRelease(
             self.subspace, self.clip, n_topics=self.cfg.n_topics, alpha0=self.cfg.alpha0,
-            rho=self.rho, horizon=self.cfg.horizon, split=split, sampler=self.sampler,
+            rho=self.plan.stream_rho, horizon=self.cfg.horizon, split=split, sampler=self.sampler,
             spender=self.spend, power=PowerMethodConfig(seed=self.cfg.seed),
             denoise=DenoiseConfig(), refinement=self.refinement,
             aggregator=self.cfg.continual_aggregator,
-            max_documents=self.cfg.max_documents_per_sum)
+            max_documents=self.cfg.max_documents_per_sum, privacy_unit=self.cfg.privacy_unit)
 
     # ------------------------------------------------------------ lifecycle
     def stop(self, *_args) -> None:
@@ -612,10 +621,11 @@ class ReleaseService:
         t0 = time.perf_counter()
         try:
             if self.cfg.private:        # spend protocol: reserve (keyed) → draw, here ...
-                hist_rho = self.rho * self.cfg.clip_budget_share
-                clip, _ = merged.clip_bounds(self.cfg.clip_quantile, hist_rho, self.sampler, self.spend)
-                sub = merged.subspace(self.rho - hist_rho, self.sampler, self.spend,
-                                      max_documents=self.cfg.max_documents_per_sum)
+                plan = self.plan
+                clip, _ = merged.clip_bounds(self.cfg.clip_quantile, plan.clip_rho, self.sampler,
+                                             self.spend, **plan.where)
+                sub = merged.subspace(plan.subspace_rho, self.sampler, self.spend,
+                                      max_documents=self.cfg.max_documents_per_sum, **plan.where)
             else:
                 clip, sub = ClipBounds.unclipped(), merged.subspace(None)
         except (BudgetExhausted, DocumentCountExceeded) as exc:
@@ -666,6 +676,7 @@ class ReleaseService:
             snap.privacy, epsilon=self.cfg.epsilon, delta=self.cfg.delta, rho_budget=self.rho,
             warmup_events=self.subspace.provenance.get("events", []), accountant=self.accountant,
             vocabulary_id=self.vocabulary.id, vocabulary=self.vocabulary_report(),
+            privacy_unit=self.cfg.privacy_unit, user_bounding=self.cfg.user_bounding_report(),
             **self.cfg.privacy_fields())
         if self.accountant is not None:
             # this release's own reservation is committed right after the state is persisted

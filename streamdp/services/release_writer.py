@@ -119,10 +119,11 @@ def bind_ledger(cfg: ServiceConfig, recs: dict) -> Accountant:
         raise ConfigError(f"ledger {path} is missing or empty, but {_kafka_says(cfg, recs)}. "
                           f"{LEDGER_FIX}.")
     try:
-        acc = Accountant(cfg.epsilon, cfg.delta, FileLedger(path))
+        acc = Accountant(cfg.epsilon, cfg.delta, FileLedger(path),
+                         unit=cfg.privacy_unit)        # the ledger records the unit and checks it
     except LedgerMismatch as exc:
         raise ConfigError(f"{exc}. The budget of a deployment cannot change: configure the "
-                          "(epsilon, delta) the ledger records") from exc
+                          "(epsilon, delta) and privacy_unit the ledger records") from exc
     check_ledger(cfg, acc, recs)
     return acc
 

@@ -67,9 +67,10 @@ from streamdp.refinement import FoldInModels, RefinementModel
 from streamdp.services import control
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.config import ConfigError, ServiceConfig
+from streamdp.privacy.user_bounding import UserCapacityExceeded
 from streamdp.services.partition_state import (LATE, PRODUCER_TIMESTAMP, SELECTION, PartitionState,
-                                               RecordTimeRejected, fencing_token, select_state,
-                                               state_key)
+                                               RecordTimeRejected, check_user, fencing_token,
+                                               select_state, state_key)
 from streamdp.services.processor import RateLimitedLog
 from streamdp.snapshot import TopicSnapshot
 from streamdp.whitening.subspace import Subspace
@@ -114,8 +115,12 @@ class SketchContext:
     or epochs closed) are applied to the partitions of every strategy in ``strategies``."""
 
     def __init__(self, cfg: ServiceConfig, *, instance: str, store, control_consumer,
-                 control_key, vocabulary=None, candidates=None) -> None:
+                 control_key, vocabulary=None, candidates=None,
+                 user_partitions: int | None = None) -> None:
         self.cfg, self.instance = cfg, instance
+        # user mode (privacy_unit: user): the deployment's documents-partition count, the n of
+        # partition_for_user; None in document mode
+        self.user_partitions = user_partitions
         self.tokenizer = cfg.tokenizer_()
         self.vocabulary = self.d = self.k_prime = None
         self.candidates = candidates            # private: the public candidate list
@@ -340,6 +345,11 @@ class SketchStrategy:
                 starts[p] = OFFSET_BEGINNING
             st.fence = fencing_token(generation, st.fence)
             st.forget_closed(ctx.closed_through, ctx.warmup_closed)
+            if ctx.user_partitions is not None:       # user mode: the partition's bounders
+                try:
+                    st.bind_users(self.cfg.user_bounder, warmup_open=not ctx.warmup_closed)
+                except ValueError as exc:
+                    raise ConfigError(f"partition {p}: {exc}") from None
             if ctx.vocabulary is not None and self.cfg.vocabulary_mode != "file":
                 st.forget_selection()         # the published vocabulary consumed it
             self.states[p] = st
@@ -450,6 +460,7 @@ class SketchStrategy:
     k_prime = property(lambda self: self.ctx.k_prime)
     subspace = property(lambda self: self.ctx.subspace)
     clip = property(lambda self: self.ctx.clip)
+    user_partitions = property(lambda self: self.ctx.user_partitions)
 
     # ------------------------------------------------------------ processing
     def submit(self, p: int, batch: list) -> None:
@@ -517,10 +528,16 @@ class SketchStrategy:
             fut = (ts_v > now + mf) | (rt_v > now + mf) | (ts_v > rt_v + mf)
             for i in valid[fut].tolist():
                 db.reject(i, self.routing.future_error(float(db.ts[i]), float(t_recs[i]), now))
+        if self.user_partitions is not None:    # user mode: a user id, on its user's partition
+            for i in db.valid.tolist():
+                exc = check_user(db.user(i), p, self.user_partitions)
+                if exc is not None:
+                    db.reject(i, exc)
         cb = db.to_counts(self.tokenizer)
         bad = [(batch[i], exc) for i, exc in cb.errors]
         rt_good = t_recs[cb.index]
         routes = self.routing.route(cb.timestamps, rt_good, now) if cb.n_docs else np.zeros(0, np.int64)
+        own_routes = routes           # by each document's own times: what user numbering follows
         routes = np.where(routes == SELECTION, LATE, routes)   # the vocabulary exists: window closed
         if self.models is not None:          # epochs the release state confirms closed: late
             routes = np.where((routes > 0) & (routes <= self.models.closed_through), LATE, routes)
@@ -556,7 +573,20 @@ class SketchStrategy:
         def new_warmup():
             return WarmupSketch(self.d, self.k_prime, clip=self.cfg.warmup_clip, seed=self.cfg.seed)
 
-        counts = st.add(X, routes_k, self.subspace, self.clip, new_warmup, models=self.models)
+        user_kw = {} if self.user_partitions is None else {
+            "users": [db.user(int(i)) for i in cb.index[keep]], "user_routes": own_routes[keep]}
+        try:
+            counts = st.add(X, routes_k, self.subspace, self.clip, new_warmup, models=self.models,
+                            **user_kw)
+        except UserCapacityExceeded as exc:
+            # user mode, max_users reached: raised before anything changed. Fail closed: hold
+            # the partition at the batch's first record (never skipped, even if this error were
+            # taken for an outage), not ready, and stop loudly (OutageGuard re-raises it); a
+            # restart with a larger max_users re-reads the batch - nothing lost
+            self.io.hold(p, batch[0].offset(), "user_capacity", f"larger max_users ({exc})")
+            self.io.health.set_ready(False, f"partition {p}: {exc}")
+            log.error("%s: partition %d: %s", self.ctx.instance, p, exc)
+            raise
         for m, exc in bad:
             self.io.dead_letter(m, exc)
         st.counters["dlq"] += len(bad)
@@ -577,6 +607,7 @@ class SketchStrategy:
                 self.held_for[p] = (self.models.model_epoch(int(routes[first])), float(blocker_rt))
                 self.model_holds += 1
             self._hold(p, cut_offset, need)
+        st.expire_user_epochs(self.routing)      # user mode: per-epoch counts of passed epochs
         self.dirty.add(p)
         # documents_total counts documents that entered a sketch; too-short and late
         # ones are counted under skipped_total{reason} instead (docs/metrics.md)

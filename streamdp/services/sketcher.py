@@ -30,7 +30,8 @@ from streamdp.kafka.connectivity import OutageGuard, check_bootstrap
 from streamdp.kafka.topics import TopicConfigError, check_broker_time
 from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
 from streamdp.services import control
-from streamdp.services.config import ConfigError, ServiceConfig, check_privacy_mode
+from streamdp.services.config import (ConfigError, ServiceConfig, check_privacy_mode,
+                                      documents_partition_count)
 from streamdp.services.processor import StreamProcessor, consumer_settings
 from streamdp.services.sketch_strategy import SketchContext, SketchStrategy, initial_vocabulary
 
@@ -79,7 +80,10 @@ class Sketcher:
             except TopicConfigError as exc:
                 raise ConfigError(str(exc)) from None
         store = cfg.state_store()
-        check_privacy_mode(cfg, store, role="sketcher")   # never private -> non-private
+        # user mode: the documents partition count is recorded (or checked) before anything runs
+        user_partitions = documents_partition_count(cfg) if cfg.privacy_unit == "user" else None
+        check_privacy_mode(cfg, store, role="sketcher",   # never private -> non-private;
+                           document_partitions=user_partitions)   # the unit never changes
         producer = Producer(cfg.client("producer", **{
             "enable.idempotence": True, "acks": "all", "linger.ms": 20}))
         consumer = Consumer(cfg.client("consumer", **consumer_settings(
@@ -90,7 +94,8 @@ class Sketcher:
         control_consumer.assign([TopicPartition(self.topics.control, 0, OFFSET_BEGINNING)])
         self.context = SketchContext(cfg, instance=self.instance, store=store,
                                      control_consumer=control_consumer, control_key=control_key,
-                                     vocabulary=vocabulary, candidates=candidates)
+                                     vocabulary=vocabulary, candidates=candidates,
+                                     user_partitions=user_partitions)
         self.strategy = SketchStrategy(self.context, self.metrics)
         self.processor = StreamProcessor(
             consumer, producer, self.strategy, topic=self.topics.documents, dlq_topic=self.topics.dlq,
@@ -129,6 +134,7 @@ class Sketcher:
     control_key = _Via("context")
     control_rejected = _Via("context")
     broker_time = _Via("context")
+    user_partitions = _Via("context")
 
     # ------------------------------------------------------------ lifecycle
     def stop(self, *_args) -> None:
