@@ -240,6 +240,7 @@ def _clean_and_interrupted(tmp_path, monkeypatch, *, how: str):
         payload = first.states[0].to_bytes()     # the last checkpoint ...
         _drive(first, world, until=mid + 300)    # ... then work that dies with the process
     else:
+        first.consumer.incremental_unassign = lambda parts: None   # (the fake has no such call)
         first._on_revoke(first.consumer, [_TP(0)])   # revoke: checkpoint, hand over
         payload = world.store.read_latest(state_key("rr.documents", 0)).payload
         assert 0 not in first.states
