@@ -47,7 +47,7 @@ from prometheus_client.exposition import choose_encoder
 __all__ = [
     "ROLES", "SKETCHER", "RELEASE", "MetricSpec", "METRIC_SPECS", "METRIC_NAMES",
     "metric_specs", "names_for_role", "RELEASE_OUTCOMES", "RELEASES_ENDED_REASONS",
-    "REBALANCE_KINDS", "KNOWN_SKIP_REASONS",
+    "REBALANCE_KINDS", "KNOWN_SKIP_REASONS", "PAUSE_REASONS",
     "ServiceMetrics", "HealthState", "ObservabilityServer", "EXACT_COUNT_METRICS",
 ]
 
@@ -70,6 +70,10 @@ RELEASE_OUTCOMES = ("published", "refused_budget", "failed")
 RELEASES_ENDED_REASONS = ("budget", "horizon", "other")
 #: Allowed values of ``streamdp_rebalances_total{kind}`` (pre-initialised to 0).
 REBALANCE_KINDS = ("assign", "revoke", "lost")
+#: Allowed values of ``streamdp_partitions_paused{reason}`` (pre-initialised to 0): what a
+#: paused partition waits for, the vocabulary, the subspace, a refinement model (the holds of
+#: the sketch strategy), or its state restore after an assignment.
+PAUSE_REASONS = ("vocabulary", "subspace", "model", "restoring")
 #: ``streamdp_documents_skipped_total{reason}`` values pre-initialised to 0.
 KNOWN_SKIP_REASONS = ("too_short",)
 #: Distinct values accepted for an open-ended label (error_class, reason,
@@ -115,6 +119,8 @@ CHECKPOINTS_TOTAL = "streamdp_checkpoints_total"
 CHECKPOINT_BYTES = "streamdp_checkpoint_bytes"
 ASSIGNED_PARTITIONS = "streamdp_assigned_partitions"
 REBALANCES_TOTAL = "streamdp_rebalances_total"
+PARTITIONS_PAUSED = "streamdp_partitions_paused"
+PARTITION_HELD_SECONDS = "streamdp_partition_held_seconds"
 # release
 RELEASES_TOTAL = "streamdp_releases_total"
 RELEASE_DURATION_SECONDS = "streamdp_release_duration_seconds"
@@ -187,6 +193,14 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(REBALANCES_TOTAL, COUNTER,
                "Consumer group rebalance callbacks, by kind (assign, revoke, lost).",
                ("kind",), _SK),
+    MetricSpec(PARTITIONS_PAUSED, GAUGE,
+               "Assigned input partitions paused, by what they wait for (vocabulary, subspace, "
+               "model: a refinement model not released yet; restoring: state not restored yet).",
+               ("reason",), _SK),
+    MetricSpec(PARTITION_HELD_SECONDS, GAUGE,
+               "Seconds the oldest current hold (vocabulary, subspace or model) has lasted, "
+               "computed at scrape time; 0 when no partition is held.",
+               (), _SK, "seconds"),
     # ---- release
     MetricSpec(RELEASES_TOTAL, COUNTER,
                "Release attempts by outcome (published, refused_budget, failed).",
@@ -331,6 +345,7 @@ class ServiceMetrics:
         self._started = clock()
         self._last_checkpoint: float | None = None
         self._last_progress: float | None = None
+        self._held_since: float | None = None
         self._health: HealthState | None = None
         # (topic, partition) lag series set from each librdkafka handle's stats
         self._lag_series: dict[str, set[tuple[str, str]]] = {}
@@ -346,6 +361,9 @@ class ServiceMetrics:
         self._metrics[LAST_PROGRESS_TIMESTAMP_SECONDS].set_function(self._progress_timestamp)
         if role == SKETCHER:
             self._metrics[CHECKPOINT_AGE_SECONDS].set_function(self._checkpoint_age)
+            self._metrics[PARTITION_HELD_SECONDS].set_function(self._held_age)
+            for reason in PAUSE_REASONS:
+                self._metrics[PARTITIONS_PAUSED].labels(reason=reason).set(0)
             for kind in REBALANCE_KINDS:
                 self._metrics[REBALANCES_TOTAL].labels(kind=kind)
             for reason in KNOWN_SKIP_REASONS:
@@ -475,6 +493,22 @@ class ServiceMetrics:
         self._m(REBALANCES_TOTAL).labels(kind=kind).inc()
         if assigned is not None:
             self.set_assigned_partitions(assigned)
+
+    def set_paused(self, reasons: Mapping[int, str], held_since: float | None = None) -> None:
+        """The paused partitions now (``partition -> reason``, :data:`PAUSE_REASONS`) and the
+        Unix time the oldest current hold began (None: no hold)."""
+        counts = dict.fromkeys(PAUSE_REASONS, 0)
+        for reason in reasons.values():
+            if reason not in counts:
+                raise ValueError(f"reason must be one of {PAUSE_REASONS}, got {reason!r}")
+            counts[reason] += 1
+        gauge = self._m(PARTITIONS_PAUSED)
+        for reason, n in counts.items():
+            gauge.labels(reason=reason).set(n)
+        self._held_since = None if held_since is None else float(held_since)
+
+    def _held_age(self) -> float:
+        return 0.0 if self._held_since is None else max(0.0, self._clock() - self._held_since)
 
     def set_assigned_partitions(self, n: int) -> None:
         self._m(ASSIGNED_PARTITIONS).set(_count(n, "assigned partitions"))

@@ -650,6 +650,7 @@ def test_alerts_cover_the_failure_modes():
         "release refusals": 'outcome="refused_budget"',
         "no release for too long": "streamdp_last_release_timestamp_seconds",
         "horizon nearly reached": "streamdp_tree_horizon",
+        "partitions held for a model never released": 'streamdp_partitions_paused{reason="model"}',
     }
     for what, needle in wanted.items():
         assert any(needle in e for e in exprs.values()), f"no alert for {what}"

@@ -152,6 +152,7 @@ class StreamProcessor:
         self.checkpoint_seconds = checkpoint_seconds
         self.cooperative = cooperative
         self.holds: dict[int, str] = {}         # partition -> what it waits for
+        self._held_since: dict[int, float] = {}  # partition -> Unix time its hold began
         self.restoring: dict[int, int | None] = {}   # assigned, not restored: -> group generation
         self._start_at: dict[int, int] = {}     # restored at this offset; first batch checked
         self.fenced_writes = 0                  # checkpoints refused because the partition was lost
@@ -284,6 +285,15 @@ class StreamProcessor:
             strategy.resumed(ready)
         if time.monotonic() - self.last_checkpoint >= self.checkpoint_seconds:
             self.checkpoint_all()
+        self._export_pauses()
+
+    def _export_pauses(self) -> None:
+        """``streamdp_partitions_paused{reason}`` and the oldest hold's age, once per loop
+        (holds and restores change only inside :meth:`step`, rebalance callbacks included)."""
+        for p in [p for p in self._held_since if p not in self.holds]:
+            del self._held_since[p]
+        paused = {**{p: "restoring" for p in self.restoring}, **self.holds}
+        self.metrics.set_paused(paused, min(self._held_since.values(), default=None))
 
     def checkpoint_all(self) -> None:
         self.strategy.checkpoint_all()
@@ -303,6 +313,7 @@ class StreamProcessor:
         self.consumer.pause([TopicPartition(self.topic, p)])
         self.consumer.seek(TopicPartition(self.topic, p, offset))
         self.holds[p] = need
+        self._held_since.setdefault(p, time.time())
         log.info("%s: partition %d paused at offset %d until the %s is released",
                  self.instance, p, offset, what or need)
 
