@@ -106,6 +106,7 @@ class ServiceConfig:
     refinement: bool = True
     refinement_share: float = 0.5
     refinement_model_lag: int = 2                # L: epoch e is refined against snapshot e − L
+    refinement_thread: bool = False              # sketcher: the fold-in on a second thread
     max_documents_per_sum: int = 1_000_000_000   # rounding premise N_max (docs/privacy.md)
     # the unit of privacy (docs/privacy.md "The user-level unit"): document | user
     privacy_unit: str = "document"
@@ -132,7 +133,7 @@ class ServiceConfig:
         if not (self.alpha0 > 0 and math.isfinite(self.alpha0)):
             bad("alpha0", f"must be a finite number > 0, got {self.alpha0!r}")
         for name in ("non_private", "insecure_reproducible_noise", "non_production",
-                     "metrics_exact_counts", "refinement", "confirm_backfill"):
+                     "metrics_exact_counts", "refinement", "confirm_backfill", "refinement_thread"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, f"must be true or false, got {getattr(self, name)!r}")
         if self.epsilon is None:
