@@ -169,6 +169,12 @@ def _sum2_kernel():
     return sum2_inplace
 
 
+def warm_compiled() -> None:
+    """Load (or compile) the compiled Sum2 step now, once per process (a service pays it at
+    start-up, not inside its first batch)."""
+    accumulate(*np.zeros((3, _COMPILED_MIN)))
+
+
 def accumulate(hi: np.ndarray, lo: np.ndarray, x) -> None:
     """Sum2 step in place: hi ← fl(hi + x), lo += the exact rounding error of that addition.
 
