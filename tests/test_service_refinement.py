@@ -178,21 +178,25 @@ def test_refinement_sums_do_not_depend_on_poll_batches(kafka_broker, tmp_path):
     bootstrap = kafka_broker.bootstrap
     corpus = make_corpus(1500, 3000, 4, seed=6)
     out = {}
-    for batch in (1, 500):
+    # 500 also with the fold-in on the sketcher's second thread (refinement_thread)
+    for batch, thread in ((1, False), (500, False), (500, True)):
         names = fresh_topics(bootstrap)
-        cfg = make_config(tmp_path / f"batch{batch}", bootstrap, names, corpus, epsilon=None,
-                          refinement=True, batch_size=batch, checkpoint_seconds=0.3)
+        cfg = make_config(tmp_path / f"batch{batch}{thread}", bootstrap, names, corpus, epsilon=None,
+                          refinement=True, batch_size=batch, checkpoint_seconds=0.3,
+                          refinement_thread=thread)
         with Pipeline(cfg, sketchers=1) as pipe:
             produce(bootstrap, names.documents, corpus.records())
             send_control(bootstrap, names, "flush")
             snaps = [pipe.wait_released(e, timeout=180) for e in range(1, corpus.epochs + 1)]
-            out[batch] = (_exact_refine(pipe), pipe.release.latest, pipe.sketchers[0].model_holds)
+            out[batch, thread] = (_exact_refine(pipe), pipe.release.latest, pipe.sketchers[0].model_holds)
         assert snaps[-1].epoch == corpus.epochs
-    (T1, last1, holds1), (T500, last500, holds500) = out[1], out[500]
+    (T1, last1, holds1), (T500, last500, holds500) = out[1, False], out[500, False]
     assert holds1 >= 1 and holds500 >= 1          # the partitions were held for their models
     assert T1.sum() > 0 and last1.stage == "refined" and last1.privacy["refinement"]["model_epoch"] == 2
     np.testing.assert_array_equal(T1, T500)      # bit for bit
     np.testing.assert_array_equal(last1.topic_word, last500.topic_word)
+    np.testing.assert_array_equal(T1, out[500, True][0])
+    np.testing.assert_array_equal(last1.topic_word, out[500, True][1].topic_word)
 
     # the estimator (one process, the same rule, documents added before any epoch closes)
     from streamdp import EpochClock, StreamingSpectralLDA

@@ -63,6 +63,7 @@ from streamdp import serialization as ser
 from streamdp.documents import MIN_DOC_LENGTH
 from streamdp.kafka.state_store import StateStore
 from streamdp.moments.clipping import ClipBounds
+from streamdp.privacy import rounding
 from streamdp.refinement import FoldInModels, RefinementModel
 from streamdp.services import control
 from streamdp.services import vocabulary as vocab_mod
@@ -310,6 +311,9 @@ class SketchStrategy:
         self._accepted: dict[int, object] = {}     # newest state record accepted per partition
         self._last_refresh = time.monotonic()
         ctx.strategies.append(self)
+        # the compiled message parser and Sum2 step: loaded now, not inside the first batch
+        messages.warm_bulk_decoder()
+        rounding.warm_compiled()
 
     def attach(self, io) -> None:
         self.io = io
@@ -503,19 +507,20 @@ class SketchStrategy:
         t0 = time.perf_counter()
         st = self.states[p]
         now = time.time()                  # the service clock, read once per batch
-        stamps = [m.timestamp() for m in batch]
-        # every message's record time (nan if none), read once
-        batch_rt = np.fromiter((math.nan if kind == TIMESTAMP_NOT_AVAILABLE else ms / 1000.0
-                                for kind, ms in stamps), dtype=np.float64, count=len(batch))
+        # every message's (timestamp type, ms) read once; record time = ms / 1000 (nan if none),
+        # the same float64 division as per record (ms < 2⁵³: exact conversion)
+        stamps = np.array([m.timestamp() for m in batch], dtype=np.int64).reshape(len(batch), 2)
+        kinds = stamps[:, 0]
+        batch_rt = np.where(kinds == TIMESTAMP_NOT_AVAILABLE, math.nan, stamps[:, 1] / 1000.0)
         rejected: dict[int, messages.InvalidMessage] = {}
         if self.broker_time:
-            for i, (kind, _) in enumerate(stamps):
-                if kind != TIMESTAMP_LOG_APPEND_TIME:
-                    rejected[i] = self._producer_time_error()
+            for i in np.flatnonzero(kinds != TIMESTAMP_LOG_APPEND_TIME).tolist():
+                rejected[i] = self._producer_time_error()
         values = [m.value() for m in batch]
-        for i, value in enumerate(values):
-            if value is None and i not in rejected:
-                rejected[i] = messages.InvalidMessage(messages.MALFORMED_MSGPACK, "null record value")
+        if None in values:
+            for i, value in enumerate(values):
+                if value is None and i not in rejected:
+                    rejected[i] = messages.InvalidMessage(messages.MALFORMED_MSGPACK, "null record value")
         db = messages.DocumentBatch(values, self.vocabulary, max_bytes=self.cfg.max_document_bytes,
                                     max_tokens=self.cfg.max_document_tokens, rejected=rejected)
         # record time = broker time, or the document's ts where the record has none
@@ -577,7 +582,7 @@ class SketchStrategy:
             "users": [db.user(int(i)) for i in cb.index[keep]], "user_routes": own_routes[keep]}
         try:
             counts = st.add(X, routes_k, self.subspace, self.clip, new_warmup, models=self.models,
-                            **user_kw)
+                            refine_in_background=self.cfg.refinement_thread, **user_kw)
         except UserCapacityExceeded as exc:
             # user mode, max_users reached: raised before anything changed. Fail closed: hold
             # the partition at the batch's first record (never skipped, even if this error were
