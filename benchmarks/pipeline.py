@@ -190,11 +190,9 @@ class BenchSketcher(Sketcher):
                    + st.counters["dlq"] for st in self.states.values())
 
 
-def install_phase_timers(timers: Timers, background: bool = False):
-    """Wrap documents_to_counts and PartitionState.add with per-batch timers; returns an undo.
-    ``background``: PartitionState.add(..., refine_in_background=True)."""
+def install_phase_timers(timers: Timers):
+    """Wrap documents_to_counts and PartitionState.add with per-batch timers; returns an undo."""
     orig_counts, orig_add = messages.documents_to_counts, ps_mod.PartitionState.add
-    bg = {"refine_in_background": True} if background else {}
 
     def timed_counts(*a, **kw):
         t0 = time.perf_counter()
@@ -206,7 +204,7 @@ def install_phase_timers(timers: Timers, background: bool = False):
     def timed_add(self, *a, **kw):
         t0 = time.perf_counter()
         try:
-            return orig_add(self, *a, **kw, **bg)
+            return orig_add(self, *a, **kw)
         finally:
             timers.add("sketch", time.perf_counter() - t0)
 
@@ -295,12 +293,13 @@ def run_one(bootstrap: str, kind: str, msgs: list, stream_start: float, vocab: V
                         vocabulary=vocab_path, vocabulary_public_by_assumption=True,
                         n_topics=a.k, stream_start=stream_start,
                         refinement=bool(a.refine),
+                        **({"refinement_thread": True} if a.background_refine else {}),
                         epoch_seconds=epoch_seconds, batch_size=a.batch,
                         checkpoint_seconds=a.checkpoint_seconds, poll_seconds=0.5, seed=a.seed,
                         non_production=True,       # embedded broker
                         confirm_backfill=True)     # a replayed feed
     timers = Timers()
-    undo = install_phase_timers(timers, background=a.background_refine)
+    undo = install_phase_timers(timers)
     if hasattr(messages, "warm_bulk_decoder"):    # compiled kernels: loaded at start-up
         messages.warm_bulk_decoder()
         from streamdp.privacy import rounding
@@ -402,7 +401,7 @@ def main(argv=None):
     p.add_argument("--refine", type=int, default=1, help="1: a released model exists, every document "
                    "is also folded into it (refinement sums, issue 10); 0: sketches only")
     p.add_argument("--background-refine", action="store_true", help="fold documents into the "
-                   "refinement sketch on a second thread (PartitionState.add(refine_in_background=True))")
+                   "refinement sketch on a second thread (configuration refinement_thread: true)")
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--profile", action="store_true", help="cProfile the measured window (slows it)")
     p.add_argument("--profile-lines", type=int, default=30)
