@@ -59,17 +59,27 @@ def wait_for(pred, timeout: float, what: str, *, interval: float = 0.1, check=No
 class SketcherProcess:
     """``python -m streamdp sketcher --config <json>`` with its log in a file."""
 
-    def __init__(self, cfg: ServiceConfig, workdir: Path, name: str):
+    def __init__(self, cfg: ServiceConfig, workdir: Path, name: str, *, script: str | None = None,
+                 marker: Path | None = None):
+        """``script``: instead of the CLI, run this Python source (saved in ``workdir``) as
+        ``python <script> <config json> <marker>``, with this checkout on ``PYTHONPATH`` — for
+        sketchers that patch a step to crash or stop at it."""
         self.name = name
         self.cfg_path = Path(workdir) / f"{name}.json"
         self.log_path = Path(workdir) / f"{name}.log"
         self.cfg_path.write_text(json.dumps(cfg_to_json(cfg)))
         self._log = open(self.log_path, "w")
         env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMDP_")}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streamdp", "sketcher", "--config", str(self.cfg_path),
-             "--log-level", "INFO"],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        if script is None:
+            argv = [sys.executable, "-m", "streamdp", "sketcher", "--config", str(self.cfg_path),
+                    "--log-level", "INFO"]
+        else:
+            path = Path(workdir) / f"{name}_script.py"
+            path.write_text(script)
+            env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                 env.get("PYTHONPATH", "")])
+            argv = [sys.executable, str(path), str(self.cfg_path), str(marker)]
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.started = time.monotonic()
 
     @property

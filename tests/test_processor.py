@@ -273,28 +273,10 @@ class CrashOnRevoke(SketcherProcess):
     revoke."""
 
     def __init__(self, cfg, workdir: Path, name: str):
-        import json
-        import os
-        import subprocess
-        import sys
-
-        from crash_helpers import cfg_to_json
-        workdir = Path(workdir)
-        self.marker = workdir / f"{name}.crash-on-revoke"
-        self.marker.write_text("armed")
-        script = workdir / f"{name}_crash_on_revoke.py"
-        script.write_text(CRASH_ON_REVOKE)
-        self.name = name
-        self.cfg_path = workdir / f"{name}.json"
-        self.log_path = workdir / f"{name}.log"
-        self.cfg_path.write_text(json.dumps(cfg_to_json(cfg)))
-        self._log = open(self.log_path, "w")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMDP_")}
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                             env.get("PYTHONPATH", "")])
-        self.proc = subprocess.Popen([sys.executable, str(script), str(self.cfg_path), str(self.marker)],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        self.started = time.monotonic()
+        marker = Path(workdir) / f"{name}.crash-on-revoke"
+        marker.write_text("armed")
+        super().__init__(cfg, workdir, name, script=CRASH_ON_REVOKE, marker=marker)
+        self.marker = marker
 
     def crashed(self) -> str | None:
         p = Path(str(self.marker) + ".crashed")

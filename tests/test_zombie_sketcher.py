@@ -68,21 +68,8 @@ class StoppableSketcher(SketcherProcess):
     """A sketcher subprocess that SIGSTOPs itself before its next state write once armed."""
 
     def __init__(self, cfg, workdir: Path, name: str):
-        workdir = Path(workdir)
-        self.marker = workdir / f"{name}.stop-before-write"
-        script = workdir / f"{name}_stopper.py"
-        script.write_text(STOPPER)
-        self.name = name
-        self.cfg_path = workdir / f"{name}.json"
-        self.log_path = workdir / f"{name}.log"
-        self.cfg_path.write_text(json.dumps(cfg_to_json(cfg)))
-        self._log = open(self.log_path, "w")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMDP_")}
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                             env.get("PYTHONPATH", "")])
-        self.proc = subprocess.Popen([sys.executable, str(script), str(self.cfg_path), str(self.marker)],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        self.started = time.monotonic()
+        self.marker = Path(workdir) / f"{name}.stop-before-write"
+        super().__init__(cfg, workdir, name, script=STOPPER, marker=self.marker)
 
     def arm(self) -> None:
         self.marker.write_text("armed")
