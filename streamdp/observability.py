@@ -72,8 +72,9 @@ RELEASES_ENDED_REASONS = ("budget", "horizon", "other")
 REBALANCE_KINDS = ("assign", "revoke", "lost")
 #: Allowed values of ``streamdp_partitions_paused{reason}`` (pre-initialised to 0): what a
 #: paused partition waits for, the vocabulary, the subspace, a refinement model (the holds of
-#: the sketch strategy), or its state restore after an assignment.
-PAUSE_REASONS = ("vocabulary", "subspace", "model", "restoring")
+#: the sketch strategy), an operator raising ``max_users`` (user unit: the bounder failed
+#: closed), or its state restore after an assignment.
+PAUSE_REASONS = ("vocabulary", "subspace", "model", "user_capacity", "restoring")
 #: ``streamdp_documents_skipped_total{reason}`` values pre-initialised to 0.
 KNOWN_SKIP_REASONS = ("too_short",)
 #: Distinct values accepted for an open-ended label (error_class, reason,

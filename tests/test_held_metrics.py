@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from streamdp.observability import PAUSE_REASONS
 from streamdp.privacy.accountant import Accountant
 from streamdp.privacy.events import GaussianEvent
 from streamdp.services.produce import produce
@@ -58,13 +59,14 @@ def test_a_partition_held_for_its_model_is_in_the_metrics_until_the_release(kafk
         wait_for(lambda: sk.server is not None, 10, "the sketcher's metrics server", check=pipe.check)
         url = sk.server.url
         s = scrape(url)
-        assert set(_paused(s)) == {"vocabulary", "subspace", "model", "restoring"}
+        assert set(_paused(s)) == set(PAUSE_REASONS)
         produce(bootstrap, names.documents, corpus.records())
         send_control(bootstrap, names, "flush")
 
         # --- no subspace yet: both partitions held at their first stream document
         s = scrape_until(url, lambda s: _paused(s)["subspace"] == 2, 60, "held for the subspace")
-        assert _paused(s) == {"vocabulary": 0, "subspace": 2, "model": 0, "restoring": 0}
+        assert _paused(s) == {"vocabulary": 0, "subspace": 2, "model": 0,
+                              "user_capacity": 0, "restoring": 0}
         assert sk.paused == {0: "subspace", 1: "subspace"}
 
         # --- the warm-up release only: the sketcher reads the subspace, sketches epochs 1, 2
@@ -73,7 +75,8 @@ def test_a_partition_held_for_its_model_is_in_the_metrics_until_the_release(kafk
         _step_until(release, lambda: release.subspace is not None, 60, "the warm-up release")
         assert release.continual.epoch == 0
         s = scrape_until(url, lambda s: _paused(s)["model"] == 2, 60, "held for the model")
-        assert _paused(s) == {"vocabulary": 0, "subspace": 0, "model": 2, "restoring": 0}
+        assert _paused(s) == {"vocabulary": 0, "subspace": 0, "model": 2,
+                              "user_capacity": 0, "restoring": 0}
         assert sk.paused == {0: "model", 1: "model"}
         assert {m for m, _ in sk.strategy.held_for.values()} == {1}
         time.sleep(1.2)
@@ -85,7 +88,8 @@ def test_a_partition_held_for_its_model_is_in_the_metrics_until_the_release(kafk
         # --- release epoch 1: both partitions resume, the gauge and the hold age drop to 0
         _step_until(release, lambda: release.continual.epoch >= 1, 90, "the release of epoch 1")
         s = scrape_until(url, lambda s: _paused(s)["model"] == 0, 60, "resumed after the release")
-        assert _paused(s) == {"vocabulary": 0, "subspace": 0, "model": 0, "restoring": 0}
+        assert _paused(s) == {"vocabulary": 0, "subspace": 0, "model": 0,
+                              "user_capacity": 0, "restoring": 0}
         assert metric(s, HELD) == 0 and not sk.paused
     finally:
         try:

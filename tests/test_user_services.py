@@ -290,6 +290,9 @@ def test_too_many_users_fails_closed_without_changing_or_losing_anything(tmp_pat
     users = sk.states[0].users_stream.to_dict()
     sk.step()                    # (reads the control topic it had not reached)
     assert sk.states[0].next_offset == before[0] and sk.consumer.pos == before[0]
+    # operators see why: the paused-partitions gauge says user_capacity
+    assert sk.metrics.registry.get_sample_value(
+        "streamdp_partitions_paused", {"reason": "user_capacity"}) == 1.0
     assert sk.states[0].users_stream.to_dict() == users
     world.cfg = world.cfg.replace(max_users=1000)
     again = _sketcher(world, monkeypatch, restore=before[1])
