@@ -201,12 +201,17 @@ class _DirectoryCursor(_Cursor):
         self.source = source
         self.seen: set[str] = set()
 
-    def _read(self, paths: Iterable[Path]) -> Iterator[Snapshot]:
+    def _read(self, paths: Iterable[Path], *, following: bool = False) -> Iterator[Snapshot]:
         for p in paths:
             self.seen.add(p.name)
             try:
                 yield read(p)
             except SnapshotError as exc:
+                if following and _being_written(p):
+                    # a file still being copied in by a non-atomic writer (the release service
+                    # itself renames complete files into place): read it again next poll
+                    self.seen.discard(p.name)
+                    continue
                 if self.source.errors == "raise":
                     raise
                 log.warning("skipped: %s", exc)
@@ -228,7 +233,19 @@ class _DirectoryCursor(_Cursor):
 
     def poll(self, timeout: float) -> list[Snapshot]:
         new = [p for p in self.source.files() if p.name not in self.seen]
-        return list(self._read(new))
+        return list(self._read(new, following=True))
+
+
+#: while following a folder, an unreadable snapshot file modified less than this long ago is
+#: taken as still being written and read again on the next poll, not reported
+PARTIAL_FILE_GRACE_SECONDS = 30.0
+
+
+def _being_written(path: Path) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime < PARTIAL_FILE_GRACE_SECONDS
+    except FileNotFoundError:
+        return False
 
 
 class HttpSource(Source):

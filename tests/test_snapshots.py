@@ -48,8 +48,10 @@ def released():
 def write_dir(path: Path, snaps, vocab=None) -> Path:
     """A snapshot directory as the release service writes it (same names, same bytes)."""
     path.mkdir(parents=True, exist_ok=True)
-    for s in snaps:
-        (path / f"epoch-{s.epoch or 0:06d}-{s.release_id}.msgpack").write_bytes(s.to_bytes())
+    for s in snaps:                          # complete files renamed into place, as it does
+        tmp = path / f".{s.release_id}.tmp"
+        tmp.write_bytes(s.to_bytes())
+        os.replace(tmp, path / f"epoch-{s.epoch or 0:06d}-{s.release_id}.msgpack")
     if vocab is not None:
         vocab.save(path / "vocabulary.txt")
     return path
@@ -204,6 +206,30 @@ def test_follow_a_directory_yields_each_release_once(released, tmp_path):
     for a, b in zip(got, snaps):
         same(a, b)
 
+
+
+def test_follow_waits_for_a_file_still_being_written(released, tmp_path):
+    """A snapshot copied in by a non-atomic writer is seen half-written: following, it is read
+    again on the next poll (yielded once complete) instead of ending the follower; a truncated
+    file older than the grace period is an error, as when reading."""
+    snaps, _ = released
+    d = write_dir(tmp_path / "snaps", snaps[:1])
+    cur = snapshots.DirectorySource(d).cursor()
+    assert [s.release_id for s in cur.backlog()] == [snaps[0].release_id]
+    data = snaps[1].to_bytes()
+    target = d / f"epoch-{snaps[1].epoch or 0:06d}-{snaps[1].release_id}.msgpack"
+    target.write_bytes(data[: len(data) // 2])             # half copied
+    assert cur.poll(0) == []
+    assert cur.poll(0) == []                               # still waiting, no error
+    target.write_bytes(data)                               # copy finished
+    assert [s.release_id for s in cur.poll(0)] == [snaps[1].release_id]
+    assert cur.poll(0) == []                               # once
+    stale = d / f"epoch-{snaps[2].epoch or 0:06d}-{snaps[2].release_id}.msgpack"
+    stale.write_bytes(snaps[2].to_bytes()[:100])
+    old = time.time() - 2 * snapshots.PARTIAL_FILE_GRACE_SECONDS
+    os.utime(stale, (old, old))
+    with pytest.raises(snapshots.SnapshotError, match="not a readable"):
+        cur.poll(0)
 
 def test_follow_start_latest_and_after_epoch(released, tmp_path):
     snaps, _ = released
