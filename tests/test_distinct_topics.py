@@ -29,7 +29,7 @@ def test_background_near_copy_and_distinct_by_the_definition():
     m = reader_metrics(topics, bg, npmi_per_topic=[0.1, 0.2, 0.3, -1.0])
     assert m["distinct"] == 2 and m["background_share"] == 0.25
     assert m["npmi_median"] == pytest.approx(0.15)
-    assert m["diversity"] == pytest.approx(len(set(range(10)) | set(range(50, 55))
+    assert m["diversity"] == pytest.approx(len(set(range(5)) | set(range(50, 55))
                                                | set(range(60, 67)) | set(range(70, 76))) / 40)
 
 
