@@ -42,7 +42,9 @@ def _simulate(a: argparse.Namespace) -> int:
     # every argument is checked (argparse types, then the estimator's own checks) before
     # seconds of data generation
     est = StreamingSpectralLDA(a.topics, a.alpha0, epsilon=a.epsilon, delta=a.delta,
-                               mechanism=a.mechanism, seed=a.seed, sampler=a.sampler)
+                               mechanism=a.mechanism, seed=a.seed, sampler=a.sampler,
+                               non_private=a.epsilon is None,   # --non-private said so
+                               non_production=a.non_production)
     if a.topics > a.vocab:
         raise ValueError(f"--topics {a.topics} is more than --vocab {a.vocab}: a model needs at "
                          "least as many words as topics")
@@ -268,6 +270,8 @@ def _vocab_private(a) -> int:
                           min_words=a.min_words)
     cands = Vocabulary.load(a.candidates) if a.candidates else default_candidates(tok)
     docs = _read_documents(a.input, tok)
+    from streamdp.privacy.noise import require_production_sampler
+    require_production_sampler(a.sampler, a.non_production, field="--sampler")
     accountant = Accountant(a.epsilon, a.delta, a.ledger if a.ledger else MemoryLedger())
     try:
         sel = select_from_documents(docs, epsilon=a.epsilon, delta=a.delta, config=cfg,
@@ -321,6 +325,8 @@ def _vocab_private_parser(vsub) -> None:
     vv.add_argument("--ledger", help="privacy ledger file to charge (default: in memory)")
     vv.add_argument("--sampler", choices=SAMPLER_KINDS, default=DEFAULT_SAMPLER,
                     help="noise sampler (docs/privacy_accounting.md)")
+    vv.add_argument("--non-production", action="store_true",
+                    help="allow an unvetted --sampler (fast, google): tests and benchmarks only")
     vv.set_defaults(func=_vocab_private)
 
 
@@ -519,7 +525,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "vetted, rounding charged, default, ≈8·10⁴ draws/s per core), opendp (OpenDP's "
                         "exact Gaussian, vetted, ≈2·10⁴ draws/s per core), google (Google's secure Gaussian via python-dp, ≈4·10⁵/s, "
                         "opt-in: its per-draw failure probability ≈2⁻⁴⁵ is not charged) "
-                        "or fast (CSPRNG-seeded numpy, not vetted; docs/privacy_accounting.md)")
+                        "or fast (CSPRNG-seeded numpy, not vetted; docs/privacy_accounting.md); "
+                        "google and fast need --non-production")
+    s.add_argument("--non-production", action="store_true",
+                   help="allow an unvetted --sampler (fast, google): tests and benchmarks only")
     s.add_argument("--vocab", type=positive_int, default=1000, help="vocabulary size d")
     s.add_argument("--topics", type=positive_int, default=10, help="number of topics k")
     s.add_argument("--alpha0", type=positive_float, default=1.0,

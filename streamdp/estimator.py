@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import warnings
 
 import numpy as np
 import scipy.sparse as sp
@@ -15,7 +16,8 @@ from streamdp.moments.sketch import WhitenedSketch
 from streamdp.privacy.conversions import zcdp_rho
 from streamdp.privacy.events import STREAM, WARMUP, BudgetSpender, EventLog, GaussianEvent
 from streamdp.privacy.epochs import EpochClock
-from streamdp.privacy.noise import DEFAULT_SAMPLER, GaussianSampler, make_sampler
+from streamdp.privacy.noise import (DEFAULT_SAMPLER, GaussianSampler, make_sampler,
+                                   require_production_sampler)
 from streamdp.privacy.report import add_budget_context, release_report
 from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, check_max_documents,
                                        require_within_premise, warn_not_covered)
@@ -75,7 +77,12 @@ class StreamingSpectralLDA:
     n_topics : int                 k
     alpha0 : float                 Σα of the LDA prior (public modelling choice)
     oversampling : int, optional   k' − k; default k (k' = 2k, capped at d)
-    epsilon : float or None        total ε per document; None = non-private
+    epsilon : float or None        total ε per document; None = non-private (warns
+                                   NonPrivateWarning unless ``non_private=True``; the
+                                   snapshot's report then says NON-PRIVATE)
+    non_private : bool             say that a model without ε is meant to be non-private
+    non_production : bool          allow a non-vetted ``sampler`` ("fast", "google", a custom
+                                   object): tests and benchmarks only; refused otherwise
     delta : float                  δ (with ε)
     mechanism : {"tensor", "iterative"}
     budget_split : BudgetSplit     shares of the stream ρ per block
@@ -98,7 +105,9 @@ class StreamingSpectralLDA:
                                    "google": Google's secure Gaussian (python-dp, ≈ 4·10⁵
                                    draws/s per core; opt-in: its per-draw failure
                                    probability ≈ 2⁻⁴⁵ is not charged to δ);
-                                   "fast": CSPRNG-seeded numpy (not vetted)
+                                   "fast": CSPRNG-seeded numpy (not vetted). "google" and
+                                   "fast" need ``non_production=True``; the snapshot's
+                                   ``sampler_status`` says vetted / non-production
     accountant : BudgetSpender     shared accountant; default a private one with
                                    this estimator's (ε, δ) budget
     epochs : EpochClock, optional  continual release: stream documents are routed
@@ -179,7 +188,8 @@ class StreamingSpectralLDA:
                  run_id: str | None = None, privacy_unit: str = "document",
                  max_docs_per_user_epoch: int | None = None,
                  max_docs_per_user: int | None = None, user_weights: str = "uniform",
-                 max_users: int = DEFAULT_MAX_USERS):
+                 max_users: int = DEFAULT_MAX_USERS, non_private: bool = False,
+                 non_production: bool = False):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
             raise ValueError(f"seed must be an integer or None, got {seed!r}")
         self.n_topics = _check_positive_int("n_topics", n_topics)
@@ -187,6 +197,8 @@ class StreamingSpectralLDA:
         self.oversampling = (self.n_topics if oversampling is None
                              else _check_positive_int("oversampling", oversampling, 0))
         self.epsilon = _check_positive_float("epsilon", epsilon, allow_none=True)
+        self.non_private = _check_non_private(self.epsilon, non_private)
+        self.non_production = bool(non_production)
         self.delta = _check_positive_float("delta", delta)
         if self.epsilon is not None and not self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta!r}")
@@ -219,6 +231,10 @@ class StreamingSpectralLDA:
                                        seed=0 if seed is None else int(seed))
         self.denoise = DenoiseConfig(threshold=threshold)
         self.seed = seed
+        if self.epsilon is not None and noise_seed is None:
+            # a seeded sampler is its own, louder opt-in (InsecureNoiseWarning, report INSECURE)
+            require_production_sampler(DEFAULT_SAMPLER if sampler is None else sampler,
+                                       self.non_production)
         self.sampler = (make_sampler(sampler, noise_seed) if isinstance(sampler, str) or sampler is None
                         else sampler)
         if (epochs is None) != (horizon is None):
@@ -618,6 +634,26 @@ class StreamingSpectralLDA:
         self.components_ = snap.topic_word
         self.alpha_ = snap.alpha
         return snap
+
+
+class NonPrivateWarning(UserWarning):
+    """A model fitted without ε: no clipping, no noise, no privacy guarantee."""
+
+
+def _check_non_private(epsilon, non_private) -> bool:
+    """Without ε the estimator is exact and protects nobody: say so (issue 23 item 8). The
+    warning keeps ``fit(X, k)`` callable; ``non_private=True`` states the intent and silences it."""
+    if not isinstance(non_private, bool):
+        raise ValueError(f"non_private must be True or False, got {non_private!r}")
+    if epsilon is not None and non_private:
+        raise ValueError(f"non_private=True with epsilon={epsilon!r}: a model is either private "
+                         "(epsilon=...) or non-private (non_private=True, no epsilon)")
+    if epsilon is None and not non_private:
+        warnings.warn("no epsilon: this model is NON-PRIVATE (no clipping, no noise); its "
+                      "snapshots are an exact function of the documents. Pass epsilon=... for "
+                      "privacy, or non_private=True to say you mean it", NonPrivateWarning,
+                      stacklevel=3)
+    return epsilon is None
 
 
 def fit(counts, n_topics: int, *, alpha0: float = 1.0, epsilon: float | None = None,

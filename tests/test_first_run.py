@@ -400,7 +400,7 @@ def _on_a_terminal(args, cwd=None):
 
 
 SIMULATE_SMALL = ("simulate", "--warmup", "20000", "--stream", "40000", "--vocab", "200",
-                  "--topics", "4", "--sampler", "fast", "--batch", "4096", "--json")
+                  "--topics", "4", "--sampler", "fast", "--non-production", "--batch", "4096", "--json")
 
 
 def test_simulate_progress_only_on_a_terminal_and_never_on_stdout():

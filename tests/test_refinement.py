@@ -210,7 +210,7 @@ def test_count_boundary_is_charged_to_the_stream(lda):
     _, X = lda
     acc = Accountant(1.0, 1e-6, MemoryLedger())
     snap = streamdp.fit(X, 4, epsilon=1.0, delta=1e-6, warmup_docs=4000, seed=0, noise_seed=2,
-                        sampler="fast", accountant=acc)
+                        sampler="fast", non_production=True, accountant=acc)
     rho = zcdp_rho(1.0, 1e-6)
     rep = acc.report()
     assert set(rep["rho_spent_by_partition"]) == {"stream"}

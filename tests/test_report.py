@@ -50,7 +50,7 @@ def make_snapshots(epsilon: float | None, n_warmup=6000, n_stream=12000, seed=0)
     vocab = Vocabulary(words)
     X, _ = vocab.vectorize([t.split() for t in texts])
     clock = EpochClock(stream_start=1000.0, epoch_seconds=10.0)
-    est = StreamingSpectralLDA(K, 1.0, epsilon=epsilon, delta=1e-6, seed=seed, sampler="fast",
+    est = StreamingSpectralLDA(K, 1.0, epsilon=epsilon, delta=1e-6, seed=seed, sampler="fast", non_production=True,
                                epochs=clock, horizon=EPOCHS,
                                refinement=RefinementConfig(model_lag=1))
     est.warmup(X[:n_warmup])

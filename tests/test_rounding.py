@@ -357,7 +357,7 @@ def small_corpus():
 def test_premise_refuses_one_shot_release_before_spending(small_corpus):
     X = small_corpus
     acc = Accountant(1.0, 1e-6, MemoryLedger())
-    est = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast",
+    est = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast", non_production=True,
                                         accountant=acc, max_documents_per_sum=300,
                                         refinement=None)
     est.warmup(X[:200])
@@ -367,7 +367,7 @@ def test_premise_refuses_one_shot_release_before_spending(small_corpus):
     with pytest.raises(DocumentCountExceeded, match="max_documents_per_sum=300"):
         est.release()
     assert acc.report()["rho_worst_case"] == spent        # nothing reserved or drawn
-    snap = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast",
+    snap = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast", non_production=True,
                                          max_documents_per_sum=500, refinement=None)
     snap.warmup(X[:200])
     snap.partial_fit(X[200:])
@@ -378,12 +378,12 @@ def test_premise_refuses_one_shot_release_before_spending(small_corpus):
 
 def test_premise_refuses_warmup_and_refinement(small_corpus):
     X = small_corpus
-    est = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast",
+    est = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast", non_production=True,
                                         max_documents_per_sum=100)
     est.warmup(X[:200])
     with pytest.raises(DocumentCountExceeded, match="warm-up"):
         est.partial_fit(X[200:250])
-    est2 = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast",
+    est2 = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast", non_production=True,
                                          max_documents_per_sum=300)
     est2.warmup(X[:200])
     est2.partial_fit(X[200:450])
@@ -397,7 +397,7 @@ def test_premise_refuses_continual_sums(small_corpus, aggregator):
     """tree: node [1, 2] is one raw sum of both epochs; blt: each epoch's sum is noised alone."""
     X = small_corpus
     clock = EpochClock(0.0, 10.0)
-    est = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast",
+    est = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast", non_production=True,
                                         epochs=clock, horizon=4, max_documents_per_sum=250,
                                         refinement=None, continual_aggregator=aggregator)
     est.warmup(X[:200])

@@ -34,7 +34,7 @@ def released():
     model = make_lda_model(D, K, alpha0=1.0, beta=0.05, seed=3)
     X = sample_documents(model, 9000, mean_length=40, seed=4)
     vocab = Vocabulary([f"word{j:02d}" for j in range(D)])
-    est = StreamingSpectralLDA(K, 1.0, epsilon=4.0, seed=0, sampler="fast",
+    est = StreamingSpectralLDA(K, 1.0, epsilon=4.0, seed=0, sampler="fast", non_production=True,
                                epochs=EpochClock(START, EPOCH), horizon=3)
     est.warmup(X[:3000])
     ts = START + np.sort(np.random.default_rng(5).random(6000)) * 3 * EPOCH

@@ -43,7 +43,7 @@ def run_fit(ledger, run_id="run-1"):
     X = sample_documents(model, 3000, mean_length=30, seed=4)
     ts = np.r_[np.zeros(1000), np.ones(2000)]
     acc = Accountant(%r, %r, ledger)
-    snap = streamdp.fit(X, 3, epsilon=%r, delta=%r, seed=0, sampler="fast", timestamps=ts,
+    snap = streamdp.fit(X, 3, epsilon=%r, delta=%r, seed=0, sampler="fast", non_production=True, timestamps=ts,
                         stream_start=0.5, accountant=acc, run_id=run_id)
     return snap, acc
 ''' % (EPS, DELTA, EPS, DELTA)
@@ -220,7 +220,7 @@ def test_spend_orders_the_steps_and_a_failed_draw_is_fulfilled(tmp_path):
 def test_an_in_memory_estimator_goes_through_keyed_sessions():
     acc = Accountant(EPS, DELTA, MemoryLedger())
     est = streamdp.StreamingSpectralLDA(3, epsilon=EPS, delta=DELTA, accountant=acc,
-                                        sampler="fast", refinement=None)
+                                        sampler="fast", non_production=True, refinement=None)
     assert isinstance(est._spender, SpendSession)
     log = EventLog()
     assert streamdp.StreamingSpectralLDA(3, epsilon=EPS, accountant=log)._spender is log
@@ -273,7 +273,7 @@ def test_continual_estimator_on_a_file_ledger_reruns_from_its_persisted_draws(tm
 
     def run():
         acc = Accountant(EPS, DELTA, ledger)
-        est = streamdp.StreamingSpectralLDA(3, epsilon=EPS, delta=DELTA, seed=0, sampler="fast",
+        est = streamdp.StreamingSpectralLDA(3, epsilon=EPS, delta=DELTA, seed=0, sampler="fast", non_production=True,
                                             epochs=streamdp.EpochClock(0.0, 10.0), horizon=3,
                                             accountant=acc, run_id="continual-1",
                                             continual_aggregator=aggregator)

@@ -319,7 +319,7 @@ def test_fit_user_mode_reports_the_unit_and_the_ledger_records_it():
     ledger = MemoryLedger()
     acc = Accountant(4.0, 1e-6, ledger, unit="user")
     snap = streamdp.fit(X, 4, epsilon=4.0, timestamps=ts, stream_start=1500.0, seed=0,
-                        sampler="fast", privacy_unit="user", users=users,
+                        sampler="fast", non_production=True, privacy_unit="user", users=users,
                         max_docs_per_user_epoch=5, accountant=acc, run_id="u")
     p = snap.privacy
     assert p["privacy_unit"] == "user" and p["neighbouring"] == "add/remove all documents of one user"
@@ -343,7 +343,7 @@ def test_user_mode_refuses_what_it_cannot_bound():
     X, users, ts = _fit_data(800)
     with pytest.raises(ValueError, match="users="):
         streamdp.fit(X, 4, epsilon=4.0, timestamps=ts, stream_start=200.0,
-                     privacy_unit="user", sampler="fast")
+                     privacy_unit="user", sampler="fast", non_production=True)
     with pytest.raises(ValueError, match="per-document boundary"):
         streamdp.fit(X, 4, epsilon=4.0, warmup_docs=200, privacy_unit="user", users=users)
     with pytest.raises(ValueError, match="unit='user'"):
@@ -357,7 +357,7 @@ def test_user_mode_refuses_what_it_cannot_bound():
     with pytest.raises(ValueError, match="protects users"):
         acc.reserve([GaussianEvent("z", 1.0, 1.0)])
     acc.reserve([GaussianEvent("z", 1.0, 2.0, unit="user")])
-    est = streamdp.StreamingSpectralLDA(4, epsilon=4.0, privacy_unit="user", sampler="fast")
+    est = streamdp.StreamingSpectralLDA(4, epsilon=4.0, privacy_unit="user", sampler="fast", non_production=True)
     with pytest.raises(ValueError, match="users="):
         est.warmup(X[:100])
     with pytest.raises(MissingUser):
@@ -376,7 +376,7 @@ def test_continual_user_mode_within_budget_and_premise_covers_all_stream_documen
 
     def est(max_docs, stream=True):
         e = streamdp.StreamingSpectralLDA(
-            4, epsilon=2.0, seed=0, sampler="fast", epochs=clock, horizon=4,
+            4, epsilon=2.0, seed=0, sampler="fast", non_production=True, epochs=clock, horizon=4,
             continual_aggregator=aggregator, privacy_unit="user", max_docs_per_user_epoch=2,
             max_docs_per_user=6, max_documents_per_sum=max_docs)
         e.warmup(X[:1000], users=users[:1000])

@@ -244,7 +244,7 @@ def test_cli_vocab_private_writes_vocabulary_and_report(tmp_path, capsys):
     out = tmp_path / "v.txt"
     args = ["vocab", "private", "--in", str(docs), "--out", str(out), "--epsilon", "2",
             "--size", "5", "--candidates", str(tmp_path / "cands.txt"), "--min-words", "3",
-            "--sampler", "fast"]
+            "--sampler", "fast", "--non-production"]
     assert main(args) == 0
     v = Vocabulary.load(out)
     assert {"w1", "w2"} <= set(v.words)

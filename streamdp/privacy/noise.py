@@ -82,6 +82,36 @@ DEFAULT_SAMPLER = "opendp-lattice"
 SEEDED_NAME = "numpy-pcg64-seeded-INSECURE-reproducible"
 
 
+#: a sampler's status, named in every snapshot (issue 23 item 5). Vetted: OpenDP's Gaussians,
+#: every failure mode accounted (lattice rounding charged). Anything else — "fast" (numpy
+#: floats: the float Gaussian's known attacks), "google" (its ≈2^-45 per-draw failure
+#: probability is not charged to δ), a seeded or a caller's own sampler — is non-production:
+#: refused unless the caller sets non_production (services: config; estimator: keyword).
+VETTED = "vetted"
+NON_PRODUCTION = "non-production"
+VETTED_KINDS = ("opendp-lattice", "opendp")
+
+
+def sampler_status(sampler) -> str:
+    """``VETTED`` or ``NON_PRODUCTION`` for a sampler kind (config word) or a sampler object."""
+    if isinstance(sampler, str):
+        return VETTED if sampler in VETTED_KINDS else NON_PRODUCTION
+    return VETTED if getattr(sampler, "name", None) in (OPENDP_NAME, OPENDP_LATTICE_NAME) \
+        else NON_PRODUCTION
+
+
+def require_production_sampler(sampler, non_production: bool, *, field: str = "sampler") -> None:
+    """The one rule: a non-vetted sampler only with an explicit ``non_production``."""
+    if non_production or sampler_status(sampler) == VETTED:
+        return
+    name = sampler if isinstance(sampler, str) else getattr(sampler, "name", type(sampler).__name__)
+    raise ValueError(
+        f"{field} {name!r} is not a vetted sampler ('fast': numpy floats, not vetted; 'google': "
+        "its ~2^-45 per-draw failure probability is not charged to delta). Use 'opendp-lattice' "
+        "(the default) or 'opendp' in production; for tests and benchmarks set non_production "
+        "(config: non_production: true; estimator/fit: non_production=True)")
+
+
 class InsecureNoiseWarning(UserWarning):
     """Noise from a known seed: reproducible, hence no privacy guarantee."""
 

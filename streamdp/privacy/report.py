@@ -17,6 +17,7 @@ from dataclasses import asdict
 from typing import Iterable
 
 from streamdp.privacy.events import ROUNDING_SLACK, GaussianEvent, rho_by_partition
+from streamdp.privacy.noise import VETTED, sampler_status
 from streamdp.privacy.rounding import DEFAULT_MAX_DOCUMENTS_PER_SUM
 
 UNIT = "one document"
@@ -71,6 +72,9 @@ def release_report(*, mechanism: str, events: Iterable[GaussianEvent], noise_sd:
         "clip_bounds": clip.to_dict(),
         "budget_split": split.as_dict() if private and split is not None else None,
         "sampler": getattr(sampler, "name", None) if private else None,
+        # vetted / non-production (streamdp.privacy.noise.sampler_status): a snapshot drawn by
+        # an unvetted sampler must not look vetted
+        "sampler_status": sampler_status(sampler) if private and sampler is not None else None,
         # every event's ρ is charged at sensitivity Δ + this·σ: the samplers' lattice rounding
         # (streamdp.privacy.events.ROUNDING_SLACK, docs/privacy.md "Noise")
         "sampler_rounding_slack_sigmas": ROUNDING_SLACK if private else None,
@@ -87,13 +91,21 @@ def release_report(*, mechanism: str, events: Iterable[GaussianEvent], noise_sd:
     return report
 
 
+NON_PRIVATE_MODE = ("NON-PRIVATE: no clipping, no noise - this snapshot is an exact function "
+                    "of the documents and carries NO privacy guarantee")
+
+
 def add_budget_context(report: dict, *, epsilon, delta, rho_budget, warmup_events,
                        accountant=None, privacy_unit: str = "document",
                        user_bounding: dict | None = None, **extra) -> dict:
     """A copy of ``report`` with the budget it was charged to (and the accountant's report).
-    ``privacy_unit``: "document" or "user" (then ``user_bounding`` describes the bounding)."""
+    ``privacy_unit``: "document" or "user" (then ``user_bounding`` describes the bounding).
+    Without ``epsilon`` the report says NON-PRIVATE and names no unit: nothing is protected."""
     out = dict(report)
     out.update(unit_fields(privacy_unit, user_bounding))
+    if epsilon is None:
+        out.update({"unit": "none (NON-PRIVATE)", "neighbouring": "none (NON-PRIVATE)",
+                    "non_private": True, "privacy_mode": NON_PRIVATE_MODE})
     out.update({"epsilon": epsilon, "delta": delta, "rho_budget": rho_budget,
                 "warmup": list(warmup_events)})
     if accountant is not None and hasattr(accountant, "report"):
@@ -129,6 +141,8 @@ def describe(report: dict, *, n_docs: float | None = None) -> list[tuple[str, st
     the report's own values are used; a key it lacks is left out, never guessed."""
     out: list[tuple[str, str]] = []
     eps, delta = report.get("epsilon"), report.get("delta")
+    users = report.get("privacy_unit") == "user"
+    noun = "user" if users else "document"
     acc = report.get("accountant") if isinstance(report.get("accountant"), dict) else {}
     sampler = report.get("sampler")
     if report.get("non_private") or (report.get("mechanism") == "none" and eps is None):
@@ -140,22 +154,31 @@ def describe(report: dict, *, n_docs: float | None = None) -> list[tuple[str, st
                     f"({sampler}), so anyone who knows the seed can subtract it. For tests and "
                     "benchmarks only, never for real documents."))
     elif eps is not None:
-        out.append(("Guarantee", f"({eps:g}, {delta:g})-differential privacy for every document, "
+        out.append(("Guarantee", f"({eps:g}, {delta:g})-differential privacy for every {noun}"
+                    + (" (all of one user's documents together)" if users else "") + ", "
                     "for everything published under this budget taken together (every release, "
                     "whatever else an observer knows); the accountant refuses any release that "
                     "would exceed it."))
     unit = report.get("unit")
-    if unit:
+    if unit and is_non_private(report):
+        pass        # nothing is protected: no unit to name (the guarantee says NONE)
+    elif unit and users:
+        out.append(("Unit of privacy", f"{unit}: what is hidden is whether any single user "
+                    "contributed to the data at all, with every document they wrote together "
+                    "(as far as the producer's user ids are right: two ids are two users)."))
+    elif unit:
         out.append(("Unit of privacy", f"{unit}: what is hidden is whether any single document "
                     "was in the data. Someone who wrote many documents is protected document by "
                     "document, not as a person."))
     neighbouring = report.get("neighbouring")
-    if neighbouring:
-        out.append(("Neighbouring datasets", f"{neighbouring}: two streams that differ by one "
-                    "document, added or removed. Every published value is almost equally likely "
+    if neighbouring and not is_non_private(report):
+        differ = ("all the documents of one user, added or removed together" if users
+                  else "one document, added or removed")
+        out.append(("Neighbouring datasets", f"{neighbouring}: two streams that differ by "
+                    f"{differ}. Every published value is almost equally likely "
                     "under both (within a factor e^ε, except with probability δ)."))
     if eps is not None:
-        out.append(("ε and δ", f"ε = {eps:g} bounds how much one document can change what is "
+        out.append(("ε and δ", f"ε = {eps:g} bounds how much one {noun} can change what is "
                     f"published (smaller is more private); δ = {delta:g} is the probability that "
                     "this bound may fail. Accounted as zero-concentrated DP with budget "
                     f"ρ = {report.get('rho_budget', acc.get('rho_budget', float('nan'))):.4g}, "
@@ -166,11 +189,16 @@ def describe(report: dict, *, n_docs: float | None = None) -> list[tuple[str, st
         parts = [f"{name} ρ {by_atom[key]:.4g}" for key, name in _ATOMS_IN_WORDS.items()
                  if isinstance(by_atom.get(key), (int, float)) and by_atom[key] > 0]
         text = (f"ρ {acc['rho_worst_case']:.4g} of {acc['rho_budget']:.4g} ({share:.0%}) for the "
-                f"most-charged document")
+                f"most-charged {noun}")
         if acc.get("epsilon_worst_case") is not None:
             text += f", that is ε {acc['epsilon_worst_case']:.3g} of {eps:g} at δ {delta:g}"
-        text += (". Each document is charged only for the group it belongs to (by its "
-                 "timestamp), so the groups' spends do not add up")
+        if users:
+            text += (". A user is charged for every group holding one of their documents: the "
+                     "warm-up and the stream compose sequentially (docs/privacy.md, The "
+                     "user-level unit)")
+        else:
+            text += (". Each document is charged only for the group it belongs to (by its "
+                     "timestamp), so the groups' spends do not add up")
         text += (": " + "; ".join(parts) + "." if parts else ".")
         remaining = (acc.get("rho_remaining_by_atom") or {}).get("stream_new_epoch")
         if remaining is not None:
@@ -188,9 +216,15 @@ def describe(report: dict, *, n_docs: float | None = None) -> list[tuple[str, st
                  "charged twice)")
         out.append(("Releases covered", text + "."))
     if sampler and not report.get("non_private"):
-        out.append(("Noise", f"drawn by {sampler}; sensitivities bounded by clipping every "
-                    "document (the clip bounds are in the report); every draw is charged for "
-                    "its sensitivity plus 2^-40·σ, the sampler's lattice rounding."))
+        clipped = ("every document, and bounding each user's documents by the weight schedule"
+                   if users else "every document")
+        status = report.get("sampler_status")
+        vetted = ("" if status in (None, VETTED) else
+                  f" NOT a vetted sampler ({status}): for tests and benchmarks, not for real "
+                  "documents.")
+        out.append(("Noise", f"drawn by {sampler}; sensitivities bounded by clipping {clipped} "
+                    "(the clip bounds are in the report); every draw is charged for "
+                    "its sensitivity plus 2^-40·σ, the sampler's lattice rounding." + vetted))
     vocab = report.get("vocabulary") if isinstance(report.get("vocabulary"), dict) else None
     if is_non_private(report):
         out.append(("What is public", "Whatever this snapshot is published to. Without a "

@@ -15,7 +15,7 @@ from pathlib import Path
 from streamdp.kafka.topics import TopicNames
 from streamdp.moments.clipping import WARMUP_NORMALISING_CLIP, ClipBounds
 from streamdp.privacy.epochs import EpochClock
-from streamdp.privacy.noise import DEFAULT_SAMPLER, SAMPLER_KINDS
+from streamdp.privacy.noise import DEFAULT_SAMPLER, SAMPLER_KINDS, require_production_sampler
 from streamdp.privacy.user_bounding import DEFAULT_MAX_USERS, SCHEDULES
 from streamdp.release import WARMUP_SHARE
 from streamdp.services.partition_state import Routing
@@ -170,6 +170,11 @@ class ServiceConfig:
             bad("sampler", f"must be one of {SAMPLER_KINDS} ('opendp-lattice': vetted, rounding charged, default; "
                 f"'opendp': vetted, exact, slower; 'google': "
                 f"fast, opt-in, per-draw failure probability not charged; 'fast': not vetted), got {self.sampler!r}")
+        elif self.epsilon is not None:
+            try:        # the one rule (streamdp.privacy.noise): unvetted only when non_production
+                require_production_sampler(self.sampler, self.non_production is True)
+            except ValueError as exc:
+                bad("sampler", str(exc).removeprefix("sampler "))
         if not 0 < self.clip_quantile <= 1:
             bad("clip_quantile", f"must be in (0, 1], got {self.clip_quantile!r}")
         if (isinstance(self.refinement_share, bool) or not isinstance(self.refinement_share, (int, float))
