@@ -439,6 +439,8 @@ def text_section(name: str, corpus, cfg: dict, seed: int, private: list[dict]) -
     for eps in eps_all:
         run_streamdp_rows(X, n_warm, k, eps, seed, score)
     for mname, f, kw in nonprivate_models(vocab):
+        if cfg.get("nonprivate") is not None and mname not in cfg["nonprivate"]:
+            continue
         B, info = f(X, k, seed=seed, **kw)
         score(mname, None, B, info, False)
     skipped = run_private_sweep(private, X, k, cfg["epsilons"], seed, score, name)
@@ -900,6 +902,12 @@ def main(argv=None) -> int:
                         "/var/lib/apt/lists; a later plain apt-get update deletes it there)")
     p.add_argument("--replot", metavar="JSON", default=None,
                    help="only redraw the PNGs from a --json file of an earlier run")
+    p.add_argument("--epsilons", default=None, metavar="LIST",
+                   help="text sections only: the ε of every private row, e.g. 'none,4,1' "
+                        "(default: the section's own list and streamdp's extra ε)")
+    p.add_argument("--nonprivate", default=None, metavar="LIST",
+                   help="text sections only: the non-private engines to run, e.g. 'gensim' "
+                        "(default: all installed)")
     a = parse_args(p, argv)         # + --no-progress
     if a.replot:
         import json
@@ -913,6 +921,16 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"unknown sections {sorted(unknown)}; choose from {ALL_SECTIONS}")
     sizes = SMOKE if a.smoke else FULL
+    text_sections = ("debian", "bbc")
+    if a.epsilons:
+        eps = [None if e.strip().lower() == "none" else float(e)
+               for e in a.epsilons.split(",") if e.strip()]
+        sizes = {sec: ({**cfg, "epsilons": eps, "streamdp_extra_epsilons": []}
+                       if sec in text_sections else cfg) for sec, cfg in sizes.items()}
+    if a.nonprivate:
+        names = [n.strip() for n in a.nonprivate.split(",") if n.strip()]
+        sizes = {sec: ({**cfg, "nonprivate": names} if sec in text_sections else cfg)
+                 for sec, cfg in sizes.items()}
     if a.peers:
         sizes = {sec: ({**cfg, "epsilons": [1.0, None], "streamdp_extra_epsilons": []}
                        if "epsilons" in cfg else cfg) for sec, cfg in sizes.items()}
