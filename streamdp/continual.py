@@ -56,6 +56,10 @@ from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.subspace import Subspace
 
 
+class PendingRelease(RuntimeError):
+    """A drawn epoch is waiting for its post-processing (or none is, when one was asked for)."""
+
+
 @dataclass(frozen=True, eq=False)
 class EpochSums:
     """What one epoch (or tree node) releases: the spectral sketch sums and, with refinement,
@@ -298,6 +302,8 @@ class ContinualRelease:
         # epochs whose documents were refined under an earlier snapshot (public: it only
         # depends on whether a snapshot existed when the epoch was open)
         self.refined_epochs = 0
+        # (noised EpochSums, noise sd) of the last draw until its snapshot is made
+        self.pending: tuple[EpochSums, dict | None] | None = None
         if rho is not None:
             if not (rho > 0 and math.isfinite(rho)):
                 raise ValueError(f"rho must be a finite number > 0 or None, got {rho!r}")
@@ -362,15 +368,27 @@ class ContinualRelease:
         return sums
 
     def close_epoch(self, sums: EpochSums | SketchSums | None, *, refined: bool = False) -> TopicSnapshot:
-        """Close the next epoch with its raw sums (None = no documents) and release.
+        """Close the next epoch with its raw sums (None = no documents) and release:
+        :meth:`draw_epoch` then :meth:`post_process`.
 
         ``refined``: the epoch's documents were folded into an earlier snapshot (its
         refinement sums are meaningful). From the first such epoch on, snapshots are refined:
         topics from the released refinement prefix, topic i continuing topic i.
 
         Raises HorizonExceeded past the horizon and BudgetExhausted if the
-        accountant refuses the epoch's nodes; in both cases nothing changes.
+        accountant refuses the epoch's nodes; in both cases nothing changes. If the
+        post-processing raises, the draw stays :attr:`pending`: call :meth:`post_process`
+        again (never a new draw: that would be rejection sampling on the noise).
         """
+        self.draw_epoch(sums, refined=refined)
+        return self.post_process()
+
+    def draw_epoch(self, sums: EpochSums | SketchSums | None, *, refined: bool = False) -> None:
+        """Reserve and draw the next epoch's release; its noised sums become :attr:`pending`
+        (part of :meth:`state_dict`: persist it before post-processing, issue 23 item 4)."""
+        if self.pending is not None:
+            raise PendingRelease(f"epoch {self.epoch}'s draw is not post-processed yet: call "
+                                 "post_process() (a new draw would be rejection sampling)")
         sums = self._as_epoch_sums(sums)
         if self.tree is None:
             if self._exact_epoch >= self.epoch_limit:
@@ -395,7 +413,18 @@ class ContinualRelease:
                 sd[REFINE_BLOCK] = e.sigma * mult
         if refined and self.refinement is not None:
             self.refined_epochs += 1
-        return self._snapshot(released, sd)
+        self.pending = (released, sd)          # noised (public) from here on
+
+    def post_process(self) -> TopicSnapshot:
+        """The snapshot of the :attr:`pending` draw (eigh, power method, denoising, refined
+        topics): a function of the noised values only, so it may run again after a failure or
+        a restart; the draw is kept until it succeeds."""
+        if self.pending is None:
+            raise PendingRelease("no drawn epoch to post-process")
+        released, sd = self.pending
+        snap = self._snapshot(released, sd)
+        self.pending = None
+        return snap
 
     def require_user_premise(self, more_documents: int) -> None:
         """User unit, private: refuse (before anything is reserved) a release that would bring
@@ -477,18 +506,25 @@ class ContinualRelease:
 
     # ------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
-        """msgpack-friendly state. Contains raw partial sums: protect like raw data."""
+        """msgpack-friendly state. Contains raw partial sums: protect like raw data. A
+        :attr:`pending` draw is part of it (post-processed again after a restart)."""
+        pending = None if self.pending is None else {
+            "sums": self.pending[0].to_dict(),
+            "sd": None if self.pending[1] is None else {k: float(v) for k, v in self.pending[1].items()}}
         if self.tree is None:
             return {"kind": "continual_exact", "v": 1, "epoch": self._exact_epoch,
-                    "refined_epochs": self.refined_epochs,
+                    "refined_epochs": self.refined_epochs, "pending": pending,
                     "sums": None if self._exact is None else self._exact.to_dict()}
         state = self.tree.state_dict(lambda s: s.to_dict())
         return {"horizon": self.horizon, **state, "refined_epochs": self.refined_epochs,
-                "documents_released": self.documents_released}
+                "documents_released": self.documents_released, "pending": pending}
 
     def load_state(self, state: dict) -> "ContinualRelease":
         self.refined_epochs = int(state.get("refined_epochs", 0))
         self.documents_released = int(state.get("documents_released", 0))
+        pending = state.get("pending")
+        self.pending = None if pending is None else (EpochSums.from_dict(pending["sums"]),
+                                                     pending["sd"])
         if self.tree is None:
             if state.get("kind") != "continual_exact":
                 raise ValueError("state is not from a non-private continual release")

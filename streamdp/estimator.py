@@ -481,6 +481,10 @@ class StreamingSpectralLDA:
         if self.subspace_ is None:
             self._fix_subspace()
         snaps = []
+        if self.continual_.pending is not None:
+            # an epoch drawn before its post-processing raised: finish it from the noised
+            # values, never draw it again (issue 23 item 4)
+            snaps.append(self._epoch_released(self.continual_.post_process()))
         limit = self.continual_.epoch_limit
         target = int(min(self.epochs.closable_through(watermark), limit))
         # user unit: all stream documents released so far within the premise (the one check,
@@ -492,10 +496,8 @@ class StreamingSpectralLDA:
             ((_, sums),) = self._epoch_sketches.pop_through(epoch)
             # THE public rule (as the services): refined iff the epoch's documents have a model
             refined = self.refinement is not None and epoch_refined(epoch, self.refinement.model_lag)
-            snap = self._finish_snapshot(self.continual_.close_epoch(sums, refined=refined))
-            if self.refinement is not None:
-                self._epoch_sketches.model_released(snap, self.refinement.fold_in_iter)
-            snaps.append(snap)
+            self.continual_.draw_epoch(sums, refined=refined)
+            snaps.append(self._epoch_released(self.continual_.post_process()))
         if self._stream_users is not None:
             self._stream_users.close_through(target)
         if self.epochs.closable_through(watermark) > limit:
@@ -503,6 +505,12 @@ class StreamingSpectralLDA:
             raise HorizonExceeded(f"watermark {watermark} is past the horizon of T={self.horizon} "
                                   f"epochs; {len(snaps)} epoch(s) were closed before it")
         return snaps
+
+    def _epoch_released(self, snap: TopicSnapshot) -> TopicSnapshot:
+        snap = self._finish_snapshot(snap)
+        if self.refinement is not None:
+            self._epoch_sketches.model_released(snap, self.refinement.fold_in_iter)
+        return snap
 
     def release(self, budget_fraction: float = 1.0, *, split: BudgetSplit | None = None) -> TopicSnapshot:
         """Release topics, spending ``budget_fraction`` of the stream's ρ budget.
