@@ -47,7 +47,7 @@ from prometheus_client.exposition import choose_encoder
 __all__ = [
     "ROLES", "SKETCHER", "RELEASE", "MetricSpec", "METRIC_SPECS", "METRIC_NAMES",
     "metric_specs", "names_for_role", "RELEASE_OUTCOMES", "RELEASES_ENDED_REASONS",
-    "REBALANCE_KINDS", "KNOWN_SKIP_REASONS", "PAUSE_REASONS",
+    "REBALANCE_KINDS", "KNOWN_SKIP_REASONS", "PAUSE_REASONS", "STATE_REFUSED_REASONS",
     "ServiceMetrics", "HealthState", "ObservabilityServer", "EXACT_COUNT_METRICS",
 ]
 
@@ -68,6 +68,10 @@ RELEASE_OUTCOMES = ("published", "refused_budget", "failed")
 #: budget refused a release, the tree horizon is reached, or another stop (no warm-up
 #: documents, a failed vocabulary selection, the rounding premise).
 RELEASES_ENDED_REASONS = ("budget", "horizon", "other")
+#: Allowed values of ``streamdp_state_records_refused_total{reason}`` (pre-initialised to 0): a
+#: sketch state record without a valid MAC under the deployment key, or sums that fail the
+#: plausibility checks (streamdp.services.plausibility).
+STATE_REFUSED_REASONS = ("mac", "implausible")
 #: Allowed values of ``streamdp_rebalances_total{kind}`` (pre-initialised to 0).
 REBALANCE_KINDS = ("assign", "revoke", "lost")
 #: Allowed values of ``streamdp_partitions_paused{reason}`` (pre-initialised to 0): what a
@@ -134,6 +138,7 @@ EPOCHS_CLOSED_TOTAL = "streamdp_epochs_closed_total"
 TREE_EPOCH = "streamdp_tree_epoch"
 TREE_HORIZON = "streamdp_tree_horizon"
 RELEASES_ENDED = "streamdp_releases_ended"
+STATE_REFUSED_TOTAL = "streamdp_state_records_refused_total"
 # both
 BUILD_INFO = "streamdp_build_info"
 LAST_PROGRESS_TIMESTAMP_SECONDS = "streamdp_last_progress_timestamp_seconds"
@@ -238,6 +243,11 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
                "1 once this deployment will publish no further release, by reason (budget: the "
                "accountant refused one; horizon: the tree horizon is reached; other: no warm-up "
                "documents, a failed vocabulary selection, the rounding premise); 0 otherwise.",
+               ("reason",), _RE),
+    MetricSpec(STATE_REFUSED_TOTAL, COUNTER,
+               "Sketch state records the release service refused, by reason (mac: no valid MAC "
+               "under the deployment key; implausible: sums beyond n_docs times the clip bounds, "
+               "left out of the release before any noise). Any increase is an incident.",
                ("reason",), _RE),
     # ---- both
     MetricSpec(BUILD_INFO, GAUGE,
@@ -374,6 +384,8 @@ class ServiceMetrics:
                 self._metrics[RELEASES_TOTAL].labels(outcome=outcome)
             for reason in RELEASES_ENDED_REASONS:
                 self._metrics[RELEASES_ENDED].labels(reason=reason).set(0)
+            for reason in STATE_REFUSED_REASONS:
+                self._metrics[STATE_REFUSED_TOTAL].labels(reason=reason)
         if health is not None:
             self.bind_health(health)
 
@@ -634,6 +646,13 @@ class ServiceMetrics:
         if reason not in RELEASES_ENDED_REASONS:
             raise ValueError(f"reason must be one of {RELEASES_ENDED_REASONS}, got {reason!r}")
         self._m(RELEASES_ENDED).labels(reason=reason).set(1)
+
+    def state_refused(self, reason: str, n: int = 1) -> None:
+        """``n`` sketch state records (or partition sums) refused for ``reason``
+        (:data:`STATE_REFUSED_REASONS`)."""
+        if reason not in STATE_REFUSED_REASONS:
+            raise ValueError(f"reason must be one of {STATE_REFUSED_REASONS}, got {reason!r}")
+        self._m(STATE_REFUSED_TOTAL).labels(reason=reason).inc(n)
 
     def set_tree(self, epoch: int, horizon: int) -> None:
         """Tree position, e.g. after restoring the release state."""

@@ -90,8 +90,10 @@ from streamdp.services.config import (ConfigError, ServiceConfig, check_privacy_
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.partition_state import SELECTION, PartitionState
 from streamdp.services.release_inputs import ControlCommands, DocumentsPartitions
-from streamdp.services.release_merge import (SketchMismatch, merge_epoch_sums,  # noqa: F401
-                                             load_states, merge_refine_sums, merge_warmups)
+from streamdp.services.state_auth import StateAuth
+from streamdp.services.release_merge import (SketchMismatch, check_refine_sums,  # noqa: F401
+                                             load_states, merge_epoch_sums, merge_refine_sums,
+                                             merge_warmups)
 from streamdp.services.release_policy import IDLE_GRACE_SECONDS, ClosingPolicy  # noqa: F401
 from streamdp.services.release_sinks import ReleaseSinks
 from streamdp.services.release_writer import (SPENT_KEYS, WRITER_KEY, Fenced,  # noqa: F401
@@ -180,7 +182,8 @@ class ReleaseService:
                                       vocabulary=lambda: self.vocabulary,
                                       control_key=self._control_key)
             self.commands = ControlCommands(cfg, key=self._control_key)   # flush / close
-            self.partitions = DocumentsPartitions(cfg)   # sketcher states, caught-up probe
+            self.partitions = DocumentsPartitions(   # sketcher states (MAC-checked), caught-up probe
+                cfg, auth=lambda: StateAuth(self._control_key(), cfg.topic_prefix))
             self.subspace: Subspace | None = None
             self.clip: ClipBounds | None = None
             self.continual: ContinualRelease | None = None
@@ -512,7 +515,11 @@ class ReleaseService:
     # ------------------------------------------------------------ inputs (release_inputs)
     def _partition_view(self):
         """Latest accepted sketcher state per documents partition, and the partition list."""
-        return self.partitions.read(self.store)
+        refused = self.partitions.unauthentic
+        out = self.partitions.read(self.store)
+        if self.partitions.unauthentic > refused:
+            self.metrics.state_refused("mac", self.partitions.unauthentic - refused)
+        return out
 
     def _caught_up(self, p: int, next_offset: int) -> bool:
         return self.partitions.caught_up(p, next_offset)
@@ -611,7 +618,10 @@ class ReleaseService:
 
     # ------------------------------------------------------------ warm-up
     def _release_warmup(self, parts: list[PartitionState]) -> None:
-        merged = merge_warmups(parts)
+        refused: dict[int, str] = {}
+        merged = merge_warmups(parts, refused=refused, warmup_clip=self.cfg.warmup_clip,
+                               max_documents=self.cfg.max_documents_per_sum)
+        self._refused_states(refused, "the warm-up")
         if merged is None:
             log.error("the warm-up closed with no usable documents (length >= 3): cannot whiten; "
                       "produce warm-up documents with ts < stream_start")
@@ -651,10 +661,16 @@ class ReleaseService:
         """Merge, then the spend protocol in its one order: reserve → draw (``close_epoch``) →
         persist the release state (``_write_state``, which commits) → publish (the sinks)."""
         t0 = time.perf_counter()
-        total, n_parts = merge_epoch_sums(parts, epoch, self.subspace, self.clip)
+        # implausible partitions are left out (loudly) and the epoch releases on schedule
+        refused: dict[int, str] = {}
+        if self.refinement is not None:
+            check_refine_sums(parts, epoch, self.cfg.max_documents_per_sum, refused)
+        total, n_parts = merge_epoch_sums(parts, epoch, self.subspace, self.clip, refused=refused,
+                                          max_documents=self.cfg.max_documents_per_sum)
         refine = None
         if self.refinement is not None:
-            refine = merge_refine_sums(parts, epoch, (self.cfg.n_topics, self.d))
+            refine = merge_refine_sums(parts, epoch, (self.cfg.n_topics, self.d), skip=refused)
+        self._refused_states(refused, f"epoch {epoch}")
         sums = None if total is None else EpochSums(total, refine)
         # THE public rule (streamdp.refinement.model_epoch_for, as StreamingSpectralLDA.close_epochs):
         # refined iff the epoch's documents have a model, the snapshot of epoch − L
@@ -748,6 +764,14 @@ class ReleaseService:
         if self.spend is not None:
             self.spend.persisted()
         return True
+
+    def _refused_states(self, refused: dict[int, str], what: str) -> None:
+        """Partitions whose sums failed the plausibility checks (streamdp.services.plausibility):
+        left out of ``what`` before any noise is drawn; counted and logged, never silent."""
+        for p, why in sorted(refused.items()):
+            self.metrics.state_refused("implausible")
+            log.error("partition %d: sums refused for %s, left out of the release (a buggy "
+                      "sketcher or a foreign writer on the state topic): %s", p, what, why)
 
     def _refused(self, exc: Exception) -> None:
         self.exhausted = str(exc)

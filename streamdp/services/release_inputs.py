@@ -95,11 +95,13 @@ class ControlCommands:
 
 class DocumentsPartitions:
     """The documents partitions as the release service sees them: the newest accepted sketcher
-    state of each (read incrementally, zombie records rejected: :class:`PartitionView`), the
+    state of each (read incrementally, zombie records and records without a valid MAC under
+    ``auth`` rejected: :class:`PartitionView`), the
     partition list, and whether a partition is caught up (read, not listed)."""
 
-    def __init__(self, cfg: ServiceConfig) -> None:
+    def __init__(self, cfg: ServiceConfig, auth: Callable[[], object]) -> None:
         self.topic = cfg.topics.documents
+        self.auth = auth       # returns the StateAuth: records without a valid MAC are refused
         self.view: PartitionView | None = None
         self.probe = Consumer(cfg.client("consumer", **{
             "group.id": f"{cfg.topic_prefix}-release-probe", "enable.auto.commit": False,
@@ -109,11 +111,16 @@ class DocumentsPartitions:
         """Partition → newest accepted state record, and every documents partition. A poll's
         cost does not grow with the state topic's history."""
         if self.view is None:
-            self.view = PartitionView(store, self.topic)
+            self.view = PartitionView(store, self.topic, self.auth())
         self.view.store = store          # the store may have been re-created (an outage)
         states = self.view.read()
         md = self.probe.list_topics(self.topic, timeout=10)
         return states, sorted(md.topics[self.topic].partitions)
+
+    @property
+    def unauthentic(self) -> int:
+        """State records refused so far for their MAC."""
+        return 0 if self.view is None else self.view.unauthentic
 
     def load(self, states: dict, subspace) -> list[PartitionState]:
         """The decoded states in partition order, each decoded once per (partition, generation)."""

@@ -66,6 +66,7 @@ from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy import rounding
 from streamdp.refinement import FoldInModels, RefinementModel
 from streamdp.services import control
+from streamdp.services.state_auth import StateAuth, StateIntegrityError
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.config import ConfigError, ServiceConfig
 from streamdp.privacy.user_bounding import UserCapacityExceeded
@@ -138,6 +139,8 @@ class SketchContext:
         self.models = None if self.refinement is None else FoldInModels(self.refinement.model_lag)
         self.model_epoch: int | None = None            # the newest model loaded (its epoch)
         self.control_key = control_key
+        # sketch state records are signed with it (docs/privacy.md §Trust boundary)
+        self.state_auth = StateAuth(control_key, cfg.topic_prefix)
         self.control_rejected = 0           # unauthenticated / unconfirmed control messages
         self.broker_time = cfg.broker_time_required
         self.store = store
@@ -334,7 +337,16 @@ class SketchStrategy:
         starts = {}
         for p, generation in assigned.items():
             key = state_key(self.topic, p)
-            rec, rejected = select_state(self._accepted.get(p), found.get(key))
+            newest = found.get(key)
+            if newest is not None and not ctx.state_auth.authentic(key, newest.payload, newest.meta):
+                # restoring it would re-sign it at the next checkpoint: fail closed, loudly
+                raise StateIntegrityError(
+                    f"partition {p}: the newest state record {key!r} has no valid MAC under this "
+                    "deployment's control key: it was written without the key (a foreign writer "
+                    "on the state topic) or under another key. Check control_key_file against "
+                    "the release service's; do not restart the sketchers until the state topic "
+                    "is trusted again (docs/privacy.md §Trust boundary)")
+            rec, rejected = select_state(self._accepted.get(p), newest)
             if rejected:
                 log.warning("%s: partition %d: the newest state record goes backwards (fence/next_offset "
                             "%s/%s < accepted %s/%s): a zombie wrote it; restoring the accepted one",
@@ -442,7 +454,7 @@ class SketchStrategy:
             self.forget(p)
             return
         payload = st.to_bytes()
-        meta = st.meta()
+        meta = self.ctx.state_auth.sign(st.key, payload, st.meta())
         self.ctx.store.write(st.key, payload, meta=meta)
         self._accepted[p] = _Accepted(meta, payload)
         self.dirty.discard(p)

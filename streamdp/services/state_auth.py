@@ -1,0 +1,58 @@
+"""MACs on the sketchers' state records (issue 23 item 6; docs/privacy.md §Trust boundary).
+
+A sketch state record (``sketch/<documents topic>/<partition>``) is what the release service
+noises. Sketchers sign each one with the deployment's control key — the HMAC of
+:func:`streamdp.services.control.mac`, the one implementation — over
+
+    {"kind": "sketch_state", "deployment": topic prefix, "key": the record's key,
+     "payload_sha256": SHA-256 of the payload, "meta": the manifest metadata without "mac"}
+
+and put the hex digest in the record's metadata under ``mac``. The release service (and a
+sketcher restoring a partition) accepts a record only if the MAC verifies. What this stops: a
+writer without the key (a forged or edited record), a record copied from another partition's key
+or from another deployment (another topic prefix, or another key). What it does not stop: a
+holder of the key (every sketcher: sketchers are inside the trust boundary), and the replay of
+an *older* record of the same partition (the fencing rule, ``select_state``, refuses a record
+whose fence or next_offset goes backwards).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from streamdp.services import control
+
+KIND = "sketch_state"
+MAC_FIELD = control.MAC_FIELD
+
+
+class StateIntegrityError(RuntimeError):
+    """A sketch state record without a valid MAC where one must be restored."""
+
+
+class StateAuth:
+    """Signs and verifies sketch state records of one deployment (``key``: its control key,
+    ``deployment``: its topic prefix)."""
+
+    def __init__(self, key: bytes, deployment: str) -> None:
+        self.key, self.deployment = key, str(deployment)
+
+    def _obj(self, record_key: str, payload: bytes, meta: dict) -> dict:
+        return {"kind": KIND, "deployment": self.deployment, "key": record_key,
+                "payload_sha256": hashlib.sha256(payload).hexdigest(),
+                "meta": {k: meta[k] for k in sorted(meta) if k != MAC_FIELD}}
+
+    def sign(self, record_key: str, payload: bytes, meta: dict) -> dict:
+        """``meta`` with its ``mac``."""
+        return {**meta, MAC_FIELD: control.mac(self._obj(record_key, payload, meta), self.key)}
+
+    def authentic(self, record_key: str, payload: bytes, meta: dict) -> bool:
+        """Whether ``meta`` carries a valid MAC of this record (constant-time compare)."""
+        got = meta.get(MAC_FIELD) if isinstance(meta, dict) else None
+        return isinstance(got, str) and hmac.compare_digest(
+            got, control.mac(self._obj(record_key, payload, meta), self.key))
+
+
+def for_config(cfg) -> StateAuth:
+    """The deployment's :class:`StateAuth` (control key from :func:`control.load_key`)."""
+    return StateAuth(control.load_key(cfg), cfg.topic_prefix)
