@@ -1,0 +1,186 @@
+"""Attack tests of the trust boundary between sketchers and the release service (issue 23 item 6;
+docs/privacy.md §Trust boundary), on the embedded broker with real services.
+
+* A sketcher patched to scale a block of its checkpointed sums ×100 (it holds the key, so its
+  records verify): the release service refuses that partition's sums as implausible before any
+  noise, counts it on /metrics, and every epoch still releases on schedule, from the other
+  partition's documents exactly.
+* Records written to the state topic without the key (forged), under another deployment's key
+  or prefix, or copied from another partition's key: each is refused for its MAC, the partition
+  keeps its last accepted record, and the releases are exactly a clean run's (the engine's).
+
+Non-private runs: the released values are then exact, so "unaffected" and "left out" are
+equalities, not statistics. The checks run before the noise in either mode (no draw depends on
+a refused record: the refusals happen in the merge and the view, upstream of ``close_epoch``).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from confluent_kafka import Producer
+
+from streamdp import serialization as ser
+from streamdp.kafka.state_store import StateStore
+from streamdp.services import control
+from streamdp.services.partition_state import PartitionState, state_key
+from streamdp.services.produce import produce
+from streamdp.services.state_auth import StateAuth
+
+from service_helpers import (Pipeline, engine_snapshots, fresh_topics, make_config, make_corpus,
+                             metric, read_topic, scrape_until, send_control, wait_for)
+from test_services import assert_one_snapshot_per_epoch, snapshots_by_epoch, wait_http_ready
+
+
+def _start(cfg, sketchers=1) -> tuple[Pipeline, str]:
+    pipe = Pipeline(cfg, sketchers=sketchers)
+    pipe.start()
+    wait_for(lambda: pipe.release.server is not None, 20, "the release metrics server",
+             check=pipe.check)
+    url = pipe.release.server.url.rstrip("/")
+    wait_http_ready([url], check=pipe.check)
+    return pipe, url
+
+
+def _stream_epoch(ts: float, corpus) -> int:
+    return int(math.floor((ts - corpus.stream_start) / corpus.epoch_seconds)) + 1
+
+
+def _docs_per_partition_epoch(bootstrap, topic, corpus) -> dict[tuple[int, int], int]:
+    out: dict[tuple[int, int], int] = {}
+    for r in read_topic(bootstrap, topic):
+        ts = float(ser.loads(r.value)["ts"])
+        if ts >= corpus.stream_start:
+            k = (r.partition, _stream_epoch(ts, corpus))
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
+SCALED_PARTITION = 1
+
+
+@pytest.fixture
+def scaling_sketcher(monkeypatch):
+    """Patch the sketchers' checkpoints: partition 1's epoch sketches are written with their
+    m1 accumulator ×100 (what a buggy strategy would write; signed like any record)."""
+    original = PartitionState.to_bytes
+
+    def to_bytes(self):
+        if self.partition != SCALED_PARTITION or not self.epochs:
+            return original(self)
+        sub = next(iter(self.epochs.values())).subspace
+        copy = PartitionState.from_bytes(original(self), sub)
+        for sk in copy.epochs.values():
+            sk._flush_pending()
+            sk.m1 *= 100.0
+            sk.comp["m1"] *= 100.0
+        return original(copy)
+
+    monkeypatch.setattr(PartitionState, "to_bytes", to_bytes)
+
+
+@pytest.mark.slow
+def test_a_sketcher_writing_unclipped_sums_is_left_out_and_releases_continue(
+        kafka_broker, tmp_path, scaling_sketcher):
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(600, 1600, 2, seed=3)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=None)
+    pipe, url = _start(cfg)
+    try:
+        produce(bootstrap, names.documents, corpus.records())
+        send_control(bootstrap, names, "flush")
+        pipe.wait_released(corpus.epochs, timeout=120)
+        samples = scrape_until(url, lambda m: metric(m, "streamdp_releases_total",
+                                                     outcome="published") >= corpus.epochs,
+                               15, "the release metrics of the last epoch")
+    finally:
+        pipe.stop()
+    # refused loudly: one partition's sums for each epoch, none for their MAC
+    assert metric(samples, "streamdp_state_records_refused_total",
+                  reason="implausible") == corpus.epochs
+    assert metric(samples, "streamdp_state_records_refused_total", reason="mac") == 0
+    assert metric(samples, "streamdp_releases_ended", reason="other") == 0
+    # the schedule is not changed: one snapshot per epoch, each from partition 0's documents only
+    by_epoch = snapshots_by_epoch(bootstrap, names.snapshots)
+    assert sorted(by_epoch) == list(range(1, corpus.epochs + 1))
+    assert_one_snapshot_per_epoch(by_epoch)
+    counts = _docs_per_partition_epoch(bootstrap, names.documents, corpus)
+    assert counts.get((SCALED_PARTITION, 1), 0) > 0          # the attack had something to hit
+    for t in range(1, corpus.epochs + 1):
+        kept = sum(n for (p, e), n in counts.items() if p != SCALED_PARTITION and e <= t)
+        assert by_epoch[t][0].n_docs == kept, (t, by_epoch[t][0].n_docs, kept)
+
+
+def _bad_records(cfg, honest: dict[int, object], other_prefix: str) -> list[tuple[str, bytes, dict, str]]:
+    """(what, payload, meta, key) of each attack on partition 1's state key, built from the
+    honest records: a huge next_offset and m1 ×100, so an accepted one would show."""
+    key1 = state_key(cfg.topics.documents, 1)
+    rec1 = honest[1]
+    payload = rec1.payload
+    meta = {**{k: v for k, v in rec1.meta.items() if k != "mac"}, "next_offset": 10**9}
+    deployment_key = control.load_key(cfg)
+    return [
+        ("forged: no MAC", payload, meta, key1),
+        ("forged: another key", payload,
+         StateAuth(b"k" * 32, cfg.topic_prefix).sign(key1, payload, meta), key1),
+        ("replayed from another deployment (same key file, other prefix)", payload,
+         StateAuth(deployment_key, other_prefix).sign(key1, payload, meta), key1),
+        ("replayed from partition 0", honest[0].payload, dict(honest[0].meta), key1),
+    ]
+
+
+@pytest.mark.slow
+def test_forged_and_replayed_state_records_are_refused_and_a_clean_run_is_unaffected(
+        kafka_broker, tmp_path):
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(600, 1600, 2, seed=4)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=None)
+    pipe, url = _start(cfg)
+    total = len(corpus.texts)
+    try:
+        produce(bootstrap, names.documents, corpus.records())
+        rel = pipe.release
+
+        strategy = pipe.sketchers[0].strategy
+
+        def quiet():
+            """Epoch 1 released (its documents' progress passed its end), epoch 2 waiting for
+            the flush, and the sketcher idle: every document and the epochs_closed notice
+            checkpointed and accepted by the release service — no honest write can race the
+            attacks below."""
+            view = rel.partitions.view
+            acc = {} if view is None else dict(view.accepted)
+            epoch = -1 if rel.continual is None else rel.continual.epoch
+            return (epoch >= 1 and sorted(acc) == [0, 1] and not strategy.dirty
+                    and sum(int(r.meta["next_offset"]) for r in acc.values()) == total
+                    and all(int(r.meta["closed_through"]) >= epoch for r in acc.values()) and acc)
+        honest = wait_for(quiet, 90, "epoch 1 released and the sketcher idle", check=pipe.check)
+        assert rel.continual.epoch < corpus.epochs        # the flush below releases the rest
+        # the attacks: each becomes the newest record of partition 1 in turn
+        store = StateStore(Producer({"bootstrap.servers": bootstrap}), bootstrap, names.state,
+                           owns_producer=True)
+        for n, (what, payload, meta, key) in enumerate(_bad_records(cfg, honest, "other.deployment"), 1):
+            store.write(key, payload, meta=meta)
+            wait_for(lambda: rel.partitions.unauthentic >= n, 30, f"refusal of {what}",
+                     check=pipe.check)
+            assert rel.partitions.view.accepted[1] is honest[1], what
+        store.close()
+        send_control(bootstrap, names, "flush")
+        pipe.wait_released(corpus.epochs, timeout=120)
+        samples = scrape_until(url, lambda m: metric(m, "streamdp_releases_total",
+                                                     outcome="published") >= corpus.epochs,
+                               15, "the release metrics of the last epoch")
+    finally:
+        pipe.stop()
+    assert metric(samples, "streamdp_state_records_refused_total", reason="mac") == 4
+    assert metric(samples, "streamdp_state_records_refused_total", reason="implausible") == 0
+    # exactly the clean run: the engine on every document
+    by_epoch = snapshots_by_epoch(bootstrap, names.snapshots)
+    assert_one_snapshot_per_epoch(by_epoch)
+    for eng in engine_snapshots(corpus, epsilon=None):
+        svc = by_epoch[eng.epoch][0]
+        assert svc.n_docs == eng.n_docs
+        np.testing.assert_allclose(svc.topic_word, eng.topic_word, rtol=0, atol=1e-8)
