@@ -586,7 +586,8 @@ def kill_during_checkpoint(p: SketcherProcess, bootstrap: str, state_topic: str,
 #:   after_persist  - the release state / subspace is on Kafka, the ledger not yet committed
 #:   after_commit   - committed on the ledger, nothing published yet
 #:   after_publish  - the snapshot is published, ``epochs_closed`` not yet sent (tree only)
-KILL_POINTS = ("after_reserve", "after_noise", "after_persist", "after_commit", "after_publish")
+KILL_POINTS = ("after_reserve", "after_noise", "after_persist", "after_commit",
+               "before_post_process", "after_publish")
 
 RELEASE_KILLER = r'''
 import json, os, signal, sys
@@ -618,7 +619,17 @@ def wrap(cls, name, after):
 if point == "after_reserve":
     wrap(Accountant, "reserve", lambda self, tok, *a, **kw: tok.id == what and die(point))
 elif point == "after_noise":
-    wrap(ContinualRelease, "close_epoch", lambda self, snap, *a, **kw: self.epoch == epoch and die(point))
+    wrap(ContinualRelease, "draw_epoch", lambda self, out, *a, **kw: self.epoch == epoch and die(point))
+elif point == "before_post_process":
+    # the draw is persisted (issue 23 item 4); die before any post-processing, leaving the
+    # noised count of the draw for the test to find in the restarted service's snapshot
+    original_post = ContinualRelease.post_process
+    def post_process(self):
+        if self.epoch == epoch:
+            Path(str(marker) + ".count").write_text(repr(float(self.pending[0].sketch.count)))
+            die(point)
+        return original_post(self)
+    ContinualRelease.post_process = post_process
 elif point in ("after_persist", "after_commit"):
     key = {"warmup": control.SUBSPACE_KEY, "vocabulary": control.VOCABULARY_KEY}.get(
         what, control.RELEASE_STATE_KEY)

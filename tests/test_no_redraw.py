@@ -108,3 +108,64 @@ def test_the_pending_draw_survives_a_checkpoint():
     assert cr.pending is not None and cr.pending[1] == {"s2": 1.0}
     with pytest.raises(continual_mod.PendingRelease):
         cr.draw_epoch(None)
+
+
+# ------------------------------------------------------------------ the release service
+def test_release_service_persists_the_draw_and_post_processes_it_after_a_crash(
+        kafka_broker, tmp_path, monkeypatch):
+    """The release service's post-processing of epoch 1 raises (a crash of the service): the
+    next release service on the same deployment publishes epoch 1 from the *persisted* draw —
+    the same noised sums reach the decomposition — and the ledger shows one reservation."""
+    import threading
+
+    from service_helpers import (Pipeline, fresh_topics, make_config, make_corpus, send_control,
+                                 wait_for)
+    from streamdp.privacy.ledger import FileLedger
+    from streamdp.services.produce import produce
+    from streamdp.services.release import ReleaseService
+
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(4000, 6000, 2, seed=3)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=2.0, noise_seed=11)
+    real = continual_mod.decompose_sums
+    seen = []          # the noised sums each decomposition of epoch 1 received
+
+    def broken(noisy, *a, **kw):
+        seen.append(np.concatenate([[noisy.count], noisy.m1, noisy.z.ravel(), noisy.s3.ravel()]))
+        if len(seen) == 1:
+            raise FloatingPointError("injected failure in the decomposition of epoch 1")
+        return real(noisy, *a, **kw)
+
+    monkeypatch.setattr(continual_mod, "decompose_sums", broken)
+    pipe = Pipeline(cfg, sketchers=1)
+    second = thread = None
+    try:
+        pipe.start()
+        produce(bootstrap, names.documents, corpus.records())
+        send_control(bootstrap, names, "flush")
+        wait_for(lambda: pipe.errors, 120, "the injected failure in the release service")
+        assert "injected failure" in repr(pipe.errors[0])
+        wait_for(lambda: not [t for t in pipe.threads if t.name == "release" and t.is_alive()],
+                 30, "the failed release service to stop")
+        assert pipe.release.published is None          # nothing of epoch 1 left the process
+        second = ReleaseService(cfg)                    # the restart
+        assert second.continual.pending is not None     # the draw is in the persisted state
+        thread = threading.Thread(target=lambda: second.run(install_signals=False), daemon=True)
+        thread.start()
+        wait_for(lambda: second.published is not None and second.published[0].epoch >= 2, 120,
+                 "the releases after the restart")
+    finally:
+        if second is not None:
+            second.stop()
+            thread.join(30)
+        pipe.errors.clear()
+        pipe.release = None
+        pipe.stop()
+    # epoch 1's decomposition ran twice (the failure, the restart) on the same noised sums
+    assert len(seen) >= 3
+    np.testing.assert_array_equal(seen[0], seen[1])
+    recs = FileLedger(cfg.ledger).read()
+    labels = [r.payload.get("label") for r in recs if r.kind == "reserve"]
+    assert [x for x in labels if x.startswith("tree:")] == ["tree:epoch=1", "tree:epoch=2"]
+    assert {r.key for r in recs if r.kind == "reserve"} == {r.key for r in recs if r.kind == "commit"}

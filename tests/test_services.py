@@ -381,7 +381,8 @@ KILL_CASES = [(None, "none", "tree")] + [(p, "tree:epoch=1", "tree") for p in
                                          ("after_reserve", "after_noise", "after_persist",
                                           "after_commit", "after_publish")] + [
     ("after_reserve", "warmup", "tree"), ("after_persist", "warmup", "tree")] + [
-    (p, "tree:epoch=1", "blt") for p in ("after_reserve", "after_noise", "after_persist")]
+    (p, "tree:epoch=1", "blt") for p in ("after_reserve", "after_noise", "after_persist",
+                                         "before_post_process")]
 
 
 @pytest.mark.parametrize("point,what,aggregator", KILL_CASES,
@@ -446,6 +447,11 @@ def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, poin
     assert sorted(by_epoch) == [1, 2]                   # every epoch released ...
     assert_one_snapshot_per_epoch(by_epoch)             # ... once
     assert by_epoch[2][0].release_id == last.release_id
+    if point == "before_post_process":
+        # killed after the draw was persisted: the restart post-processed that draw (its
+        # noised count is the snapshot's), it did not draw epoch 1 again (issue 23 item 4)
+        drawn = float(Path(str(proc.marker) + ".count").read_text())
+        assert by_epoch[1][0].n_docs == drawn
 
     acc = Accountant(cfg.epsilon, cfg.delta, cfg.ledger)
     rep = acc.report()

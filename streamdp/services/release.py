@@ -344,7 +344,9 @@ class ReleaseService:
                 if self.refinement is not None:
                     for m in obj.get("refinement_models") or []:
                         self.fold_models.released(RefinementModel.from_dict(m))
-                    self.fold_models.close_through(self.continual.epoch)
+                    # a pending draw's epoch gets its model when it is post-processed
+                    self.fold_models.close_through(self.continual.epoch
+                                                   - (self.continual.pending is not None))
                 if obj.get("last_snapshot"):
                     snap = self._state_snapshot = TopicSnapshot.from_bytes(obj["last_snapshot"])
                     if self.refinement is not None and not self.fold_models.models:
@@ -478,6 +480,11 @@ class ReleaseService:
             if self._closable(0, states, partitions) and self._check_writer():
                 self._release_warmup(self._load_states(states))
             return
+        if self.continual.pending is not None:
+            # an epoch drawn and persisted, not yet post-processed (a failure, a restart):
+            # finish it from its noised values before anything else; never draw it again
+            if not self._check_writer() or not self._release_pending():
+                return
         loaded = None      # partition states decoded once per step, however many epochs close
         while (not self._stop.is_set() and self.continual.epoch < self.continual.epoch_limit
                and self._closable(self.continual.epoch + 1, states, partitions)):
@@ -677,7 +684,7 @@ class ReleaseService:
         model_epoch = None if self.refinement is None else model_epoch_for(epoch, self.refinement.model_lag)
         refined = model_epoch is not None
         try:
-            snap = self.continual.close_epoch(sums, refined=refined)   # reserve → draw
+            self.continual.draw_epoch(sums, refined=refined)   # reserve → draw
         except (BudgetExhausted, DocumentCountExceeded) as exc:
             # DocumentCountExceeded: the rounding premise max_documents_per_sum (nothing reserved)
             self._refused(exc)
@@ -688,6 +695,22 @@ class ReleaseService:
             log.error("%s", exc)
             self._releases_ended(ENDED_HORIZON, str(exc))
             return False
+        # The draw is persisted (and its reservation committed) before any post-processing
+        # (issue 23 item 4): if eigh, the power method, the projection or the denoising raise,
+        # or the process dies, the next step or start post-processes these noised values
+        # again; it never draws the epoch again (that would be rejection sampling).
+        if not self._write_state():                      # → persist the draw → commit
+            return False
+        return self._release_pending(t0, n_parts)
+
+    def _release_pending(self, t0: float | None = None, n_parts: int | None = None) -> bool:
+        """Post-process the persisted draw of the last closed epoch, persist its snapshot,
+        publish. A function of noised values only: safe to repeat after a failure."""
+        t0 = time.perf_counter() if t0 is None else t0
+        epoch = self.continual.epoch
+        model_epoch = None if self.refinement is None else model_epoch_for(epoch, self.refinement.model_lag)
+        refined = model_epoch is not None
+        snap = self.continual.post_process()
         privacy = add_budget_context(
             snap.privacy, epsilon=self.cfg.epsilon, delta=self.cfg.delta, rho_budget=self.rho,
             warmup_events=self.subspace.provenance.get("events", []), accountant=self.accountant,
@@ -705,7 +728,7 @@ class ReleaseService:
         drawn = replace(snap, privacy=privacy, vocabulary_id=self.vocabulary.id)
         if self.refinement is not None:       # keep the last L models (all a sketcher may need)
             self.fold_models.add_snapshot(drawn)
-        if not self._write_state(drawn):                 # → persist → commit
+        if not self._write_state(drawn):                 # → persist the snapshot
             return False                                 # (drawn never leaves the process)
         self._publish(drawn)                             # only after persist
         self._send_control("epochs_closed", through=epoch)
@@ -716,8 +739,8 @@ class ReleaseService:
         self.metrics.set_tree(epoch, self.cfg.horizon)
         if self.accountant is not None:
             self.metrics.set_budget_from_report(privacy["accountant"])
-        log.info("epoch %d closed from %d partition sketch(es): release %s in %.2f s", epoch,
-                 n_parts, drawn.release_id, seconds)
+        log.info("epoch %d closed from %s partition sketch(es): release %s in %.2f s", epoch,
+                 "the persisted draw of" if n_parts is None else n_parts, drawn.release_id, seconds)
         return True
 
     def _write_state(self, snapshot: TopicSnapshot | None = None) -> bool:
