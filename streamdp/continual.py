@@ -48,7 +48,8 @@ from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, dd_add, pe
                                        require_within_premise, rounding_bound)
 from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (DEFAULT_MODEL_LAG, FoldInModels, RefinementConfig, RefinementModel,
-                                 RefinementSketch, plan_refinement, refined_topics)
+                                 RefinementSketch, plan_refinement, refined_topics,
+                                 topic_order)
 from streamdp.release import (BudgetSplit, DenoiseConfig, decompose_sums, noise_scales,
                               noise_sums, plan_release)
 from streamdp.snapshot import TopicSnapshot
@@ -304,6 +305,9 @@ class ContinualRelease:
         self.refined_epochs = 0
         # (noised EpochSums, noise sd) of the last draw until its snapshot is made
         self.pending: tuple[EpochSums, dict | None] | None = None
+        # topic identity: the topics last published, so the next spectral snapshot numbers its
+        # topics alike (refined ones continue the rows of the refinement sums)
+        self.published_topics: np.ndarray | None = None
         if rho is not None:
             if not (rho > 0 and math.isfinite(rho)):
                 raise ValueError(f"rho must be a finite number > 0 or None, got {rho!r}")
@@ -468,6 +472,14 @@ class ContinualRelease:
             topic_word, alpha, nts, fold_in = refined_topics(
                 released.refine, sd[REFINE_BLOCK] if sd else 0.0, self.alpha0)
             U = None
+        elif self.published_topics is not None:
+            # a spectral decomposition numbers its topics afresh: align them to the snapshot
+            # published before (the one rule, refinement.topic_order; post-processing)
+            perm = topic_order(topic_word, self.published_topics)
+            topic_word, alpha = topic_word[perm], np.asarray(alpha)[perm]
+            lambdas = np.asarray(lambdas)[perm]
+            U = None if U is None else np.asarray(U)[:, perm]
+        self.published_topics = np.asarray(topic_word, dtype=np.float64)
         if blt:
             aggregator_fields = {
                 "blt": {**self.blt_params.to_dict(), "nbuf": self.blt_params.nbuf,
@@ -511,16 +523,23 @@ class ContinualRelease:
         pending = None if self.pending is None else {
             "sums": self.pending[0].to_dict(),
             "sd": None if self.pending[1] is None else {k: float(v) for k, v in self.pending[1].items()}}
+        published = (None if self.published_topics is None
+                     else ser.pack_array(self.published_topics))     # public values
         if self.tree is None:
             return {"kind": "continual_exact", "v": 1, "epoch": self._exact_epoch,
                     "refined_epochs": self.refined_epochs, "pending": pending,
+                    "published_topics": published,
                     "sums": None if self._exact is None else self._exact.to_dict()}
         state = self.tree.state_dict(lambda s: s.to_dict())
         return {"horizon": self.horizon, **state, "refined_epochs": self.refined_epochs,
-                "documents_released": self.documents_released, "pending": pending}
+                "documents_released": self.documents_released, "pending": pending,
+                "published_topics": published}
 
     def load_state(self, state: dict) -> "ContinualRelease":
         self.refined_epochs = int(state.get("refined_epochs", 0))
+        published = state.get("published_topics")     # absent in states before topic identity
+        self.published_topics = (None if published is None else np.asarray(
+            ser.unpack_array(published, name="published_topics"), dtype=np.float64))
         self.documents_released = int(state.get("documents_released", 0))
         pending = state.get("pending")
         self.pending = None if pending is None else (EpochSums.from_dict(pending["sums"]),

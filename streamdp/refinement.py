@@ -334,12 +334,25 @@ class RefinementModel:
         return np.ascontiguousarray(rounding.collapse(T, T_lo).T), n
 
 
+def topic_order(topic_word: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """THE topic-identity rule (docs/consumers.md §Topic identity): the permutation ``perm``
+    such that ``topic_word[perm]`` numbers its topics as ``reference`` does — the assignment
+    (Hungarian) of minimum total L1 distance between matched rows. Used for every published
+    spectral snapshot against the snapshot published before it (ContinualRelease) and for the
+    fold-in models (FoldInModels.add_snapshot), so published rows, models and refinement sums
+    share one numbering. Pure post-processing of released values."""
+    from scipy.optimize import linear_sum_assignment
+    ref = np.asarray(reference, dtype=np.float64)
+    B = np.asarray(topic_word, dtype=np.float64)
+    cost = np.abs(ref[:, None, :] - B[None, :, :]).sum(axis=2)
+    _, perm = linear_sum_assignment(cost)        # reference row i <- row perm[i]
+    return perm
+
+
 def align_topics(model: RefinementModel, reference: RefinementModel) -> RefinementModel:
     """``model`` with its topics (rows of Φ and entries of α) permuted to the best match of
-    ``reference``'s (minimum total L1 distance between matched rows)."""
-    from scipy.optimize import linear_sum_assignment
-    cost = np.abs(reference.topic_word[:, None, :] - model.topic_word[None, :, :]).sum(axis=2)
-    _, perm = linear_sum_assignment(cost)        # reference row i <- model row perm[i]
+    ``reference``'s (:func:`topic_order`)."""
+    perm = topic_order(model.topic_word, reference.topic_word)
     return RefinementModel(np.ascontiguousarray(model.topic_word[perm]), model.alpha[perm].copy(),
                            model.model_id, model.fold_in_iter, model.epoch)
 
@@ -391,13 +404,14 @@ class FoldInModels:
 
         Topic identity: the refinement sums of all epochs are added row by row, so every model
         must number its topics alike. A refined snapshot continues the rows of those sums; a
-        spectral one (snapshots 1 … L, before the first refined epoch) numbers its topics
-        afresh, so its model's rows are permuted to the best match (L1, assignment) of the
-        oldest model kept — snapshot 1 while any spectral one is released. Post-processing of
+        spectral one (snapshots 1 … L, before the first refined epoch) is published already
+        aligned to the snapshot before it (:func:`topic_order`, ContinualRelease); its model is
+        aligned by the same rule to the newest model kept — the previous snapshot's — which is
+        then the identity, and guards a snapshot published before the rule. Post-processing of
         public snapshots: the rule's privacy argument is unchanged."""
         model = RefinementModel.from_snapshot(snap, fold_in_iter=fold_in_iter)
         if getattr(snap, "stage", "spectral") != "refined" and self.models:
-            model = align_topics(model, self.models[min(self.models)])
+            model = align_topics(model, self.models[max(self.models)])
         self.released(model, closed_through)
         return model
 
