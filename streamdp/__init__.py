@@ -3,6 +3,7 @@
 Public entry points: :class:`StreamingSpectralLDA`, :func:`fit`, the sketch
 :class:`WhitenedSketch`, and :class:`TopicSnapshot`.
 """
+from streamdp.cluster_start import ClusterStartConfig
 from streamdp.continual import ContinualRelease
 from streamdp.estimator import StreamingSpectralLDA, fit
 from streamdp.moments.clipping import ClipBounds
@@ -11,10 +12,11 @@ from streamdp.privacy.epochs import EpochClock
 from streamdp.refinement import RefinementConfig
 from streamdp.release import BudgetSplit
 from streamdp.snapshot import TopicSnapshot
+from streamdp.start import PublicStart
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch
 
 __all__ = ["StreamingSpectralLDA", "fit", "ClipBounds", "SketchSums", "WhitenedSketch",
            "BudgetSplit", "TopicSnapshot", "Subspace", "WarmupSketch", "ContinualRelease",
-           "EpochClock", "RefinementConfig"]
+           "EpochClock", "RefinementConfig", "ClusterStartConfig", "PublicStart"]
 __version__ = "0.1.0"

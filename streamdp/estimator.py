@@ -9,12 +9,14 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 
+from streamdp.cluster_start import ClusterStartConfig
 from streamdp.continual import ContinualRelease, EpochSketches
 from streamdp.documents import as_count_batch
 from streamdp.moments.clipping import WARMUP_NORMALISING_CLIP, ClipBounds
 from streamdp.moments.sketch import WhitenedSketch
 from streamdp.privacy.conversions import zcdp_rho
-from streamdp.privacy.events import STREAM, WARMUP, BudgetSpender, EventLog, GaussianEvent
+from streamdp.privacy.events import (STREAM, WARMUP, BudgetSpender, EventLog, GaussianEvent,
+                                     sigma_for_rho)
 from streamdp.privacy.epochs import EpochClock
 from streamdp.privacy.noise import (DEFAULT_SAMPLER, GaussianSampler, make_sampler,
                                    require_production_sampler)
@@ -27,9 +29,10 @@ from streamdp.privacy.user_bounding import (DEFAULT_MAX_USERS, SCHEDULES, UserBo
 from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch, epoch_refined,
                                  plan_refinement, refined_topics)
-from streamdp.release import (MECHANISMS, WARMUP_SHARE, BudgetSplit, DenoiseConfig, release_topics,
-                              warmup_plan)
+from streamdp.release import (MECHANISMS, WARMUP_SHARE, BudgetSplit, DenoiseConfig,
+                              block_sensitivities, release_topics, warmup_plan)
 from streamdp.snapshot import TopicSnapshot
+from streamdp.start import AUTO_COUNT_SHARE, PublicStart, check_start, choose_start
 from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.warmup import WarmupSketch
 
@@ -161,6 +164,18 @@ class StreamingSpectralLDA:
                                    returns them and fulfils an unfinished draw, never spending twice.
                                    Default (in-memory ledger): a fresh random id
 
+    start : {"auto", "tensor", "cluster"} or PublicStart
+                                   how the one-shot refinement path (:func:`fit`) starts:
+                                   "tensor" the private spectral release; "cluster" the private
+                                   clustering start in the warm-up subspace
+                                   (:mod:`streamdp.cluster_start`); a :class:`PublicStart`:
+                                   topics the operator fitted on public documents (no budget,
+                                   recorded as public input); "auto" (default): the start rule
+                                   (:func:`streamdp.start.choose_start`, docs/privacy.md) on a
+                                   noised document count
+    cluster_start : ClusterStartConfig, optional
+                                   iterations and budget shares of the clustering start
+
     Attributes
     ----------
     subspace_dim_ : int            k'
@@ -189,7 +204,8 @@ class StreamingSpectralLDA:
                  max_docs_per_user_epoch: int | None = None,
                  max_docs_per_user: int | None = None, user_weights: str = "uniform",
                  max_users: int = DEFAULT_MAX_USERS, non_private: bool = False,
-                 non_production: bool = False):
+                 non_production: bool = False, start="auto",
+                 cluster_start: ClusterStartConfig | None = None):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
             raise ValueError(f"seed must be an integer or None, got {seed!r}")
         self.n_topics = _check_positive_int("n_topics", n_topics)
@@ -259,6 +275,12 @@ class StreamingSpectralLDA:
             raise ValueError("refinement must be a streamdp.RefinementConfig, True or None, "
                              f"got {type(refinement).__name__}")
         self.refinement = refinement
+        self.start = check_start(start)
+        if cluster_start is not None and not isinstance(cluster_start, ClusterStartConfig):
+            raise ValueError("cluster_start must be a streamdp.ClusterStartConfig or None, "
+                             f"got {type(cluster_start).__name__}")
+        self.cluster_start_config = cluster_start or ClusterStartConfig()
+        self.start_choice_: dict | None = None
         if warmup_boundary not in WARMUP_BOUNDARIES:
             raise ValueError(f"warmup_boundary must be one of {WARMUP_BOUNDARIES}, got {warmup_boundary!r}")
         if not 0 < warmup_share < 1:
@@ -542,6 +564,139 @@ class StreamingSpectralLDA:
                               label=self._draw_label("release"))
         return self._finish_snapshot(snap)
 
+    # ------------------------------------------------------------------ starts
+    def _start(self, stream, fraction: float, *, users=None) -> float:
+        """Release the start of a one-shot refinement with ``fraction`` of the stream ρ, by
+        :attr:`start` (the "auto" rule included); returns the share left for the passes."""
+        start = self.start
+        if isinstance(start, PublicStart):
+            self.public_start(start)
+            return 1.0              # the start spent nothing: the passes get everything
+        auto_count = start == "auto" and self.rho_ is not None and self.privacy_unit == "document"
+        if start == "auto":
+            if not auto_count:
+                # no noise: the tensor start is exact; user unit: the clustering start's
+                # sensitivity is per document, so the rule has one candidate
+                start = "tensor"
+            else:
+                start = self.choose_start(AUTO_COUNT_SHARE)["start"]
+                fraction -= AUTO_COUNT_SHARE
+        if start == "cluster":
+            if self.privacy_unit == "user":
+                raise ValueError("the clustering start is per document: with privacy_unit='user' "
+                                 "use start='tensor' or a PublicStart")
+            self.cluster_start(stream, fraction)
+        else:
+            self._spectral_release(fraction, self._spectral_split())
+        return 1.0 - fraction - (AUTO_COUNT_SHARE if auto_count else 0.0)
+
+    def choose_start(self, budget_fraction: float = AUTO_COUNT_SHARE) -> dict:
+        """THE start rule (:func:`streamdp.start.choose_start`) on the stream's document count,
+        noised with ``budget_fraction`` of the stream ρ (sensitivity of the count block).
+        The choice is recorded in ``start_choice_`` and in the next snapshot's report."""
+        if self.sketch_ is None:
+            raise ValueError("choose_start() reads the stream's count: partial_fit(X) first")
+        n = float(self.sketch_.n_docs)
+        if self.rho_ is None:
+            n_noised = n
+            events = []
+        else:
+            require_within_premise(int(n), self.max_documents_per_sum, "start rule count")
+            sens = block_sensitivities(ClipBounds.unclipped(),
+                                       max_documents=self.max_documents_per_sum)["count"]
+            event = GaussianEvent("count", sens, sigma_for_rho(sens, self.stream_rho_ * budget_fraction),
+                                  partition=STREAM, mechanism="start-rule")
+            events = [event]
+            n_noised = float(spend(self._spender if self._spender is not None else EventLog(),
+                                   events, label=self._draw_label("start-count"),
+                                   draw=lambda: self.sampler.add_noise(np.array([n]), event.sigma))[0])
+        rho = None if self.rho_ is None else self.stream_rho_
+        self.start_choice_ = choose_start(n_noised, rho, self.n_topics, self.subspace_.dim)
+        self._stream_events = self._stream_events + events
+        return self.start_choice_
+
+    def cluster_start(self, X, budget_fraction: float) -> TopicSnapshot:
+        """The private clustering start (:mod:`streamdp.cluster_start`) over stream documents
+        ``X`` (a count matrix or the batches of the stream): Lloyd iterations in the warm-up
+        subspace, then one mapping pass to word space, with ``budget_fraction`` of the stream ρ
+        (``lloyd_share`` of it on the iterations). Returns the mapped snapshot (refine next)."""
+        from streamdp.cluster_start import (ClusterMappingModel, Assignment, cluster_sums,
+                                            plan_iteration)
+        if self.subspace_ is None:
+            raise ValueError("cluster_start() works in the warm-up subspace: partial_fit(X) first")
+        cfg = self.cluster_start_config
+        batches = [X] if (sp.issparse(X) or isinstance(X, np.ndarray)) else list(X)
+        Q = self.subspace_.Q
+        k = self.n_topics
+        rule = Assignment.random(k, Q.shape[1], 0 if self.seed is None else int(self.seed))
+        events_all = []
+        it_rho = None if self.rho_ is None else self.stream_rho_ * budget_fraction * cfg.lloyd_share / cfg.iterations
+        noise = {}
+        for _ in range(cfg.iterations):
+            S, counts, n = cluster_sums(batches, Q, rule)
+            if it_rho is not None:
+                require_within_premise(n, self.max_documents_per_sum, "cluster start")
+                ev = plan_iteration(it_rho, cfg.count_share, max_documents=self.max_documents_per_sum)
+                S, counts = spend(self._spender if self._spender is not None else EventLog(), ev,
+                                  label=self._draw_label("cluster"),
+                                  draw=lambda: (self.sampler.add_noise(S, ev[0].sigma),
+                                                self.sampler.add_noise(counts, ev[1].sigma)))
+                events_all += ev
+                noise = {e.block: e.sigma for e in ev}
+            rule = Assignment.from_released(S, counts, rule)
+        model = ClusterMappingModel(Q, rule)
+        sketch = RefinementSketch(*model.shape)
+        for b in batches:
+            sketch.update(b, model)
+        if sketch.n_docs == 0:
+            raise ValueError("cluster_start() got no non-empty documents")
+        if self.rho_ is None:
+            T, sd, map_events = sketch.sums, 0.0, []
+        else:
+            event = plan_refinement(self.stream_rho_ * budget_fraction * (1.0 - cfg.lloyd_share),
+                                    partition=STREAM, mechanism="cluster",
+                                    max_documents=self.max_documents_per_sum)
+            require_within_premise(sketch.n_docs, self.max_documents_per_sum, "cluster mapping")
+            map_events = [event]
+            T = spend(self._spender if self._spender is not None else EventLog(), map_events,
+                      label=self._draw_label("cluster-map"),
+                      draw=lambda: self.sampler.add_noise(sketch.sums, event.sigma))
+            sd = event.sigma
+        topic_word, alpha, nts, fold_in_topics = refined_topics(T, sd, self.alpha0)
+        events = events_all + map_events
+        privacy = release_report(
+            mechanism="cluster", events=events,
+            noise_sd={**noise, REFINE_BLOCK: sd} if events else {}, clip=self.clip, split=None,
+            sampler=self.sampler, power=self.power, denoise_threshold=0.0,
+            max_documents=self.max_documents_per_sum,
+            start={"kind": "cluster", **cfg.to_dict(), "choice": self.start_choice_})
+        snap = TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=np.zeros(k),
+                             n_docs=float(sketch.n_docs) if self.rho_ is None else float(counts.sum()),
+                             privacy=privacy, mechanism="cluster", subspace_id=self.subspace_.id,
+                             stage="refined", noise_to_signal=nts, fold_in_topics=fold_in_topics)
+        return self._finish_snapshot(snap, events)
+
+    def public_start(self, start: PublicStart) -> TopicSnapshot:
+        """Start the refinement from topics fitted on public documents: spends nothing; the
+        report records the public input (:meth:`PublicStart.report`)."""
+        if not isinstance(start, PublicStart):
+            raise ValueError(f"public_start needs a streamdp.PublicStart, got {type(start).__name__}")
+        if self.subspace_ is None:
+            raise ValueError("public_start(): partial_fit(X) first")
+        if start.topic_word.shape != (self.n_topics, self.subspace_.d):
+            raise ValueError(f"the public start has shape {start.topic_word.shape}; this model "
+                             f"needs {(self.n_topics, self.subspace_.d)} (k topics × the vocabulary)")
+        privacy = release_report(mechanism="public-start", events=[], noise_sd={}, clip=self.clip,
+                                 split=None, sampler=self.sampler, power=self.power,
+                                 denoise_threshold=0.0, max_documents=self.max_documents_per_sum,
+                                 start={"kind": "public", **start.report()},
+                                 public_start=start.report())
+        snap = TopicSnapshot(topic_word=start.topic_word, alpha=start.alpha,
+                             eigenvalues=np.zeros(self.n_topics), n_docs=0.0, privacy=privacy,
+                             mechanism="public-start", subspace_id=self.subspace_.id,
+                             stage="public")
+        return self._finish_snapshot(snap, [])
+
     def refine(self, X, budget_fraction: float | None = None, *, users=None) -> TopicSnapshot:
         """One private refinement pass over stream documents under the last released model.
 
@@ -616,7 +771,8 @@ class StreamingSpectralLDA:
             clip=self.clip, split=None, sampler=self.sampler, power=self.power,
             denoise_threshold=0.0, max_documents=self.max_documents_per_sum,
             refinement={**cfg.to_dict(), "model": prev.release_id, "noise_sd": sd,
-                        "passes_done": (prev.privacy.get("refinement") or {}).get("passes_done", 0) + 1})
+                        "passes_done": (prev.privacy.get("refinement") or {}).get("passes_done", 0) + 1},
+            **{key: prev.privacy[key] for key in ("start", "public_start") if key in prev.privacy})
         snap = TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=prev.eigenvalues,
                              n_docs=prev.n_docs, privacy=privacy, mechanism=prev.mechanism,
                              subspace_id=prev.subspace_id, epoch=prev.epoch, stage="refined",
@@ -766,10 +922,10 @@ def fit(counts, n_topics: int, *, alpha0: float = 1.0, epsilon: float | None = N
     cfg = model.refinement
     if cfg is None:
         return model.release()
-    model._spectral_release(1.0 - cfg.share, model._spectral_split())
+    passes_share = model._start(stream, 1.0 - cfg.share, users=stream_users)
     snap = None
     for _ in range(cfg.passes):
-        snap = model.refine(stream, budget_fraction=cfg.share / cfg.passes, users=stream_users)
+        snap = model.refine(stream, budget_fraction=passes_share / cfg.passes, users=stream_users)
     return snap
 
 

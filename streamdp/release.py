@@ -151,7 +151,10 @@ def warmup_plan(rho: float | None, *, privacy_unit: str = "document",
 #: clip bound behind each noised block (refinement's topic_word sums have norm ≤ 1 per document)
 _BLOCK_CLIP = {"count": lambda c: 1.0, "m1": lambda c: c.m1, "s1": lambda c: c.m1,
                "z": lambda c: c.z, "s2": lambda c: c.z, "s3": lambda c: c.s3,
-               "warmup": lambda c: c.warmup, "topic_word": lambda c: 1.0}
+               "warmup": lambda c: c.warmup, "topic_word": lambda c: 1.0,
+               # the clustering start (streamdp.cluster_start): y = clip₁(Qᵀc/‖c‖₂) per cluster
+               # row, and one count per document
+               "cluster_sums": lambda c: 1.0, "cluster_counts": lambda c: 1.0}
 
 
 def block_sensitivities(clip: ClipBounds, *,

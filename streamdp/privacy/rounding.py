@@ -77,7 +77,10 @@ MAX_DOCUMENTS_LIMIT = 10 ** 12
 VOCABULARY_MAX = 4_000_000
 
 #: blocks whose per-document terms are all non-negative (no cancellation): M_b = C_b
-_NON_NEGATIVE = ("count", "m1", "topic_word")
+_NON_NEGATIVE = ("count", "m1", "topic_word", "cluster_counts")
+#: blocks whose per-document terms are the entries of the clipped, computed vector itself
+#: (signed, but the pre-cancellation magnitude ‖|y|‖ = ‖y‖ ≤ C_b): M_b = C_b
+_DIRECT = ("cluster_sums",)
 
 
 def gamma(m: int) -> float:
@@ -104,7 +107,7 @@ def per_document_magnitude(block: str, clip_value: float) -> float:
     :data:`MAGNITUDE_FACTOR` × C_b (:mod:`streamdp.moments.clipping`).
     """
     c = float(clip_value) * (1.0 + CLIP_HEADROOM)
-    return c if block in _NON_NEGATIVE else MAGNITUDE_FACTOR * c
+    return c if block in _NON_NEGATIVE + _DIRECT else MAGNITUDE_FACTOR * c
 
 
 def rounding_bound(block: str, clip_value: float,

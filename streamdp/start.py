@@ -1,0 +1,128 @@
+"""How a one-shot refinement starts: the start choices, the public start, and THE start rule.
+
+The refinement passes (:mod:`streamdp.refinement`) need a public model to fold documents into.
+Three starts exist (issue 22, DESIGN §9):
+
+* ``"tensor"``: the private spectral release (tensor power method) — exact on large streams;
+* ``"cluster"``: the private clustering start in the warm-up subspace
+  (:mod:`streamdp.cluster_start`) — k×k′ noisy sums instead of a k′³ tensor, so it works
+  at 20–50k stream documents;
+* a :class:`PublicStart`: topics the operator fitted without privacy on documents it
+  declares public. It spends nothing and is recorded in the privacy report as public input.
+
+``"auto"`` applies :func:`choose_start` to a noised document count (docs/privacy.md, "The
+start rule"): the choice reads only that released value, ρ and the public shape (k, k′).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+START_CHOICES = ("auto", "tensor", "cluster")
+#: share of the stream ρ the "auto" rule spends on its noised document count (taken from the
+#: start's share): at ε = 1, δ = 10⁻⁶ its σ is ≈ 53 documents
+AUTO_COUNT_SHARE = 0.01
+#: the tensor start is chosen when its signal-to-noise index reaches this (measured:
+#: synthetic LDA d = 1000, k = 10, 200k documents at ε = 1 has index ≈ 42, where the tensor
+#: is near exact; Debian d = 5000, k = 20, 38.7k documents at ε = 4 has ≈ 5, where it is noise)
+TENSOR_MIN_INDEX = 15.0
+
+
+def tensor_index(n_docs: float, rho: float, k: int, k_prime: int) -> float:
+    """ñ·√(2ρ) / (k·k′^{3/2}): the tensor start's signal-to-noise, up to a constant.
+
+    The whitened third moment's signal per topic grows like n/k; the Gaussian noise on the
+    k′×k′×k′ tensor has Frobenius norm σ·k′^{3/2} with σ ∝ 1/√(2ρ). Non-private (ρ None): ∞."""
+    if rho is None:
+        return math.inf
+    return max(float(n_docs), 0.0) * math.sqrt(2.0 * rho) / (k * k_prime ** 1.5)
+
+
+def choose_start(n_docs_noised: float, rho: float | None, k: int, k_prime: int) -> dict:
+    """THE start rule: "tensor" when :func:`tensor_index` ≥ TENSOR_MIN_INDEX, else "cluster".
+    Reads only a released (noised) count, the public ρ and the public shape."""
+    idx = tensor_index(n_docs_noised, rho, k, k_prime)
+    return {"start": "tensor" if idx >= TENSOR_MIN_INDEX else "cluster",
+            "rule": f"tensor iff n_noised*sqrt(2 rho)/(k*k'^1.5) >= {TENSOR_MIN_INDEX:g}",
+            "n_docs_noised": float(n_docs_noised), "index": idx if math.isfinite(idx) else None}
+
+
+@dataclass(frozen=True, eq=False)
+class PublicStart:
+    """Topics fitted without privacy on documents the operator declares public.
+
+    topic_word : (k, d)   rows on the simplex (made strictly positive and renormalised)
+    alpha : (k,)          Dirichlet weights
+    source : str          what the public documents are (goes into the privacy report)
+    n_public_docs : int   how many public documents (reported)
+    """
+
+    topic_word: np.ndarray
+    alpha: np.ndarray
+    source: str
+    n_public_docs: int = 0
+    details: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        B = np.asarray(self.topic_word, dtype=np.float64)
+        if B.ndim != 2 or not np.all(np.isfinite(B)) or (B < 0).any():
+            raise ValueError("a public start's topic_word must be a finite, non-negative k × d array")
+        B = B + 1e-12
+        B = B / B.sum(axis=1, keepdims=True)
+        a = np.asarray(self.alpha, dtype=np.float64).ravel()
+        if a.shape != (B.shape[0],) or not np.all(np.isfinite(a)) or (a <= 0).any():
+            raise ValueError(f"a public start's alpha must be {B.shape[0]} positive numbers")
+        if not isinstance(self.source, str) or not self.source.strip():
+            raise ValueError("a public start needs source='...': say which public documents it "
+                             "was fitted on (it is recorded in every privacy report)")
+        object.__setattr__(self, "topic_word", B)
+        object.__setattr__(self, "alpha", a)
+
+    @property
+    def n_topics(self) -> int:
+        return self.topic_word.shape[0]
+
+    @property
+    def start_id(self) -> str:
+        return hashlib.sha256(self.topic_word.tobytes() + self.alpha.tobytes()).hexdigest()[:16]
+
+    def report(self) -> dict:
+        """What the privacy report records: public input, no budget."""
+        return {"public_input": True, "rho": 0.0, "source": self.source,
+                "n_public_docs": int(self.n_public_docs), "start_id": self.start_id,
+                "note": "topics fitted without privacy on documents the operator declared "
+                        "public; the operator vouches that they are public"}
+
+    @classmethod
+    def fit(cls, public_counts, n_topics: int, *, source: str, alpha0: float = 1.0,
+            seed: int | None = None, warmup_fraction: float = 0.3, **kwargs) -> "PublicStart":
+        """Fit topics on public documents with :func:`streamdp.fit` without privacy (warm-up
+        the first ``warmup_fraction`` of the rows; the refinement at its defaults)."""
+        from streamdp.documents import as_count_batch
+        from streamdp.estimator import fit
+        X = as_count_batch(public_counts)
+        n = X.shape[0]
+        n_warm = min(max(int(round(warmup_fraction * n)), 1), n - 1)
+        if n < 2:
+            raise ValueError("a public start needs at least 2 public documents")
+        snap = fit(X, n_topics, alpha0=alpha0, warmup_docs=n_warm, seed=seed, non_private=True,
+                   **kwargs)
+        return cls(snap.topic_word, snap.alpha, source, n, {"release_id": snap.release_id})
+
+    @classmethod
+    def from_snapshot(cls, snap, *, source: str) -> "PublicStart":
+        """A snapshot fitted on public documents (e.g. a non-private ``fit``) as a start."""
+        return cls(snap.topic_word, snap.alpha, source, int(round(float(snap.n_docs))),
+                   {"release_id": snap.release_id})
+
+
+def check_start(start):
+    if isinstance(start, PublicStart):
+        return start
+    if start not in START_CHOICES:
+        raise ValueError(f"start must be one of {START_CHOICES} or a streamdp.PublicStart, "
+                         f"got {start!r}")
+    return start

@@ -1,0 +1,167 @@
+"""The private clustering start and the public start (issue 22; streamdp.cluster_start,
+streamdp.start).
+
+Privacy promises tested here, each against an adversary:
+- a document built for maximal influence (one word repeated, a word on Q's largest row, a
+  long document, a document the rounding pushes past norm 1) adds at most the declared
+  sensitivity to the cluster sums, the counts and the mapping sum, and never changes another
+  document's cluster (assignments read only that document and released values);
+- every draw of the start goes through the accountant, and a fit spends exactly the stream ρ;
+- a public start spends nothing on the start and says so in the report;
+- the start rule reads only a noised count, ρ and the public shape.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import streamdp
+from streamdp import cluster_start as C
+from streamdp import refinement as R
+from streamdp.privacy.accountant import Accountant
+from streamdp.privacy.conversions import zcdp_rho
+from streamdp.privacy.memory_ledger import MemoryLedger
+from streamdp.release import block_sensitivities
+from streamdp.moments.clipping import ClipBounds
+from streamdp.start import PublicStart, TENSOR_MIN_INDEX, choose_start, tensor_index
+from streamdp.synthetic import make_lda_model, sample_documents
+
+
+@pytest.fixture(scope="module")
+def lda():
+    model = make_lda_model(60, 4, alpha0=1.0, beta=0.1, seed=3)
+    X = sample_documents(model, 6_000, mean_length=40, seed=4)
+    return model, X
+
+
+def _basis(rng, d=60, kp=8):
+    Q, _ = np.linalg.qr(rng.standard_normal((d, kp)))
+    return Q
+
+
+def _adversarial_documents(Q):
+    d = Q.shape[0]
+    top = int(np.argmax(np.einsum("ij,ij->i", Q, Q)))       # the word Q weights most
+    docs = [np.eye(d)[top] * 10 ** 6,                       # one word, repeated a million times
+            np.ones(d) * 1e9,                               # every word, huge counts
+            np.eye(d)[top] * 2 ** 52 + np.ones(d),          # counts at float64's integer limit
+            np.r_[np.full(d // 2, 3.0), np.zeros(d - d // 2)]]
+    return sp.csr_matrix(np.vstack(docs))
+
+
+def test_sensitivities_are_the_clip_plus_rounding_headroom():
+    s = block_sensitivities(ClipBounds.unclipped())
+    for block in (C.SUMS_BLOCK, C.COUNTS_BLOCK):
+        # clip 1, no magnitude factor (the summands are the clipped vectors themselves)
+        assert s[block] == s["topic_word"] and 1.0 < s[block] < 1.02
+    ev = C.plan_iteration(0.01, 0.2)
+    assert [e.block for e in ev] == [C.SUMS_BLOCK, C.COUNTS_BLOCK]
+    assert math.isclose(sum(e.rho for e in ev), 0.01, rel_tol=1e-12)
+
+
+def test_a_maximal_document_moves_each_released_sum_by_at_most_its_sensitivity(rng):
+    Q = _basis(rng)
+    model = make_lda_model(60, 4, alpha0=1.0, beta=0.1, seed=1)
+    base = sample_documents(model, 500, mean_length=30, seed=2)
+    adv = _adversarial_documents(Q)
+    sens = C.cluster_sensitivities()
+    Y, _ = C.project(adv, Q)
+    assert np.all(np.linalg.norm(Y, axis=1) <= 1.0)
+    for rule in (C.Assignment.random(4, Q.shape[1], 0),
+                 C.Assignment(np.linalg.qr(rng.standard_normal((8, 4)))[0].T, 0.1 * np.ones(8))):
+        S0, n0, _ = C.cluster_sums([base], Q, rule)
+        lab0 = rule.labels(C.project(base, Q)[0])
+        for i in range(adv.shape[0]):
+            D1 = sp.vstack([base[:250], adv[i], base[250:]], format="csr")
+            S1, n1, _ = C.cluster_sums([D1], Q, rule)
+            lab1 = rule.labels(C.project(D1, Q)[0])
+            assert np.array_equal(np.delete(lab1, 250), lab0)     # nobody else moves
+            assert np.linalg.norm(S1 - S0) <= sens[C.SUMS_BLOCK]
+            assert np.linalg.norm(n1 - n0) <= sens[C.COUNTS_BLOCK]
+            # the mapping pass: one-hot refinement terms of norm <= 1
+            vals, _ = C.ClusterMappingModel(Q, rule).document_terms(adv[i:i + 1])
+            assert np.linalg.norm(vals) <= 1.0 + 1e-12
+            assert np.count_nonzero(np.abs(vals).sum(axis=0)) == 1
+
+
+def _fit(X, eps, **kw):
+    n = X.shape[0]
+    ts = np.r_[np.zeros(n // 3), np.ones(n - n // 3)]
+    kw.setdefault("seed", 0)
+    return streamdp.fit(X, 4, epsilon=eps, delta=1e-6, noise_seed=5, sampler="fast",
+                        non_production=True, timestamps=ts, stream_start=0.5, **kw)
+
+
+def test_the_cluster_start_charges_every_draw_and_spends_exactly_the_stream_budget(lda):
+    model, X = lda
+    acc = Accountant(1.0, 1e-6, MemoryLedger())
+    cfg = streamdp.ClusterStartConfig(iterations=3)
+    snap = _fit(X, 1.0, accountant=acc, start="cluster", cluster_start=cfg)
+    rho = zcdp_rho(1.0, 1e-6)
+    blocks = [e["block"] for e in snap.privacy["stream_events"]]
+    assert blocks.count(C.SUMS_BLOCK) == blocks.count(C.COUNTS_BLOCK) == 3
+    # the mapping pass and the refinement passes are topic_word sums
+    assert blocks.count(R.BLOCK) == 1 + streamdp.RefinementConfig().passes
+    assert "s3" not in blocks                       # no tensor was released
+    assert math.isclose(snap.privacy["rho_stream_spent"], rho, rel_tol=1e-9)
+    assert math.isclose(acc.report()["rho_by_atom"]["stream_every_epoch"], rho, rel_tol=1e-9)
+    assert snap.privacy["start"]["kind"] == "cluster"
+    assert np.all(snap.topic_word > 0) and np.allclose(snap.topic_word.sum(axis=1), 1)
+
+
+def test_the_cluster_start_is_deterministic_given_its_seeds_and_finds_the_topics(lda):
+    model, X = lda
+    a = _fit(X, 4.0, start="cluster")
+    b = _fit(X, 4.0, start="cluster")
+    assert np.array_equal(a.topic_word, b.topic_word)
+    c = _fit(X, 4.0, start="cluster", seed=1)
+    assert not np.array_equal(a.topic_word, c.topic_word)
+    from streamdp.evaluation import topic_recovery_metrics
+    err = topic_recovery_metrics(model.topics, a.topic_word)
+    assert err["l1_mean"] < 0.3                      # the 4 topics are found, not background
+
+
+def test_a_public_start_spends_nothing_and_is_reported_as_public_input(lda):
+    model, X = lda
+    public = sample_documents(model, 2_000, mean_length=40, seed=9)     # "their help pages"
+    ps = PublicStart.fit(public, 4, source="help pages", seed=0)
+    acc = Accountant(1.0, 1e-6, MemoryLedger())
+    snap = _fit(X, 1.0, accountant=acc, start=ps)
+    rho = zcdp_rho(1.0, 1e-6)
+    blocks = [e["block"] for e in snap.privacy["stream_events"]]
+    assert blocks == [R.BLOCK] * streamdp.RefinementConfig().passes   # only the passes draw
+    assert math.isclose(snap.privacy["rho_stream_spent"], rho, rel_tol=1e-9)
+    rep = snap.privacy["public_start"]
+    assert rep["public_input"] and rep["rho"] == 0.0 and rep["source"] == "help pages"
+    assert rep["n_public_docs"] == 2_000
+    with pytest.raises(ValueError, match="source"):
+        PublicStart(ps.topic_word, ps.alpha, source=" ")
+    with pytest.raises(ValueError, match="shape"):
+        _fit(X, 1.0, start=PublicStart(ps.topic_word[:3], ps.alpha[:3], source="x"))
+
+
+def test_the_start_rule_reads_a_noised_count_and_the_public_shape(lda):
+    assert choose_start(200_000, zcdp_rho(1, 1e-6), 10, 20)["start"] == "tensor"
+    assert choose_start(38_700, zcdp_rho(4, 1e-6), 20, 40)["start"] == "cluster"
+    assert choose_start(10, None, 20, 40)["start"] == "tensor"       # non-private: exact
+    assert tensor_index(-5, 1.0, 2, 2) == 0.0
+    # the threshold in documents at ε = 1, k = 20, k' = 40
+    n = TENSOR_MIN_INDEX * 20 * 40 ** 1.5 / math.sqrt(2 * zcdp_rho(1, 1e-6))
+    assert choose_start(n * 1.01, zcdp_rho(1, 1e-6), 20, 40)["start"] == "tensor"
+    assert choose_start(n * 0.99, zcdp_rho(1, 1e-6), 20, 40)["start"] == "cluster"
+    model, X = lda
+    acc = Accountant(1.0, 1e-6, MemoryLedger())
+    snap = _fit(X[:1500], 1.0, accountant=acc)                   # auto, a small stream
+    assert snap.privacy["start"]["choice"]["start"] == "cluster"
+    assert "count" in [e["block"] for e in snap.privacy["stream_events"]]
+    assert math.isclose(snap.privacy["rho_stream_spent"], zcdp_rho(1, 1e-6), rel_tol=1e-9)
+
+
+def test_bad_start_arguments_fail_with_a_message():
+    with pytest.raises(ValueError, match="start must be"):
+        streamdp.StreamingSpectralLDA(4, start="kmeans", non_private=True)
+    with pytest.raises(ValueError, match="iterations"):
+        streamdp.ClusterStartConfig(iterations=0)
