@@ -360,9 +360,17 @@ def _topics(a) -> int:
         return 0
     print(f"release {doc['release_id']}  epoch {doc['epoch']}  ~{doc['n_docs']:,.0f} documents  "
           f"mechanism {doc['mechanism']}")
-    for i, top in enumerate(doc["topics"]):
-        print(f"topic {i:2d} (α={doc['alpha'][i]:.2f}): "
-              + ", ".join(f"{e['word']} {e['p']:.3f}" for e in top))
+    flags = doc["topic_flags"]
+    print(f"{doc['n_distinct']} of {doc['n_topics']} topics can be told apart at this budget"
+          + (f", about {doc['documents_to_tell_apart']:,.0f} more documents would help"
+             if doc["documents_to_tell_apart"] else ""))
+    # distinct topics first (index order within each group): what a reader can tell apart
+    for i in sorted(range(len(flags)), key=lambda i: (flags[i]["kind"] != "distinct", i)):
+        f = flags[i]
+        label = {"distinct": "", "background": " [background]"}.get(
+            f["kind"], f" [near-copy of topic {f['copy_of']}]")
+        print(f"topic {i:2d} (α={doc['alpha'][i]:.2f}){label}: "
+              + ", ".join(f"{e['word']} {e['p']:.3f}" for e in doc["topics"][i]))
     g = doc["guarantee"]
     if g["warning"]:
         print(f"privacy: {g['warning']}")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from streamdp import serialization as ser
+from streamdp.evaluation.distinct import DISTINCT, TopicFlag, topic_flags
 
 SCHEMA_VERSION = 1
 
@@ -62,16 +63,69 @@ class TopicSnapshot:
     stage: str = "spectral"
 
     @property
-    def quality_note(self) -> str | None:
-        """A plain warning when most topics are noise-dominated (None otherwise)."""
+    def background(self) -> np.ndarray:
+        """The released model's corpus word distribution, M1 = Σ_i α_i β_i / Σ_i α_i (LDA's
+        first moment): released values only, so anyone holding the snapshot gets the same."""
+        a = np.clip(np.asarray(self.alpha, dtype=np.float64), 0.0, None)
+        w = a / a.sum() if a.sum() > 0 else np.full(a.shape, 1.0 / max(a.size, 1))
+        return w @ np.asarray(self.topic_word, dtype=np.float64)
+
+    @property
+    def topic_flags(self) -> list[TopicFlag]:
+        """Each topic's flag — distinct, background or near-copy of topic j — by the one
+        definition (streamdp.evaluation.distinct.topic_flags) against :attr:`background`:
+        a function of the released topic_word and alpha only (post-processing, no budget)."""
+        return topic_flags(self.topic_word, self.background)
+
+    @property
+    def n_distinct(self) -> int:
+        return sum(f.kind == DISTINCT for f in self.topic_flags)
+
+    @property
+    def documents_to_tell_apart(self) -> float | None:
+        """About how many more documents would let the topics that are not distinct be told
+        apart, by the documented rule (docs/consumers.md §Honest snapshots): at a fixed budget
+        the noise is fixed and a topic's signal grows with the documents, so its released
+        noise-to-signal ratio r falls as 1/N; the median r of the non-distinct topics (finite
+        ones) reaches 1 after N·r documents, i.e. M = N·(r − 1) more. None when the snapshot
+        has no noise-to-signal ratios or those topics are not noise-limited (r ≤ 1)."""
         if self.noise_to_signal is None:
             return None
-        bad = int(np.sum(~(np.asarray(self.noise_to_signal) < 1.0)))
-        if bad == 0:
+        nts = np.asarray(self.noise_to_signal, dtype=np.float64)
+        r = [nts[i] for i, f in enumerate(self.topic_flags)
+             if f.kind != DISTINCT and np.isfinite(nts[i])]
+        if not r or float(np.median(r)) <= 1.0:
             return None
-        return (f"{bad} of {self.n_topics} topics have estimated noise above their signal: the "
-                "stream is small for this privacy budget (more documents per epoch, a larger "
-                "ε, fewer topics or a smaller vocabulary help)")
+        return float(max(self.n_docs, 0.0)) * (float(np.median(r)) - 1.0)
+
+    @property
+    def distinct_note(self) -> str | None:
+        """"N of k topics can be told apart at this budget, about M more documents would
+        help" when some topics are background or near-copies (None when all are distinct)."""
+        flags = self.topic_flags
+        n = sum(f.kind == DISTINCT for f in flags)
+        if n == len(flags):
+            return None
+        bg = sum(f.kind == "background" for f in flags)
+        note = (f"{n} of {len(flags)} topics can be told apart at this budget ({bg} show the "
+                f"corpus background, {len(flags) - n - bg} repeat another topic)")
+        more = self.documents_to_tell_apart
+        if more is not None:
+            note += f", about {more:,.0f} more documents would help"
+        return note
+
+    @property
+    def quality_note(self) -> str | None:
+        """Plain warnings: topics that cannot be told apart (:attr:`distinct_note`) and topics
+        whose noise exceeds their signal (None when neither)."""
+        notes = [self.distinct_note] if self.distinct_note else []
+        if self.noise_to_signal is not None:
+            bad = int(np.sum(~(np.asarray(self.noise_to_signal) < 1.0)))
+            if bad:
+                notes.append(f"{bad} of {self.n_topics} topics have estimated noise above their "
+                             "signal: the stream is small for this privacy budget (more documents "
+                             "per epoch, a larger ε, fewer topics or a smaller vocabulary help)")
+        return "; ".join(notes) if notes else None
 
     @property
     def n_topics(self) -> int:
@@ -116,7 +170,9 @@ class TopicSnapshot:
                                     else ser.pack_array(self.noise_to_signal)),
                 "fold_in_topics": (None if self.fold_in_topics is None
                                    else ser.pack_array(self.fold_in_topics.astype(np.float32))),
-                "quality_note": self.quality_note}
+                "quality_note": self.quality_note,
+                # derived from topic_word and alpha (ignored when read back): for readers
+                "topic_flags": [f.to_dict() for f in self.topic_flags]}
 
     def to_bytes(self) -> bytes:
         return ser.dumps(self.to_dict())

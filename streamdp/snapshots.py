@@ -611,6 +611,10 @@ def summary(snap: Snapshot, vocabulary: Sequence[str] | None = None, n: int = 10
         "vocabulary_id": snap.vocabulary_id, "n_docs": snap.n_docs, "n_topics": snap.n_topics,
         "alpha": snap.alpha, "noise_to_signal": snap.noise_to_signal,
         "quality_note": snap.quality_note, "topics": topics,
+        # issue 22: per-topic distinct / background / near-copy flag from released values
+        "topic_flags": [f.to_dict() for f in snap.topic_flags], "n_distinct": snap.n_distinct,
+        "distinct_note": snap.distinct_note,
+        "documents_to_tell_apart": snap.documents_to_tell_apart,
         "guarantee": privacy_summary(snap.privacy), "privacy": snap.privacy})
 
 

@@ -352,3 +352,22 @@ def test_report_from_the_release_service_over_http(private_dir, tmp_path, capsys
     html = out.read_text()
     assert "1 release read (epoch 4 → epoch 4)" in html and latest.release_id in html
     assert html.count('class="card topic-card"') == K
+
+
+def test_report_shows_distinct_topics_first_with_the_count(private_dir):
+    """Issue 22: the report says how many topics can be told apart (released values only) and
+    lists the distinct topics first, the others marked background / near-copy."""
+    import re
+
+    snaps = load_snapshots(open_source(private_dir))
+    vocab = load_vocabulary(None, open_source(private_dir))
+    latest = max(snaps, key=lambda s: s.epoch)
+    html = render_report(snaps, vocab, source="x")
+    assert (f"{latest.n_distinct} of {latest.n_topics} topics can be told apart at this budget"
+            in html)
+    order = [int(i) for i in re.findall(r'class="card topic-card" data-topic="(\d+)"', html)]
+    kinds = [latest.topic_flags[i].kind for i in order]
+    assert sorted(order) == list(range(latest.n_topics))
+    assert kinds == sorted(kinds, key=lambda k: k != "distinct")
+    n_marked = html.count('class="badge flag-background"') + html.count('class="badge flag-near-copy"')
+    assert n_marked == latest.n_topics - latest.n_distinct

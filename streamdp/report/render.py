@@ -178,12 +178,14 @@ def render_report(snapshots: list[TopicSnapshot], vocabulary, *, source: str, n_
     points = budget_series(releases)
 
     topics = []
+    flags = latest.topic_flags          # released values only (streamdp.evaluation.distinct)
     for h in histories:
         step = h.steps[-1]
         noise_text, noise_class = noise_level(step.noise_to_signal)
         changes = [s for s in h.steps[1:] if s.entered or s.left][-MAX_CHANGE_ROWS:]
         topics.append({
             "index": h.topic, "alpha": step.alpha, "noise_text": noise_text,
+            "flag": flags[h.topic].kind, "copy_of": flags[h.topic].copy_of,
             "noise_class": noise_class, "noise_ratio": step.noise_to_signal,
             "headline": " ".join(w for w, _ in step.top_words[:3]),
             "div": _div(topic_bar_figure(h, PALETTE[h.topic % len(PALETTE)]), f"topic-{h.topic}"),
@@ -195,6 +197,8 @@ def render_report(snapshots: list[TopicSnapshot], vocabulary, *, source: str, n_
             "n_changes_hidden": max(0, sum(1 for s in h.steps[1:] if s.entered or s.left)
                                     - MAX_CHANGE_ROWS),
         })
+    # distinct topics first (issue 22): what a reader can tell apart, then the rest
+    topics.sort(key=lambda t: (t["flag"] != "distinct", t["index"]))
     drift = drift_figure(histories)
     budget = budget_figure(points)
     privacy = latest.privacy if isinstance(latest.privacy, dict) else {}
@@ -206,7 +210,12 @@ def render_report(snapshots: list[TopicSnapshot], vocabulary, *, source: str, n_
                 "stage": latest.stage, "created": _when(latest.created_at),
                 "n_docs": latest.n_docs, "k": latest.n_topics, "d": latest.topic_word.shape[1],
                 "mechanism": latest.mechanism, "vocabulary_id": vocabulary.id,
-                "quality_note": latest.quality_note},
+                "quality_note": latest.quality_note,
+                "distinct_line": (f"{latest.n_distinct} of {latest.n_topics} topics can be told "
+                                  "apart at this budget" + (
+                                      f", about {latest.documents_to_tell_apart:,.0f} more "
+                                      "documents would help"
+                                      if latest.documents_to_tell_apart else ""))},
         n_releases=len(releases), republished=republished,
         first_label=release_label(releases[0], 0), n_words=n_words,
         non_private=is_non_private(privacy), topics=topics,
