@@ -587,7 +587,10 @@ class StreamingSpectralLDA:
                                  "use start='tensor' or a PublicStart")
             self.cluster_start(stream, fraction)
         else:
-            self._spectral_release(fraction, self._spectral_split())
+            snap = self._spectral_release(fraction, self._spectral_split())
+            # the start and the rule's choice travel with every refined report, as for "cluster"
+            self.snapshot_ = dataclasses.replace(snap, privacy={
+                **snap.privacy, "start": {"kind": "tensor", "choice": self.start_choice_}})
         return 1.0 - fraction - (AUTO_COUNT_SHARE if auto_count else 0.0)
 
     def choose_start(self, budget_fraction: float = AUTO_COUNT_SHARE) -> dict:

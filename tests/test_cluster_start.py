@@ -158,6 +158,9 @@ def test_the_start_rule_reads_a_noised_count_and_the_public_shape(lda):
     assert snap.privacy["start"]["choice"]["start"] == "cluster"
     assert "count" in [e["block"] for e in snap.privacy["stream_events"]]
     assert math.isclose(snap.privacy["rho_stream_spent"], zcdp_rho(1, 1e-6), rel_tol=1e-9)
+    big = _fit(X, 8.0)                                            # auto, the whole stream: tensor
+    assert big.privacy["start"]["kind"] == "tensor"
+    assert big.privacy["start"]["choice"]["index"] >= TENSOR_MIN_INDEX
 
 
 def test_bad_start_arguments_fail_with_a_message():
