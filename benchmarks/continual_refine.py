@@ -133,10 +133,12 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=20)
     p.add_argument("--limit", type=int, default=None, help="documents (smoke runs)")
     p.add_argument("--aggregators", default="blt")
+    p.add_argument("--debian-list", default=None, metavar="PATH",
+                   help="a Translation-en list (default: the one apt-get update fetched)")
     p.add_argument("--json", default=None)
     a = parse_args(p, argv)         # + --no-progress
     logging.getLogger("gensim").setLevel(logging.ERROR)
-    corpus = debian_descriptions_corpus(limit=a.limit)
+    corpus = debian_descriptions_corpus(path=a.debian_list, limit=a.limit)
     out = []
     settings = [(int(R), int(s)) for R in a.releases.split(",") for s in a.seeds.split(",")]
     for R, seed in progress(settings, "releases × seed"):

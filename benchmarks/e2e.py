@@ -53,6 +53,11 @@ from _common import markdown_table, write_json  # noqa: E402
 
 #: seconds the assignment must stay unchanged before the parent says "go"
 STABLE_SECONDS = 3.0
+#: the hold that keeps an assigned partition paused until "go": a real pause reason
+#: (``ServiceMetrics.set_paused`` exports only :data:`streamdp.observability.PAUSE_REASONS`;
+#: an invented one raised ValueError in every loop and the benchmark had rotted, issue 24).
+#: No strategy is ever ready for it, so only the worker's own "go" releases it.
+START_HOLD = "restoring"
 
 
 def _cpu_seconds(pid: int | None) -> float:
@@ -84,7 +89,7 @@ def _worker(wid: int, cfg_kwargs: dict, expected: dict, go, stop, out) -> None:
             super()._on_assign(consumer, partitions)      # assigned paused, restored by step()
             if not go.is_set():     # held: the restore seeks but does not resume them
                 for tp in partitions:
-                    self.paused[tp.partition] = "start"
+                    self.paused[tp.partition] = START_HOLD
 
     sk = PausedStart(cfg, instance=f"e2e-{wid}")
     topic = sk.topics.documents
@@ -101,7 +106,7 @@ def _worker(wid: int, cfg_kwargs: dict, expected: dict, go, stop, out) -> None:
             if held != last:
                 out.put(("assigned", wid, held))
                 last = held
-        for p in [p for p, need in sk.paused.items() if need == "start"]:
+        for p in [p for p, need in sk.paused.items() if need == START_HOLD]:
             del sk.paused[p]
         sk.consumer.resume([TopicPartition(topic, p) for p in sk.states])
         t0, cpu0 = time.time(), time.process_time()

@@ -58,10 +58,12 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--epsilon", type=float, default=1.0)
     p.add_argument("--k", type=int, default=20)
+    p.add_argument("--debian-list", default=None, metavar="PATH",
+                   help="a Translation-en list (default: the one apt-get update fetched)")
     p.add_argument("--json", default=None)
     a = parse_args(p, argv)         # + --no-progress
     logging.getLogger("gensim").setLevel(logging.ERROR)
-    corpus = debian_descriptions_corpus()
+    corpus = debian_descriptions_corpus(path=a.debian_list)
     truth, lengths, ref = ground_truth(corpus, a.k, 0)
     vocab = corpus.vocabulary
     runs = []
