@@ -126,6 +126,8 @@ ASSIGNED_PARTITIONS = "streamdp_assigned_partitions"
 REBALANCES_TOTAL = "streamdp_rebalances_total"
 PARTITIONS_PAUSED = "streamdp_partitions_paused"
 PARTITION_HELD_SECONDS = "streamdp_partition_held_seconds"
+POLL_LOOP_DURATION_SECONDS = "streamdp_poll_loop_duration_seconds"
+POLL_LOOP_LONGEST_SECONDS = "streamdp_poll_loop_longest_seconds"
 # release
 RELEASES_TOTAL = "streamdp_releases_total"
 RELEASE_DURATION_SECONDS = "streamdp_release_duration_seconds"
@@ -206,6 +208,14 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(PARTITION_HELD_SECONDS, GAUGE,
                "Seconds the oldest current hold (vocabulary, subspace or model) has lasted, "
                "computed at scrape time; 0 when no partition is held.",
+               (), _SK, "seconds"),
+    MetricSpec(POLL_LOOP_DURATION_SECONDS, HISTOGRAM,
+               "Wall time of one poll loop (consume, process, scheduled work, checkpoints): "
+               "librdkafka's max.poll.interval.ms (20 s) bounds it.",
+               (), _SK, "seconds", _BATCH_SECONDS),
+    MetricSpec(POLL_LOOP_LONGEST_SECONDS, GAUGE,
+               "The longest poll loop since the process started (alert well below "
+               "max.poll.interval.ms = 20 s: past it the sketcher leaves the group).",
                (), _SK, "seconds"),
     # ---- release
     MetricSpec(RELEASES_TOTAL, COUNTER,
@@ -357,6 +367,7 @@ class ServiceMetrics:
         self._last_checkpoint: float | None = None
         self._last_progress: float | None = None
         self._held_since: float | None = None
+        self._longest_loop = 0.0
         self._health: HealthState | None = None
         # (topic, partition) lag series set from each librdkafka handle's stats
         self._lag_series: dict[str, set[tuple[str, str]]] = {}
@@ -493,6 +504,14 @@ class ServiceMetrics:
         self._m(CHECKPOINTS_TOTAL).inc()
         self._m(CHECKPOINT_BYTES).set(nbytes)
         self._last_checkpoint = self._clock() if at is None else float(at)
+
+    def loop(self, seconds: float) -> None:
+        """One poll loop took ``seconds`` (wall)."""
+        seconds = max(0.0, float(seconds))
+        self._m(POLL_LOOP_DURATION_SECONDS).observe(seconds)
+        with self._lock:
+            self._longest_loop = max(self._longest_loop, seconds)
+            self._m(POLL_LOOP_LONGEST_SECONDS).set(self._longest_loop)
 
     def _checkpoint_age(self) -> float:
         ref = self._last_checkpoint if self._last_checkpoint is not None else self._started

@@ -12,8 +12,18 @@ Commit and checkpoint semantics (the one place they are stated)
 ---------------------------------------------------------------
 * The truth is the state topic. For each assigned documents partition the strategy keeps
   a state (the sketcher: a :class:`PartitionState`, sketches + next offset + progress) and
-  checkpoints it as one self-sufficient, chunked record every ``checkpoint_seconds``, on
-  revoke (arroyo's ``close``/``join``: before the partition is given up) and on SIGTERM.
+  checkpoints it as one self-sufficient, chunked record on revoke (arroyo's
+  ``close``/``join``: before the partition is given up), on SIGTERM, and periodically: a
+  partition is *due* ``checkpoint_seconds`` after its last checkpoint (or its restore).
+  Periodic checkpoints are spread over loops (issue 24): each loop checkpoints the due
+  partitions oldest first, one at a time, and stops once it has spent
+  ``checkpoint_budget_seconds``; and all periodic checkpoints together take at most
+  ``CHECKPOINT_SHARE`` of the wall time (after a round of ``s`` seconds the next round waits
+  ``s / CHECKPOINT_SHARE - s``). A loop therefore never does more than one bounded batch of
+  documents plus one bounded round of checkpoints, whatever the partitions owned and the
+  backlog, and ``poll()`` stays well inside ``max.poll.interval.ms``; with many partitions
+  or large states a partition's checkpoints come less often than ``checkpoint_seconds``
+  (a crash then re-reads more input, never loses or double-counts it: below).
   The Kafka consumer-group offset (the checkpoint's next offset) is committed just
   *before* the state write, as a fence (below); it is informational otherwise: on restore
   only the state record counts.
@@ -75,8 +85,20 @@ def consumer_settings(instance: str, group_id: str, stats_cb=None) -> dict:
         # (measured on Tansu: ≈ 9 s after SIGKILL, ≈ 3 s after a clean leave);
         # max.poll.interval.ms bounds a stalled loop (a checkpoint takes < 1 s).
         "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
-        "max.poll.interval.ms": 20000, "fetch.wait.max.ms": 100,
+        "max.poll.interval.ms": MAX_POLL_INTERVAL_MS, "fetch.wait.max.ms": 100,
     }
+
+
+#: librdkafka's bound on the time between two polls: a member that exceeds it leaves the group
+#: (its partitions are reassigned, its unsaved work is lost). One loop stays well inside it.
+MAX_POLL_INTERVAL_MS = 20000
+#: periodic-checkpoint time per loop (a round stops once past it; at least one partition is
+#: written per round, so one partition's checkpoint must fit in max.poll.interval.ms)
+CHECKPOINT_BUDGET_SECONDS = 2.0
+#: the largest share of wall time that periodic checkpoints may take together: with many
+#: partitions or large states their interval stretches instead of starving the documents
+#: (issue 24: 24 partitions' checkpoints every 5 s took the whole loop, and more)
+CHECKPOINT_SHARE = 0.1
 
 
 class RateLimitedLog:
@@ -132,6 +154,9 @@ class ProcessingStrategy(Protocol):
     def resumed(self, partitions: list[int]) -> None:
         """These held partitions were resumed."""
 
+    def checkpoint(self, partition: int) -> None:
+        """Checkpoint this partition if it has unsaved changes."""
+
     def checkpoint_all(self) -> None:
         """Checkpoint every partition with unsaved changes."""
 
@@ -144,12 +169,16 @@ class StreamProcessor:
 
     def __init__(self, consumer, producer, strategy: ProcessingStrategy, *, topic: str,
                  dlq_topic: str, metrics, health, instance: str, batch_size: int,
-                 poll_seconds: float, checkpoint_seconds: float, cooperative: bool = True) -> None:
+                 poll_seconds: float, checkpoint_seconds: float, cooperative: bool = True,
+                 checkpoint_budget_seconds: float = CHECKPOINT_BUDGET_SECONDS,
+                 checkpoint_share: float = CHECKPOINT_SHARE) -> None:
         self.consumer, self.producer, self.strategy = consumer, producer, strategy
         self.topic, self.dlq_topic = topic, dlq_topic
         self.metrics, self.health, self.instance = metrics, health, instance
         self.batch_size, self.poll_seconds = batch_size, poll_seconds
         self.checkpoint_seconds = checkpoint_seconds
+        self.checkpoint_budget_seconds = checkpoint_budget_seconds
+        self.checkpoint_share = checkpoint_share
         self.cooperative = cooperative
         self.holds: dict[int, str] = {}         # partition -> what it waits for
         self._held_since: dict[int, float] = {}  # partition -> Unix time its hold began
@@ -158,8 +187,22 @@ class StreamProcessor:
         self.fenced_writes = 0                  # checkpoints refused because the partition was lost
         #: the last rebalance callbacks, in order: (kind, partitions), kind assign/revoke/lost
         self.rebalance_log: deque[tuple[str, list[int]]] = deque(maxlen=256)
-        self.last_checkpoint = time.monotonic()
+        #: restored partition -> monotonic time of its last checkpoint (or restore): when due
+        self.checkpointed_at: dict[int, float] = {}
+        self._next_round = 0.0                  # monotonic: no periodic round before (CHECKPOINT_SHARE)
+        self.longest_loop = 0.0                 # seconds (also streamdp_poll_loop_longest_seconds)
         self.bad_log = RateLimitedLog()
+
+    @property
+    def last_checkpoint(self) -> float:
+        """The oldest partition's last checkpoint (monotonic; now if none is restored)."""
+        return min(self.checkpointed_at.values(), default=time.monotonic())
+
+    @last_checkpoint.setter
+    def last_checkpoint(self, at: float) -> None:
+        """Count every partition's next periodic checkpoint from ``at``."""
+        for p in self.checkpointed_at:
+            self.checkpointed_at[p] = at
 
     # ------------------------------------------------------------ subscription
     def subscribe(self) -> None:
@@ -199,6 +242,7 @@ class StreamProcessor:
         for p in revoked:
             self.restoring.pop(p, None)         # never restored: nothing to checkpoint
             self._start_at.pop(p, None)
+            self.checkpointed_at.pop(p, None)
         try:
             self.strategy.revoke(revoked)       # checkpoint before the partitions are given up
         finally:                                # given up even if that fails (the last one counts)
@@ -216,6 +260,7 @@ class StreamProcessor:
             self.restoring.pop(p, None)
             self._start_at.pop(p, None)
             self.holds.pop(p, None)
+            self.checkpointed_at.pop(p, None)
         self.strategy.lost(lost)
         if self.cooperative:
             consumer.incremental_unassign(partitions)
@@ -236,7 +281,9 @@ class StreamProcessor:
         self.health.beat()
         starts = self.strategy.restore(pending)
         self.health.beat()
+        restored_at = time.monotonic()
         for p, offset in starts.items():
+            self.checkpointed_at[p] = restored_at
             self.consumer.seek(TopicPartition(self.topic, p, offset))
             if offset >= 0:
                 self._start_at[p] = offset
@@ -259,6 +306,18 @@ class StreamProcessor:
 
     # ------------------------------------------------------------ the loop
     def step(self) -> None:
+        """One loop: restore new partitions, one ``consume`` of at most ``batch_size``
+        records, their processing, scheduled work, one bounded round of due checkpoints."""
+        t0 = time.monotonic()
+        try:
+            self._step()
+        finally:
+            seconds = time.monotonic() - t0
+            if seconds > self.longest_loop:
+                self.longest_loop = seconds
+            self.metrics.loop(seconds)
+
+    def _step(self) -> None:
         if self.restoring:
             self.restore_pending()
         msgs = self.consumer.consume(num_messages=self.batch_size, timeout=self.poll_seconds)
@@ -283,9 +342,30 @@ class StreamProcessor:
             for p in ready:
                 del self.holds[p]
             strategy.resumed(ready)
-        if time.monotonic() - self.last_checkpoint >= self.checkpoint_seconds:
-            self.checkpoint_all()
+        self.checkpoint_due()
         self._export_pauses()
+
+    def checkpoint_due(self) -> int:
+        """One round of periodic checkpoints (module docstring): the partitions due, oldest
+        first, until ``checkpoint_budget_seconds`` is spent; none while the share of time
+        allowed to checkpoints is used up. Returns how many were checkpointed."""
+        now = time.monotonic()
+        if now < self._next_round:
+            return 0
+        due = sorted((at, p) for p, at in self.checkpointed_at.items()
+                     if now - at >= self.checkpoint_seconds and self.strategy.owns(p))
+        n = 0
+        for _, p in due:
+            self.strategy.checkpoint(p)
+            if self.strategy.owns(p):           # not dropped by the commit fence
+                self.checkpointed_at[p] = time.monotonic()
+            n += 1
+            if time.monotonic() - now >= self.checkpoint_budget_seconds:
+                break
+        if n:
+            spent = time.monotonic() - now
+            self._next_round = now + spent / self.checkpoint_share
+        return n
 
     def _export_pauses(self) -> None:
         """``streamdp_partitions_paused{reason}`` and the oldest hold's age, once per loop
@@ -296,8 +376,35 @@ class StreamProcessor:
         self.metrics.set_paused(paused, min(self._held_since.values(), default=None))
 
     def checkpoint_all(self) -> None:
-        self.strategy.checkpoint_all()
-        self.last_checkpoint = time.monotonic()
+        """Checkpoint every partition now (SIGTERM, the end of a run). With many large states
+        this takes longer than ``max.poll.interval.ms``: the partitions are paused and the
+        consumer polled between two checkpoints, so the member stays in the group (and its
+        commit fence keeps passing) however long the whole takes."""
+        owned = [p for p in self.strategy.partitions()]
+        running = [p for p in owned if p not in self.holds and p not in self.restoring]
+        if running:
+            self.consumer.pause([TopicPartition(self.topic, p) for p in running])
+        try:
+            for p in owned:
+                self.strategy.checkpoint(p)
+                if p in self.checkpointed_at:
+                    self.checkpointed_at[p] = time.monotonic()
+                self._keep_alive()
+        finally:
+            back = [p for p in running if self.strategy.owns(p) and p not in self.holds]
+            if back:
+                self.consumer.resume([TopicPartition(self.topic, p) for p in back])
+
+    def _keep_alive(self) -> None:
+        """A poll with every partition paused: resets librdkafka's max.poll.interval.ms timer
+        and serves rebalance callbacks. A record that still arrives is not processed: its
+        partition is seeked back to it (read again after resuming, as a hold does)."""
+        first: dict[int, int] = {}
+        for m in self.consumer.consume(num_messages=self.batch_size, timeout=0):
+            if m.error() is None and m.partition() not in first:
+                first[m.partition()] = m.offset()
+        for p, offset in first.items():
+            self.consumer.seek(TopicPartition(self.topic, p, offset))
 
     def close(self) -> None:
         """Leave the group (the revoke callback checkpoints what is left), flush dead letters."""
