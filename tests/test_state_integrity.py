@@ -184,3 +184,61 @@ def test_forged_and_replayed_state_records_are_refused_and_a_clean_run_is_unaffe
         svc = by_epoch[eng.epoch][0]
         assert svc.n_docs == eng.n_docs
         np.testing.assert_allclose(svc.topic_word, eng.topic_word, rtol=0, atol=1e-8)
+
+
+@pytest.fixture
+def state_reads(monkeypatch):
+    """(thread name, key or prefix) of every state-store read, from any thread."""
+    import threading
+    reads: list[tuple[str, str]] = []
+    orig_latest, orig_all = StateStore.read_latest, StateStore.read_all_latest
+
+    def read_latest(self, key):
+        reads.append((threading.current_thread().name, key))
+        return orig_latest(self, key)
+
+    def read_all_latest(self, prefix=""):
+        reads.append((threading.current_thread().name, prefix))
+        return orig_all(self, prefix)
+
+    monkeypatch.setattr(StateStore, "read_latest", read_latest)
+    monkeypatch.setattr(StateStore, "read_all_latest", read_all_latest)
+    return reads
+
+
+@pytest.mark.slow
+def test_sketchers_take_the_released_models_from_the_public_record_only(
+        kafka_broker, tmp_path, state_reads):
+    """The whole feed at once, refinement on (lag 2): the sketchers fold epochs 3 and 4 into
+    the models of snapshots 1 and 2, read from the public release record — never from the
+    release service's private state (its tree buffers and ledger head) — and the refinement
+    sums are the estimator's (the same models, bit for bit up to the merge's rounding)."""
+    from streamdp import EpochClock, StreamingSpectralLDA
+    from streamdp.services import public_release
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(1500, 3000, 4, seed=6)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=None, refinement=True,
+                      checkpoint_seconds=0.3)
+    with Pipeline(cfg, sketchers=1) as pipe:
+        produce(bootstrap, names.documents, corpus.records())
+        send_control(bootstrap, names, "flush")
+        snaps = [pipe.wait_released(e, timeout=180) for e in range(1, corpus.epochs + 1)]
+        T = np.array(pipe.release.continual._exact.refine, copy=True)
+        holds = pipe.sketchers[0].model_holds
+    assert [s.stage for s in snaps] == ["spectral", "spectral", "refined", "refined"]
+    assert holds >= 1                               # the sketcher waited for a public model
+    sketcher_reads = {k for t, k in state_reads if t.startswith("sketcher-")}
+    assert public_release.KEY in sketcher_reads
+    private = control.RELEASE_STATE_KEY
+    assert not [k for k in sketcher_reads if private.startswith(k)], sketcher_reads
+
+    cb = corpus.counts()
+    m = StreamingSpectralLDA(corpus.topics.shape[0], 1.0, epsilon=None, delta=1e-6, seed=0,
+                             epochs=EpochClock(corpus.stream_start, corpus.epoch_seconds),
+                             horizon=corpus.epochs, refinement=True)
+    m.warmup(cb.counts[:corpus.n_warm])
+    m.partial_fit(cb.counts[corpus.n_warm:], np.asarray(corpus.ts[corpus.n_warm:], dtype=np.float64))
+    m.close_epochs(corpus.epoch_end(corpus.epochs))
+    assert T.sum() > 0
+    np.testing.assert_allclose(m.continual_._exact.refine, T, rtol=1e-9, atol=1e-9)

@@ -90,6 +90,7 @@ from streamdp.services.config import (ConfigError, ServiceConfig, check_privacy_
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.partition_state import SELECTION, PartitionState
 from streamdp.services.release_inputs import ControlCommands, DocumentsPartitions
+from streamdp.services import public_release
 from streamdp.services.state_auth import StateAuth
 from streamdp.services.release_merge import (SketchMismatch, check_refine_sums,  # noqa: F401
                                              load_states, merge_epoch_sums, merge_refine_sums,
@@ -197,6 +198,7 @@ class ReleaseService:
             self.fold_models = None if self.refinement is None else FoldInModels(self.refinement.model_lag)
             self.exhausted: str | None = None
             self.releases_ended: str | None = None    # budget / horizon / other, once releases end
+            self._public_epoch: int | None = None     # epoch of the public release record written
             self._stop = threading.Event()
             self.server: ObservabilityServer | None = None
             copy = Path(cfg.snapshot_dir) / "vocabulary.txt"
@@ -355,6 +357,8 @@ class ReleaseService:
                     self._publish(snap, republish=True)      # persisted: safe to (re)publish
                     self.metrics.set_last_release_timestamp(snap.created_at)
                 self.metrics.set_tree(self.continual.epoch, self.cfg.horizon)
+        if self._public_behind():                # a crash between state persist and public record
+            self._write_public()
         self.commands.restore(persisted)         # read control from the saved offset
         if self.spend is not None:
             # Crash recovery of the spend protocol: a reservation whose noised output is in
@@ -468,6 +472,9 @@ class ReleaseService:
     def step(self) -> None:
         self.health.beat()
         self.commands.read()
+        if self._public_epoch is not None and self.continual is not None \
+                and self._public_epoch != self.continual.epoch and self._check_writer():
+            self._write_public()          # a failed write of the public record, retried
         if self.exhausted:
             return
         states, partitions = self._partition_view()
@@ -656,6 +663,7 @@ class ReleaseService:
             return
         self.subspace, self.clip = sub, clip
         self._new_continual()
+        self._write_public()                 # epoch 0: the warm-up is released
         self._send_control("subspace_ready", subspace_id=sub.id)
         self._send_control("epochs_closed", through=0)
         log.info("warm-up closed: %d documents, subspace %s (k'=%d) in %.1f s", merged.n_docs,
@@ -731,6 +739,7 @@ class ReleaseService:
         if not self._write_state(drawn):                 # → persist the snapshot
             return False                                 # (drawn never leaves the process)
         self._publish(drawn)                             # only after persist
+        self._write_public()                             # the sketchers' models, after persist
         self._send_control("epochs_closed", through=epoch)
         seconds = time.perf_counter() - t0
         self.metrics.release_outcome("published", seconds)
@@ -762,6 +771,36 @@ class ReleaseService:
         if ok:
             self._state_snapshot = snap
         return ok
+
+    def _write_public(self) -> None:
+        """The public release record (streamdp.services.public_release): the last released
+        epoch and the released refinement models, signed; sketchers read it instead of the
+        release state. Written after the state persist; a failure is logged and retried at the
+        next start-up or release (sketchers then wait, they never read the private state)."""
+        epoch = 0 if self.continual is None else self.continual.epoch
+        models = [] if self.fold_models is None else [
+            self.fold_models.models[e].to_dict() for e in sorted(self.fold_models.models)]
+        payload = public_release.encode(epoch, models)
+        meta = StateAuth(self._control_key(), self.cfg.topic_prefix).sign(
+            public_release.KEY, payload, {"epoch": epoch})
+        self._public_epoch = -1             # until written: step() retries
+        try:
+            self.store.write(public_release.KEY, payload, meta=meta)
+            self._public_epoch = epoch
+        except WriterFenced as exc:
+            self.writer.fence(f"release writer epoch {self.writer_epoch} was fenced at Kafka while "
+                              f"writing the public release record ({exc})")
+        except Exception as exc:      # noqa: BLE001 - the release is durable; retried later
+            log.warning("the public release record of epoch %d was not written (%s): sketchers "
+                        "see the release when it is (next release or restart)", epoch, exc)
+
+    def _public_behind(self) -> bool:
+        """Whether the public release record lags the persisted release state (a crash between
+        the two writes, or a deployment older than the record)."""
+        if self.continual is None:
+            return False
+        rec = self.store.read_latest(public_release.KEY)
+        return rec is None or int(rec.meta.get("epoch", -1)) != self.continual.epoch
 
     def _persist(self, key: str, payload: bytes, meta: dict) -> bool:
         """Spend protocol steps 3-4: write ``key`` in this writer's transaction, then commit

@@ -35,19 +35,20 @@ Time, fencing and control (issue 15; docs/operations.md §Time, §Kafka ACLs)
   model rule): with ``refinement`` on, a stream document of epoch e is also folded into
   the model of the snapshot of epoch e − L (:func:`streamdp.refinement.model_epoch_for`,
   L = ``refinement_model_lag``; none while e − L < 1) — never the model that happens to be
-  newest when it is read, which depends on poll timing. The models come from the release
-  state record (``release/tree``, ``refinement_models``: the last L snapshots' models) on
-  the state topic, read at start-up, whenever an authenticated ``epochs_closed`` arrives
-  and every few seconds while a partition is held; that record is persisted *before* the
-  release is published, and reading it is atomic with the confirmation of the released
-  epochs. A document whose model is not decided yet (epoch e − L not closed) holds its
+  newest when it is read, which depends on poll timing. The models come from the public
+  release record (:mod:`streamdp.services.public_release`: the last released epoch and the
+  last L snapshots' models, MAC'd) on the state topic, read at start-up, whenever an
+  authenticated ``epochs_closed`` arrives and every few seconds while a partition is held;
+  it is written after the release state is persisted, and reading it is atomic with the
+  confirmation of the released epochs. Sketchers never decode the release service's private
+  state (``release/tree``: raw tree/BLT buffers, the ledger head). A document whose model is not decided yet (epoch e − L not closed) holds its
   partition at its offset (as for the subspace) until the record says e − L is closed;
   documents of epochs that record already closed are late. The refinement sums are part
   of the PartitionState checkpoint; a document re-read after a crash is folded into the
   same model as in the lost run.
 * Control messages from the release service count only with a valid HMAC
   (``control_key_file``), and even then raw sketches are dropped only through
-  the epoch the release state on the state topic confirms as released.
+  the epoch the public release record on the state topic confirms as released.
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ from streamdp.kafka.state_store import StateStore
 from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy import rounding
 from streamdp.refinement import FoldInModels, RefinementModel
-from streamdp.services import control
+from streamdp.services import control, public_release
 from streamdp.services.state_auth import StateAuth, StateIntegrityError
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.config import ConfigError, ServiceConfig
@@ -195,22 +196,31 @@ class SketchContext:
             log.info("%s: subspace %s (k'=%d) loaded", self.instance, self.subspace.id, self.subspace.dim)
 
     # ------------------------------------------------------------ refinement models
-    def refresh_model(self, rec=None) -> None:
-        """Load the fold-in models and the closed epoch from the release state record (public
-        models of the last L snapshots; see the module docstring). ``rec``: that record if the
-        caller already read it."""
+    def public_release(self, rec=None):
+        """(epoch, model dicts) of the public release record (streamdp.services.public_release),
+        or None if there is none or it has no valid MAC (logged: a foreign writer). Sketchers
+        never read the release service's private state. ``rec``: the record if already read."""
+        rec = self.store.read_latest(public_release.KEY) if rec is None else rec
+        if rec is None:
+            return None
+        if not self.state_auth.authentic(public_release.KEY, rec.payload, rec.meta):
+            self.reject_control("ignored the public release record: no valid MAC under this "
+                                "deployment's control key (a foreign writer on the state topic)")
+            return None
+        return public_release.decode(rec.payload)
+
+    def refresh_model(self, public=None) -> None:
+        """Load the fold-in models and the closed epoch from the public release record (models
+        of the last L snapshots; see the module docstring). ``public``: its (epoch, models) if
+        the caller already read it."""
         if self.models is None or self.d is None:
             return
-        rec = self.store.read_latest(control.RELEASE_STATE_KEY) if rec is None else rec
-        if rec is None:
+        public = self.public_release() if public is None else public
+        if public is None:
             return
-        closed = int(rec.meta.get("epoch") or 0)
+        closed, raw = public
         if closed <= self.models.closed_through and self.model_epoch is not None:
             return                      # nothing new
-        obj = ser.loads(rec.payload)
-        raw = obj.get("refinement_models")
-        if raw is None and obj.get("last_snapshot"):     # a record written before the rule
-            raw = [RefinementModel.from_snapshot(TopicSnapshot.from_bytes(obj["last_snapshot"])).to_dict()]
         for m in raw or []:
             model = RefinementModel.from_dict(m, fold_in_iter=self.refinement.fold_in_iter)
             if model.shape != (self.cfg.n_topics, self.d):
@@ -230,8 +240,8 @@ class SketchContext:
         lost = [m for m in range(max(1, closed + 1 - self.models.lag), closed + 1)
                 if m not in self.models.models]
         if lost:
-            log.warning("%s: the release state (epoch %d) holds no model for epoch(s) %s (written "
-                        "before the refinement model rule, or of another shape): documents of "
+            log.warning("%s: the public release record (epoch %d) holds no model for epoch(s) %s "
+                        "(written before the refinement model rule, or of another shape): documents of "
                         "epochs %s get no refinement term", self.instance, closed, lost,
                         [m + self.models.lag for m in lost])
 
@@ -288,10 +298,10 @@ class SketchContext:
         (0 = only the warm-up), or None if not even the warm-up is released."""
         if self.store.read_latest(control.SUBSPACE_KEY) is None:
             return None
-        rec = self.store.read_latest(control.RELEASE_STATE_KEY)
-        if rec is not None:
-            self.refresh_model(rec)      # the same record holds the released model
-        return 0 if rec is None else int(rec.meta.get("epoch") or 0)
+        public = self.public_release()
+        if public is not None:
+            self.refresh_model(public)   # the same record holds the released models
+        return 0 if public is None else public[0]
 
 
 class SketchStrategy:
