@@ -473,7 +473,7 @@ class ReleaseService:
         self.health.beat()
         self.commands.read()
         if self._public_epoch is not None and self.continual is not None \
-                and self._public_epoch != self.continual.epoch and self._check_writer():
+                and self._public_epoch != self._published_epoch() and self._check_writer():
             self._write_public()          # a failed write of the public record, retried
         if self.exhausted:
             return
@@ -777,7 +777,7 @@ class ReleaseService:
         epoch and the released refinement models, signed; sketchers read it instead of the
         release state. Written after the state persist; a failure is logged and retried at the
         next start-up or release (sketchers then wait, they never read the private state)."""
-        epoch = 0 if self.continual is None else self.continual.epoch
+        epoch = self._published_epoch()
         models = [] if self.fold_models is None else [
             self.fold_models.models[e].to_dict() for e in sorted(self.fold_models.models)]
         payload = public_release.encode(epoch, models)
@@ -794,13 +794,20 @@ class ReleaseService:
             log.warning("the public release record of epoch %d was not written (%s): sketchers "
                         "see the release when it is (next release or restart)", epoch, exc)
 
+    def _published_epoch(self) -> int:
+        """The last epoch whose snapshot is persisted (0: the warm-up): a persisted draw still
+        to be post-processed (``continual.pending``) has no snapshot, hence no model, yet."""
+        if self.continual is None:
+            return 0
+        return self.continual.epoch - (self.continual.pending is not None)
+
     def _public_behind(self) -> bool:
         """Whether the public release record lags the persisted release state (a crash between
         the two writes, or a deployment older than the record)."""
         if self.continual is None:
             return False
         rec = self.store.read_latest(public_release.KEY)
-        return rec is None or int(rec.meta.get("epoch", -1)) != self.continual.epoch
+        return rec is None or int(rec.meta.get("epoch", -1)) != self._published_epoch()
 
     def _persist(self, key: str, payload: bytes, meta: dict) -> bool:
         """Spend protocol steps 3-4: write ``key`` in this writer's transaction, then commit
