@@ -369,6 +369,7 @@ def _topics(a) -> int:
         f = flags[i]
         label = {"distinct": "", "background": " [background]"}.get(
             f["kind"], f" [near-copy of topic {f['copy_of']}]")
+        label += " [new since the previous release]" if i in doc["new_topics"] else ""
         print(f"topic {i:2d} (α={doc['alpha'][i]:.2f}){label}: "
               + ", ".join(f"{e['word']} {e['p']:.3f}" for e in doc["topics"][i]))
     g = doc["guarantee"]

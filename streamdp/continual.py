@@ -479,6 +479,10 @@ class ContinualRelease:
             topic_word, alpha = topic_word[perm], np.asarray(alpha)[perm]
             lambdas = np.asarray(lambdas)[perm]
             U = None if U is None else np.asarray(U)[:, perm]
+        # mass each topic moved since the same index of the last published release (public)
+        change = (None if self.published_topics is None
+                  or self.published_topics.shape != np.shape(topic_word) else
+                  0.5 * np.abs(np.asarray(topic_word) - self.published_topics).sum(axis=1))
         self.published_topics = np.asarray(topic_word, dtype=np.float64)
         if blt:
             aggregator_fields = {
@@ -514,7 +518,8 @@ class ContinualRelease:
                              n_docs=float(released.sketch.count), privacy=privacy,
                              mechanism=self.aggregator if private else "none",
                              subspace_id=self.subspace.id, epoch=t, subspace_topics=U,
-                             noise_to_signal=nts, fold_in_topics=fold_in, stage=stage)
+                             noise_to_signal=nts, fold_in_topics=fold_in, stage=stage,
+                             topic_change=change)
 
     # ------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:

@@ -11,6 +11,8 @@ from streamdp import serialization as ser
 from streamdp.evaluation.distinct import DISTINCT, TopicFlag, topic_flags
 
 SCHEMA_VERSION = 1
+#: a topic that moved more than this share of its mass since the previous release is *new*
+NEW_TOPIC_MOVE = 0.5
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,6 +46,13 @@ class TopicSnapshot:
                                    documents into; ``topic_word`` is the smoother estimate
                                    for reading and for perplexity
     stage : str                    "spectral" or "refined" (how the topics were made)
+    topic_change : (k,) ndarray or None
+                                   continual releases: the mass each topic moved since the
+                                   same index of the release published before (total
+                                   variation, 0…1; None for the first). Above
+                                   ``NEW_TOPIC_MOVE`` (½) the topic is marked *new*
+                                   (:attr:`new_topics`): the index did not swap (docs/consumers.md
+                                   §Following a topic over time), the topic itself changed
     """
 
     topic_word: np.ndarray
@@ -61,6 +70,14 @@ class TopicSnapshot:
     noise_to_signal: np.ndarray | None = None
     fold_in_topics: np.ndarray | None = None
     stage: str = "spectral"
+    topic_change: np.ndarray | None = None
+
+    @property
+    def new_topics(self) -> list[int]:
+        """Topics that moved more than half their mass since the previous release."""
+        if self.topic_change is None:
+            return []
+        return [int(i) for i in np.flatnonzero(np.asarray(self.topic_change) > NEW_TOPIC_MOVE)]
 
     @property
     def background(self) -> np.ndarray:
@@ -119,6 +136,9 @@ class TopicSnapshot:
         """Plain warnings: topics that cannot be told apart (:attr:`distinct_note`) and topics
         whose noise exceeds their signal (None when neither)."""
         notes = [self.distinct_note] if self.distinct_note else []
+        if self.new_topics:
+            notes.append(f"topic(s) {', '.join(map(str, self.new_topics))} are new: they moved "
+                         "more than half their mass since the previous release")
         if self.noise_to_signal is not None:
             bad = int(np.sum(~(np.asarray(self.noise_to_signal) < 1.0)))
             if bad:
@@ -171,6 +191,8 @@ class TopicSnapshot:
                 "fold_in_topics": (None if self.fold_in_topics is None
                                    else ser.pack_array(self.fold_in_topics.astype(np.float32))),
                 "quality_note": self.quality_note,
+                "topic_change": (None if self.topic_change is None
+                                 else ser.pack_array(np.asarray(self.topic_change, dtype=np.float64))),
                 # derived from topic_word and alpha (ignored when read back): for readers
                 "topic_flags": [f.to_dict() for f in self.topic_flags]}
 
@@ -193,6 +215,8 @@ class TopicSnapshot:
                                     ser.unpack_array(obj["subspace_topics"], name="subspace_topics")),
                    noise_to_signal=(None if obj.get("noise_to_signal") is None else
                                     ser.unpack_array(obj["noise_to_signal"], name="noise_to_signal")),
+                   topic_change=(None if obj.get("topic_change") is None else
+                                 ser.unpack_array(obj["topic_change"], name="topic_change")),
                    fold_in_topics=(None if obj.get("fold_in_topics") is None else
                                    ser.unpack_array(obj["fold_in_topics"], name="fold_in_topics")
                                    .astype(np.float64)))

@@ -615,6 +615,7 @@ def summary(snap: Snapshot, vocabulary: Sequence[str] | None = None, n: int = 10
         "topic_flags": [f.to_dict() for f in snap.topic_flags], "n_distinct": snap.n_distinct,
         "distinct_note": snap.distinct_note,
         "documents_to_tell_apart": snap.documents_to_tell_apart,
+        "topic_change": snap.topic_change, "new_topics": snap.new_topics,
         "guarantee": privacy_summary(snap.privacy), "privacy": snap.privacy})
 
 

@@ -111,3 +111,20 @@ def test_topics_command_shows_distinct_topics_first(tmp_path, capsys):
                                                       "background"]
     assert doc["n_distinct"] == 2 and doc["documents_to_tell_apart"] == 20_000.0
     assert doc["distinct_note"] == snap.distinct_note
+
+
+def test_new_topics_are_marked_kept_on_the_wire_and_shown(tmp_path, capsys):
+    snap = snapshot(topic_change=np.array([0.1, 0.7, 0.2, 0.05]),
+                    vocabulary_id=Vocabulary(WORDS).id)
+    assert snap.new_topics == [1]
+    assert "topic(s) 1 are new" in snap.quality_note
+    again = TopicSnapshot.from_bytes(snap.to_bytes())
+    np.testing.assert_array_equal(again.topic_change, snap.topic_change)
+    assert snapshot().topic_change is None and snapshot().new_topics == []
+    d = tmp_path / "snaps"
+    d.mkdir()
+    (d / f"epoch-000003-{snap.release_id}.msgpack").write_bytes(snap.to_bytes())
+    Vocabulary(WORDS).save(d / "vocabulary.txt")
+    assert cli_main(["topics", "--snapshot-dir", str(d)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("topic  1"))
+    assert "[new since the previous release]" in line
