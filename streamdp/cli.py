@@ -669,9 +669,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Signed with the deployment's control key (docs/operations.md).")
     _service_args(c, deployment=False)
     c.add_argument("type", choices=("flush", "close", "release"),
-                   help="flush: close the warm-up and every complete epoch now; close: declare "
-                        "epochs complete through --through; release: close whatever is closable now")
-    c.add_argument("--through", type=nonnegative_int, help="last epoch to close (for close)")
+                   help="flush: close now every epoch whose close time has passed on the clock "
+                        "(and, with --through E, every epoch <= E); close: declare epochs "
+                        "complete through --through; release: close whatever is closable now")
+    c.add_argument("--through", type=nonnegative_int,
+                   help="last epoch to close (close: required; flush: optional)")
     c.set_defaults(func=_control)
 
     t = sub.add_parser("topics", help="print the latest snapshot's topics for a person",

@@ -109,7 +109,8 @@ def make_config(tmp: Path, bootstrap: str, names: TopicNames, corpus: Corpus, **
                   stream_start=corpus.stream_start, epoch_seconds=corpus.epoch_seconds,
                   ledger=str(tmp / "ledger.jsonl"), snapshot_dir=str(tmp / "snapshots"),
                   checkpoint_seconds=0.5, poll_seconds=0.2,
-                  confirm_backfill=True)     # a replayed feed: stream_start is days ago
+                  confirm_backfill=True,     # a replayed feed: stream_start is days ago
+                  closing="operator")        # ... its epochs close by the tests' flush/close
     # Refinement off unless a test asks for it: these tests replay every document before the
     # first release, so none could be folded into a model, and they compare against the
     # engine's spectral path (tests/test_service_refinement.py runs the refined path).

@@ -244,7 +244,7 @@ def test_every_non_private_snapshot_says_so(kafka_broker, tmp_path):
     try:
         pipe.start()
         produce(kafka_broker.bootstrap, names.documents, corpus.records())
-        send_control(kafka_broker.bootstrap, names, "flush")
+        send_control(kafka_broker.bootstrap, names, "flush", through=corpus.epochs)
         last = pipe.wait_released(corpus.epochs, timeout=90)
     finally:
         pipe.stop()

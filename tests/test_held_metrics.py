@@ -61,7 +61,7 @@ def test_a_partition_held_for_its_model_is_in_the_metrics_until_the_release(kafk
         s = scrape(url)
         assert set(_paused(s)) == set(PAUSE_REASONS)
         produce(bootstrap, names.documents, corpus.records())
-        send_control(bootstrap, names, "flush")
+        send_control(bootstrap, names, "flush", through=corpus.epochs)
 
         # --- no subspace yet: both partitions held at their first stream document
         s = scrape_until(url, lambda s: _paused(s)["subspace"] == 2, 60, "held for the subspace")
@@ -121,7 +121,7 @@ def test_budget_running_out_before_the_horizon_ends_releases_with_reason_budget(
     with Pipeline(cfg, sketchers=2) as pipe:
         release = pipe.release
         produce(bootstrap, names.documents, corpus.records())
-        send_control(bootstrap, names, "flush")
+        send_control(bootstrap, names, "flush", through=corpus.epochs)
         pipe.wait_released(1)
         wait_for(lambda: release.releases_ended is not None, 90, "the end of releases",
                  check=pipe.check)
@@ -132,7 +132,7 @@ def test_budget_running_out_before_the_horizon_ends_releases_with_reason_budget(
         assert metric(s, "streamdp_releases_total", outcome="refused_budget") == 1
         assert metric(s, "streamdp_releases_total", outcome="published") == 1
         assert metric(s, "streamdp_tree_epoch") == 1            # before the horizon (2)
-        send_control(bootstrap, names, "flush")                 # asked again: nothing more
+        send_control(bootstrap, names, "flush", through=corpus.epochs)                 # asked again: nothing more
         time.sleep(3 * cfg.poll_seconds + 1)
         assert release.continual.epoch == 1 and release.releases_ended == "budget"
         assert release.exhausted                                # the accountant's refusal

@@ -162,7 +162,7 @@ def test_release_after_an_outage_is_published_without_overspend(tmp_path):
 
             produce(broker.bootstrap, names.documents,
                     [corpus.record(i) for i in range(corpus.n_warm, len(corpus.texts))])
-            send_control(broker.bootstrap, names, "flush")     # the last epoch is still open
+            send_control(broker.bootstrap, names, "flush", through=corpus.epochs)     # the last epoch is still open
             snap = pipe.wait_released(2, timeout=120)
             assert snap.epoch == 2 and rel.fenced is None
             assert rel.writer_epoch == epoch_before          # the same writer, never re-registered

@@ -19,7 +19,7 @@ from streamdp.refinement import RefinementModel, RefinementSketch
 from streamdp.services.partition_state import SELECTION, PartitionState
 from streamdp.services.release_merge import (SketchMismatch, merge_epoch_sums, merge_refine_sums,
                                              merge_warmups)
-from streamdp.services.release_policy import ClosingPolicy, Commands, newest_epoch
+from streamdp.services.release_policy import ClosingPolicy, Commands
 from streamdp.services.release_sinks import ReleaseSinks
 from streamdp.snapshot import TopicSnapshot
 from streamdp.text.vocabulary import Vocabulary
@@ -61,91 +61,82 @@ class Probe:
         return self.ends[p] <= next_offset
 
 
-def closable(epoch, states, partitions=(0, 1, 2), *, now=0.0, commands=Commands(), ends=None):
+def closable(epoch, states, partitions=(0, 1, 2), *, now=0.0, commands=Commands(), ends=None,
+             policy=POLICY):
     probe = Probe(ends if ends is not None else {p: 10 for p in partitions})
-    return POLICY.closable(epoch, states, list(partitions), commands=commands, now=now,
+    return policy.closable(epoch, states, list(partitions), commands=commands, now=now,
                            caught_up=probe), probe
 
 
-def test_an_epoch_closes_only_when_every_partition_passed_its_end_plus_lateness():
+def test_an_epoch_is_due_at_its_close_time_plus_the_grace_on_the_clock():
     ct = close_time(1)
     assert ct == START + EPOCH + LATENESS
+    assert POLICY.due_at(1, Commands()) == ct + POLICY.grace
     passed = {p: rec(ct + p) for p in range(3)}                 # every one at or past ct
-    ok, probe = closable(1, passed)
-    assert ok and probe.asked == []                             # progress alone decides
+    # progress past the close time does not make the epoch due: only the clock does
+    assert closable(1, passed, now=ct + POLICY.grace - 0.1)[0] is False
+    ok, probe = closable(1, passed, now=ct + POLICY.grace)
+    assert ok and probe.asked == []                             # progress alone covers the cut
+    # due, but one partition neither past the cut nor caught up: the release waits
     for lagging in range(3):
-        # one partition just before epoch end + lateness: not closable (past the epoch's end
-        # is not enough, lateness must pass too)
-        states = {**passed, lagging: rec(ct - 1e-6)}
-        assert closable(1, states)[0] is False
-        states = {**passed, lagging: rec(START + EPOCH)}        # epoch end, lateness not past
-        assert closable(1, states)[0] is False
-    # a partition with no state and one with no progress yet
-    assert closable(1, {0: passed[0], 1: passed[1]})[0] is False
-    assert closable(1, {**passed, 2: rec(None)})[0] is False
-    # epoch 2 is not closable from the same view
-    assert closable(2, passed)[0] is False
+        states = {**passed, lagging: rec(ct - 1e-6, next_offset=4)}
+        ok, probe = closable(1, states, now=ct + 3600, ends={0: 10, 1: 10, 2: 10, lagging: 9})
+        assert not ok and probe.asked == [(lagging, 4)]
+    # no partitions at all: never closable, even ordered
+    assert closable(1, {}, partitions=(), now=1e12, commands=Commands.of(forced_through=5))[0] is False
+    # closing: operator — never due by the clock alone
+    replay = ClosingPolicy(close_time, LATENESS, closing="operator")
+    assert replay.due_at(1, Commands()) == math.inf
+    assert closable(1, passed, now=1e12, policy=replay)[0] is False
+    with pytest.raises(ValueError, match="closing"):
+        ClosingPolicy(close_time, LATENESS, closing="arrivals")
 
 
-def test_a_partition_held_or_from_the_future_counts_by_its_progress_only():
-    ct = close_time(1)
-    # a sketcher held for its refinement model reports the held record's time as progress
-    # (capped by the service clock): before the close time it holds the epoch, whatever else
-    held = {0: rec(ct + 500), 1: rec(ct - 30, next_offset=4), 2: rec(ct + 1)}
-    ok, probe = closable(1, held, ends={0: 10, 1: 9, 2: 10}, now=ct + 3600)
-    assert not ok and probe.asked == [(1, 4)]        # live past the close time: asked, not caught up
-    # a state "from the future" (progress far ahead) counts as past: it cannot hold an epoch
-    future = {0: rec(1e12), 1: rec(ct), 2: rec(math.inf)}
-    assert closable(1, future)[0]
-    # no partitions at all: never closable, even forced
-    assert closable(1, {}, partitions=(), commands=Commands(forced_through=5))[0] is False
-
-
-def test_forced_or_live_epochs_close_on_caught_up_partitions_only():
+def test_orders_make_epochs_due_at_the_order_time():
     ct = close_time(3)
-    behind = {0: rec(ct - 200, next_offset=7), 1: rec(ct - 200, next_offset=5), 2: None}
-    states = {p: r for p, r in behind.items() if r is not None}   # partition 2: no state
+    behind = {0: rec(ct - 200, next_offset=7), 1: rec(ct - 200, next_offset=5)}
     ends = {0: 7, 1: 5, 2: 0}                                     # all caught up (2 is empty)
-    assert closable(3, states, ends=ends)[0] is False             # not forced, not live past
-    # an operator's close through 3 (or later) forces it; through 2 does not
-    assert closable(3, states, ends=ends, commands=Commands(forced_through=3))[0]
-    assert closable(3, states, ends=ends, commands=Commands(forced_through=2))[0] is False
-    # live: idle_grace seconds past the close time (lateness > 0)
-    assert closable(3, states, ends=ends, now=ct + POLICY.idle_grace)[0]
-    assert closable(3, states, ends=ends, now=ct + POLICY.idle_grace - 0.1)[0] is False
-    # ... but not with lateness 0 (no live closing without lateness)
-    strict = ClosingPolicy(close_time, 0.0)
-    assert strict.closable(3, states, [0, 1, 2], commands=Commands(), now=ct + 3600,
-                           caught_up=Probe(ends)) is False
-    # a partition with records past its state is not caught up: forced or not, it holds
-    ok, probe = closable(3, states, ends={**ends, 1: 6}, commands=Commands(forced_through=9))
+    # close --through 3 at time 50 (before the schedule): due at 50, for epochs <= 3 only
+    close3 = Commands.of(forced_through=3, at=50.0)
+    assert POLICY.due_at(3, close3) == 50.0 and POLICY.due_at(4, close3) == close_time(4) + POLICY.grace
+    assert closable(3, behind, ends=ends, commands=close3, now=50.0)[0]
+    assert closable(3, behind, ends=ends, commands=Commands.of(forced_through=2), now=50.0)[0] is False
+    # a partition with records past its state is not caught up: ordered or not, it holds
+    ok, probe = closable(3, behind, ends={**ends, 1: 6}, commands=close3, now=60.0)
     assert not ok and (1, 5) in probe.asked
-    # a flush forces every epoch some partition holds sums of, not later ones
-    flushed = {p: rec(ct - 200, next_offset=ends[p], epochs=(2, 3)) for p in (0, 1)}
-    assert newest_epoch(flushed) == 3
-    assert closable(3, flushed, ends=ends, commands=Commands(flush_requested=True))[0]
-    assert closable(4, flushed, ends=ends, commands=Commands(flush_requested=True))[0] is False
+    # a flush at time t closes through the last epoch whose close time is <= t (the clock)
+    t = close_time(3) + 1.0
+    flush = Commands.of(flush_at=t)
+    assert POLICY.due_at(3, flush) == t                  # before its schedule (ct + grace)
+    assert POLICY.due_at(2, flush) == close_time(2) + POLICY.grace   # the schedule came first
+    assert POLICY.due_at(4, flush) == close_time(4) + POLICY.grace
+    # the earliest public input wins: the schedule if it came first
+    late_flush = Commands.of(flush_at=close_time(2) + 3600)
+    assert POLICY.due_at(2, late_flush) == close_time(2) + POLICY.grace
 
 
 def test_the_selection_window_and_warm_up():
     before = {0: rec(START - 60), 1: rec(START - 60)}
-    # the selection window closes at START - 50: forced by any flush or close command
-    assert closable(SELECTION, before, partitions=(0, 1))[0] is False
-    assert closable(SELECTION, before, partitions=(0, 1), commands=Commands(forced_through=0))[0]
-    assert closable(SELECTION, before, partitions=(0, 1),
-                    commands=Commands(flush_requested=True))[0]
-    # the warm-up (epoch 0) closes at stream_start, forced by close through 0
-    assert closable(0, before, partitions=(0, 1))[0] is False
-    assert closable(0, before, partitions=(0, 1), commands=Commands(forced_through=0))[0]
-    assert closable(0, {0: rec(START), 1: rec(START)}, partitions=(0, 1))[0]
+    replay = ClosingPolicy(close_time, LATENESS, closing="operator")
+    # the selection window closes at START - 50: ordered by any flush after it or close command
+    assert closable(SELECTION, before, partitions=(0, 1), policy=replay, now=START)[0] is False
+    assert closable(SELECTION, before, partitions=(0, 1), policy=replay, now=START,
+                    commands=Commands.of(forced_through=0))[0]
+    assert closable(SELECTION, before, partitions=(0, 1), policy=replay, now=START,
+                    commands=Commands.of(flush_at=START - 50))[0]
+    assert closable(SELECTION, before, partitions=(0, 1), policy=replay, now=START,
+                    commands=Commands.of(flush_at=START - 51))[0] is False
+    # the warm-up (epoch 0) closes at stream_start + grace, or by close through 0
+    assert POLICY.due_at(0, Commands()) == START + POLICY.grace
+    assert closable(0, before, partitions=(0, 1), policy=replay, now=START,
+                    commands=Commands.of(forced_through=0))[0]
 
 
-def test_flush_complete():
-    states = {0: rec(0, next_offset=4, epochs=(2,)), 1: rec(0, next_offset=9, epochs=())}
-    ends = {0: 4, 1: 9, 2: 0}
-    assert ClosingPolicy.flush_complete(2, states, [0, 1, 2], Probe(ends))
-    assert not ClosingPolicy.flush_complete(1, states, [0, 1, 2], Probe(ends))   # epoch 2 open
-    assert not ClosingPolicy.flush_complete(2, states, [0, 1, 2], Probe({**ends, 2: 1}))
+def test_orders_are_pruned_once_their_epochs_are_released():
+    cmds = Commands.of(forced_through=3, flush_at=close_time(5))
+    assert len(POLICY.prune(cmds, 2).orders) == 2
+    assert len(POLICY.prune(cmds, 3).orders) == 1          # the close order is spent
+    assert POLICY.prune(cmds, 5).orders == ()
 
 
 def test_the_policy_and_the_merge_are_pure():

@@ -27,7 +27,7 @@ def epoch_rows(corpus, e: int) -> np.ndarray:
 def produce_epoch(bootstrap, names, corpus, e: int) -> None:
     recs = corpus.records()
     produce(bootstrap, names.documents, [recs[i] for i in epoch_rows(corpus, e)])
-    send_control(bootstrap, names, "flush")
+    send_control(bootstrap, names, "flush", through=corpus.epochs)
 
 
 def wait_folding(pipe: Pipeline, e: int, timeout: float = 90.0):
@@ -186,7 +186,7 @@ def test_refinement_sums_do_not_depend_on_poll_batches(kafka_broker, tmp_path):
                           refinement_thread=thread)
         with Pipeline(cfg, sketchers=1) as pipe:
             produce(bootstrap, names.documents, corpus.records())
-            send_control(bootstrap, names, "flush")
+            send_control(bootstrap, names, "flush", through=corpus.epochs)
             snaps = [pipe.wait_released(e, timeout=180) for e in range(1, corpus.epochs + 1)]
             out[batch, thread] = (_exact_refine(pipe), pipe.release.latest, pipe.sketchers[0].model_holds)
         assert snaps[-1].epoch == corpus.epochs

@@ -73,7 +73,7 @@ def nonprivate_run(kafka_broker, tmp_path_factory):
         health = {u: http_get(u + "/healthz")[0] for u in urls + [release_url]}
         n = produce(bootstrap, names.documents, corpus.records())
         assert n == len(corpus.texts)
-        send_control(bootstrap, names, "flush")
+        send_control(bootstrap, names, "flush", through=corpus.epochs)
         last = pipe.wait_released(corpus.epochs, timeout=90)
         # every metric below is final once the last epoch is out: scrape while running
         sk_samples = [scrape(u) for u in urls]
@@ -197,7 +197,7 @@ def test_end_to_end_private(kafka_broker, tmp_path):
     try:
         pipe.start()
         produce(bootstrap, names.documents, corpus.records())
-        send_control(bootstrap, names, "flush")
+        send_control(bootstrap, names, "flush", through=corpus.epochs)
         last = pipe.wait_released(corpus.epochs, timeout=90)
         wait_for(lambda: pipe.release.server is not None, 10, "the release metrics server")
         rel = scrape_until(pipe.release.server.url, lambda m: metric(
@@ -305,7 +305,7 @@ def test_dead_letter(kafka_broker, tmp_path):
     try:
         pipe.start()
         produce(bootstrap, names.documents, records)
-        send_control(bootstrap, names, "flush")
+        send_control(bootstrap, names, "flush", through=corpus.epochs)
         last = pipe.wait_released(corpus.epochs, timeout=90)
         wait_for(lambda: all(s.server is not None for s in pipe.sketchers), 10, "metrics servers")
         sk = [scrape(s.server.url) for s in pipe.sketchers]
@@ -415,7 +415,7 @@ def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, poin
             assert proc.proc.poll() is None, proc.log()[-3000:]
         sketchers.start()
         produce(bootstrap, names.documents, corpus.records())
-        send_control(bootstrap, names, "flush")
+        send_control(bootstrap, names, "flush", through=corpus.epochs)
         if proc is not None:
             try:
                 rc = proc.wait(timeout=120)
@@ -568,7 +568,7 @@ def test_second_release_service_and_lost_ledger_are_refused(kafka_broker, tmp_pa
     try:
         pipe.start()
         produce(bootstrap, names.documents, corpus.records())
-        send_control(bootstrap, names, "flush")
+        send_control(bootstrap, names, "flush", through=corpus.epochs)
         pipe.wait_released(1, timeout=90)
         # ---- (a) a second release service, another ledger, while the first runs
         with pytest.raises(ConfigError) as info:
@@ -666,7 +666,7 @@ def test_two_release_services_started_together(kafka_broker, tmp_path):
             t.start()
         sketchers.start()
         produce(bootstrap, names.documents, corpus.records())
-        send_control(bootstrap, names, "flush")
+        send_control(bootstrap, names, "flush", through=corpus.epochs)
         for t in runners:
             t.join(150)
     finally:

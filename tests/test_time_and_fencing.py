@@ -190,8 +190,12 @@ def test_poison_timestamp_30_days_ahead_closes_nothing_early(kafka_broker, tmp_p
         on_time = _on_time_records(corpus, 500, time.time())
         n += produce(kafka_broker.bootstrap, names.documents, on_time)
         wait_for(lambda: _sketched(pipe) == n, 60, f"all {n} records consumed", check=pipe.check)
+        # a flush closes through the epoch the *clock* says has closed (3), whatever the
+        # poison record's time (issue 23: flush is never paced by data)
+        send_control(kafka_broker.bootstrap, names, "flush")
+        pipe.wait_released(3, timeout=90)
         time.sleep(3.0)                       # the release service steps every 0.2 s
-        # epochs 1-3 ended (on the service clock) before the test: closable; 4 is the
+        # epochs 1-3 ended (on the service clock) before the test: closed; 4 is the
         # current epoch and must stay open, whatever the poison record says
         assert pipe.release.continual.epoch == 3, pipe.release.continual.epoch
         dlq = read_topic(kafka_broker.bootstrap, names.dlq)
@@ -200,7 +204,7 @@ def test_poison_timestamp_30_days_ahead_closes_nothing_early(kafka_broker, tmp_p
         late = sum(st.counters["late"] for s in pipe.sketchers for st in s.states.values())
         assert late == 0
 
-        send_control(kafka_broker.bootstrap, names, "flush")
+        send_control(kafka_broker.bootstrap, names, "close", through=4)   # the operator's order
         snap = pipe.wait_released(4, timeout=90)
         assert snap.epoch == 4 and snap.n_docs == pytest.approx(500)   # non-private: exact count
         time.sleep(1.0)
@@ -239,7 +243,7 @@ def test_forged_epochs_closed_drops_nothing(kafka_broker, tmp_path):
         assert held == 400
         assert all(s.closed_through <= pipe.release.continual.epoch for s in pipe.sketchers)
 
-        send_control(kafka_broker.bootstrap, names, "flush")
+        send_control(kafka_broker.bootstrap, names, "close", through=4)
         snap = pipe.wait_released(4, timeout=90)
         assert snap.n_docs == pytest.approx(400)
     finally:

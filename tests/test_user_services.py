@@ -416,7 +416,7 @@ def test_user_mode_pipeline_end_to_end_and_a_restart_with_another_unit_is_refuse
             p.produce(names.documents, key=key.encode(), value=doc, partition=part,
                       timestamp=int(ts * 1000))
         assert p.flush(10) == 0
-        send_control(bootstrap, names, "flush")
+        send_control(bootstrap, names, "flush", through=corpus.epochs)
         last = pipe.wait_released(corpus.epochs, timeout=120)
     finally:
         pipe.stop()

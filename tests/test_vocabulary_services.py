@@ -194,7 +194,7 @@ def test_private_vocabulary_selection_then_warm_up_then_stream(kafka_broker, tmp
         # --- phase 2: the release service starts; the same sketchers go on
         pipe = Pipeline(cfg, sketchers=0)
         pipe.start()
-        send_control(bootstrap, names, "flush")
+        send_control(bootstrap, names, "flush", through=epochs)
         last = pipe.wait_released(epochs, timeout=300)
         rel = pipe.release
         assert rel.exhausted is None
@@ -261,7 +261,7 @@ def test_release_killed_during_the_selection_then_restarted(kafka_broker, tmp_pa
         assert proc.proc.poll() is None, proc.log()[-3000:]
         sketchers.start()
         produce(bootstrap, names.documents, records)
-        send_control(bootstrap, names, "flush")
+        send_control(bootstrap, names, "flush", through=1)
         try:
             rc = proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
@@ -302,7 +302,7 @@ def test_too_small_selection_window_fails_with_the_numbers_and_the_fix(kafka_bro
     pipe = Pipeline(cfg, sketchers=1)
     with pipe:
         produce(bootstrap, names.documents, records)
-        send_control(bootstrap, names, "flush")
+        send_control(bootstrap, names, "flush", through=1)
         wait_for(lambda: pipe.release.exhausted, 90, "the selection to fail", check=pipe.check)
         msg = pipe.release.exhausted
     assert "selection_end" in msg and "epsilon" in msg and "vocabulary_mode: public" in msg
@@ -385,7 +385,7 @@ def test_public_vocabulary_is_built_once_and_shared(kafka_broker, tmp_path):
         pipe = Pipeline(cfg, sketchers=0)
         with pipe:
             assert pipe.release.vocabulary == expected
-            send_control(bootstrap, names, "flush")
+            send_control(bootstrap, names, "flush", through=1)
             last = pipe.wait_released(1, timeout=120)
     assert last.vocabulary_id == expected.id
     assert last.privacy["vocabulary"]["mode"] == "public"

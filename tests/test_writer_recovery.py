@@ -162,7 +162,7 @@ def test_release_service_recreates_its_writer_after_a_fatal_error(kafka_broker, 
         rel.store.producer = failing
         produce(kafka_broker.bootstrap, names.documents,
                 [corpus.record(i) for i in range(corpus.n_warm, len(corpus.texts))])
-        send_control(kafka_broker.bootstrap, names, "flush")
+        send_control(kafka_broker.bootstrap, names, "flush", through=corpus.epochs)
         snap = pipe.wait_released(2, timeout=120)
         assert snap.epoch == 2 and rel.fenced is None
         assert rel.store.reinitialisations == 1 and rel.store.producer is not failing

@@ -241,7 +241,9 @@ def describe(report: dict, *, n_docs: float | None = None) -> list[tuple[str, st
         text += f"The vocabulary is {_VOCABULARY_IN_WORDS.get(vocab.get('mode'), vocab.get('mode'))}. "
     else:
         text += "The vocabulary is the caller's and is assumed public. "
-    text += ("Public by design: the clip bounds, the epoch schedule and when releases happen. Not "
+    text += ("Public by design: the clip bounds, the epoch schedule and when releases happen "
+             "(each release is due at its epoch's scheduled close time or at an operator's "
+             "order, never at a time the documents decide; created_at is that due time). Not "
              "public (operators only, in the services): exact counts in /metrics, the logs, the state "
              "topic and the privacy ledger (docs/privacy.md, Trust boundary).")
     out.append(("What is public", text))

@@ -89,6 +89,9 @@ class ServiceConfig:
     confirm_backfill: bool = False               # first start with stream_start > 1 epoch ago
     epoch_seconds: float = 3600.0
     lateness: float = 0.0
+    # when epochs close (docs/services.md §How epochs close): "schedule" — at close time + a
+    # fixed grace on the service clock; "operator" — only by control flush/close (a replay)
+    closing: str = "schedule"
     ledger: str = "streamdp-ledger.jsonl"
     snapshot_dir: str = "snapshots"
     batch_size: int = 2000
@@ -196,6 +199,10 @@ class ServiceConfig:
             Routing(EpochClock(float(self.stream_start), float(self.epoch_seconds)), float(self.lateness))
         except (ValueError, TypeError) as exc:
             bad("stream_start/epoch_seconds/lateness", str(exc))
+        if self.closing not in ("schedule", "operator"):
+            bad("closing", f"must be 'schedule' (epochs close at their close time + "
+                           f"{5:g} s on the service clock) or 'operator' (only by `streamdp "
+                           f"control flush/close`, e.g. a replayed feed), got {self.closing!r}")
         for name in ("batch_size", "max_document_bytes", "max_document_tokens"):
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 1):

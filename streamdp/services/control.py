@@ -9,9 +9,10 @@
 * ``epochs_closed``   (release → sketchers) ``through``: epochs ≤ through are
   released; sketchers drop their raw sketches at the next checkpoint — but only
   after the release state on the state topic confirms it (the message is a hint);
-* ``flush``           (operator → release) the input is complete for now: close
-  the warm-up and every epoch up to the newest one seen, once all partitions are
-  caught up (a batch corpus, a demo, a test);
+* ``flush``           (operator → release) optional ``through``: close now (without waiting
+  for the grace) every epoch whose close time had passed at ``at`` — a cut derived from the
+  clock, never from the data (issue 23) — and, with ``through``, every epoch ≤ through;
+  each once all partitions' states cover it (a batch corpus, a demo, a test);
 * ``close``           (operator → release) ``through``: the operator asserts the
   input of epochs ≤ through is complete; close them;
 * ``release``         (operator → release) close whatever is closable now.
@@ -77,7 +78,7 @@ def decode(raw: bytes) -> dict:
     ser.check_header(obj, KIND, VERSION)
     if obj.get("type") not in TYPES:
         raise ser.SchemaError(f"unknown control type {obj.get('type')!r}")
-    if obj["type"] in ("epochs_closed", "close"):
+    if obj["type"] in ("epochs_closed", "close") or (obj["type"] == "flush" and "through" in obj):
         if not isinstance(obj.get("through"), int) or obj["through"] < 0:
             raise ser.SchemaError(f"control {obj['type']}: 'through' must be an epoch >= 0")
     return obj

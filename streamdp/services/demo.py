@@ -176,6 +176,7 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
                         checkpoint_seconds=2.0, poll_seconds=0.5, seed=seed,
                         non_production=True,   # embedded broker: CreateTime, derived control key
                         confirm_backfill=True,  # a replay of last week's documents, on purpose
+                        closing="operator",   # a replay: epochs close by the flush below
                         **user_fields)
     if user_partitions is not None:     # what the release service records (and checks)
         from streamdp.services.config import documents_partition_count
@@ -234,8 +235,11 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
                         progress=bar.update, user_partitions=user_partitions)
             out(f"  [{time.time() - t_start:5.1f} s] produced {len(rows):,} {what} documents; "
                 "closing the epoch ...")
-            # flush: close the warm-up and every epoch seen once all partitions are caught up
-            control_producer.produce(names.control, value=control.encode("flush", key=control.load_key(cfg)))
+            # flush --through e: the operator's explicit order closes the warm-up and epochs <= e
+            # once all partitions are caught up (a plain flush would close every epoch whose
+            # close time has passed on the clock: all of them, in a replay of last week)
+            control_producer.produce(names.control, value=control.encode(
+                "flush", key=control.load_key(cfg), through=int(e)))
             control_producer.flush(10)
             while time.time() < deadline and not release.exhausted:
                 if release.vocabulary is not None and not vocab_announced:

@@ -2,10 +2,11 @@
 
 Order of operations for one epoch close (crash-safety argument in docs/services.md)
 ----------------------------------------------------------------------------------
-1. read every documents partition's latest complete sketcher state; the epoch is
-   *closable* when each partition has progressed past the epoch's close time
-   (record time), or is caught up and the epoch is past (live) or forced (flush
-   / close control message);
+1. the epoch is *due* by THE schedule (:mod:`~streamdp.services.release_policy`:
+   its close time + a fixed grace on the service clock, or an operator's order —
+   public inputs only); then wait until every documents partition's latest
+   complete sketcher state covers its cut (progress past the close time, or
+   caught up);
 2. merge the epoch's sketch sums over partitions;
 3. the spend protocol (:mod:`streamdp.privacy.spend`), one place for every
    private release: ``ContinualRelease.close_epoch`` *reserves* the tree nodes
@@ -137,7 +138,7 @@ class ReleaseService:
             except vocab_mod.VocabularyError as exc:
                 raise ConfigError(str(exc)) from None
         self.routing = cfg.routing
-        self.policy = ClosingPolicy(self.routing.close_time, cfg.lateness)
+        self.policy = ClosingPolicy(self.routing.close_time, cfg.lateness, closing=cfg.closing)
         check_bootstrap(cfg.client("admin"))     # fail fast, naming 'bootstrap', before any ledger write
         self.lease = ReleaseLease(cfg.ledger)
         self.writer = ReleaseWriter(cfg, self._set_fenced)
@@ -506,11 +507,6 @@ class ReleaseService:
         if self.continual.epoch >= self.continual.epoch_limit:
             self._releases_ended(ENDED_HORIZON, f"the tree horizon is reached: epoch "
                                  f"{self.continual.epoch} of {self.continual.epoch_limit} released")
-        if self.flush_requested and self.policy.flush_complete(
-                self.continual.epoch, states, partitions, self._caught_up):
-            self.commands.flush_requested = False   # everything seen is released: the flush is done
-            self._write_state()               # ... durably, so a restart does not resume it
-            log.info("flush complete through epoch %d", self.continual.epoch)
 
     def _load_states(self, states: dict) -> list[PartitionState]:
         return load_states(states, self.subspace)
@@ -733,7 +729,10 @@ class ReleaseService:
             privacy["refinement"] = {**(privacy.get("refinement") or {}), "model_epoch": model_epoch,
                                      "model_lag": self.refinement.model_lag, "refined": refined}
         # keep stage, noise_to_signal, fold_in_topics, subspace_topics (replace, not rebuild)
-        drawn = replace(snap, privacy=privacy, vocabulary_id=self.vocabulary.id)
+        # created_at is the epoch's due time (THE schedule, release_policy): public inputs only,
+        # never the moment the computation ended (that depends on data volume and load)
+        drawn = replace(snap, privacy=privacy, vocabulary_id=self.vocabulary.id,
+                        created_at=self.policy.due_at(epoch, self.commands.current))
         if self.refinement is not None:       # keep the last L models (all a sketcher may need)
             self.fold_models.add_snapshot(drawn)
         if not self._write_state(drawn):                 # → persist the snapshot
@@ -757,6 +756,8 @@ class ReleaseService:
         one already in the state) and the control position; then commit the reservations
         drawn for it (spend protocol steps 3-4)."""
         snap = self._state_snapshot if snapshot is None else snapshot
+        # orders that cover no unreleased epoch are dropped (they decide nothing more)
+        self.commands.keep(self.policy.prune(self.commands.current, self.continual.epoch))
         meta = {"epoch": self.continual.epoch, "writer_epoch": self.writer_epoch,
                 "release_id": None if snap is None else snap.release_id}
         if self.accountant is not None:

@@ -14,7 +14,7 @@ from streamdp import serialization as ser
 from streamdp.services import control
 from streamdp.services.config import ServiceConfig
 from streamdp.services.partition_state import PartitionState
-from streamdp.services.release_policy import Commands
+from streamdp.services.release_policy import Commands, Order, order_from_message
 from streamdp.services.state_view import PartitionView
 
 log = logging.getLogger("streamdp.release")
@@ -39,28 +39,47 @@ class ControlCommands:
             "group.id": f"{cfg.topic_prefix}-release-control", "enable.auto.commit": False,
             "fetch.wait.max.ms": 100}))
         self.offset: int | None = None     # next control offset to read (saved with the state)
-        self.forced_through = -1           # epochs an operator declared complete (0 = warm-up)
-        self.flush_requested = False
+        self.orders: tuple[Order, ...] = ()   # the operator's standing orders (release_policy)
         self.rejected = 0                  # unauthenticated commands seen
 
     @property
     def current(self) -> Commands:
-        return Commands(self.forced_through, self.flush_requested)
+        return Commands(self.orders)
+
+    @property
+    def forced_through(self) -> int:
+        """The largest explicit ``--through`` epoch ordered (-1: none)."""
+        return max([o.through for o in self.orders] or [-1])
+
+    @property
+    def flush_requested(self) -> bool:
+        return any(o.through_time is not None for o in self.orders)
+
+    def keep(self, commands: Commands) -> None:
+        """Replace the standing orders (pruned by the policy once their epochs are released)."""
+        self.orders = tuple(commands.orders)
 
     def restore(self, obj: dict | None) -> None:
         """Resume from a persisted release state (``None``: nothing persisted yet), and read
         from its saved offset (the beginning without one)."""
         if obj is not None:
             self.offset = obj.get("control_offset")
-            self.forced_through = obj.get("forced_through", -1)
-            self.flush_requested = bool(obj.get("flush_requested", False))
+            if "orders" in obj:
+                self.orders = tuple(Order.from_list(o) for o in obj["orders"] or [])
+            else:       # a state written before the public schedule (issue 23)
+                now = time.time()
+                old = []
+                if obj.get("forced_through", -1) >= 0:
+                    old.append(Order(now, int(obj["forced_through"])))
+                if obj.get("flush_requested"):
+                    old.append(Order(now, -1, now))
+                self.orders = tuple(old)
         start = OFFSET_BEGINNING if self.offset is None else self.offset
         self.consumer.assign([TopicPartition(self.cfg.topics.control, 0, start)])
 
     def state(self) -> dict:
         """What the release state persists of the commands."""
-        return {"control_offset": self.offset, "forced_through": self.forced_through,
-                "flush_requested": self.flush_requested}
+        return {"control_offset": self.offset, "orders": [o.to_list() for o in self.orders]}
 
     def read(self) -> None:
         """Apply the commands that arrived since the last read."""
@@ -84,10 +103,8 @@ class ControlCommands:
                     continue
                 log.warning("accepting unauthenticated %s control message at offset %d "
                             "(non_production only)", msg["type"], m.offset())
-            if msg["type"] == "flush":
-                self.flush_requested = True
-            elif msg["type"] == "close":
-                self.forced_through = max(self.forced_through, msg["through"])
+            if msg["type"] in ("flush", "close"):
+                self.orders = self.orders + (order_from_message(msg, time.time()),)
 
     def close(self) -> None:
         self.consumer.close()
