@@ -173,7 +173,8 @@ def test_zombie_sketcher_neither_double_counts_nor_drops(kafka_broker, kafka_top
         from confluent_kafka import Producer
         from streamdp.kafka.topics import client_config
         p = Producer(client_config(bootstrap, "producer"))
-        p.produce(names.control, value=control.encode("flush", key=control.load_key(cfg)))
+        p.produce(names.control, value=control.encode("flush", key=control.load_key(cfg),
+                                                      through=corpus.epochs))
         assert p.flush(10) == 0
         last = pipe.wait_released(corpus.epochs, timeout=120)
         assert b.terminate() == 0, b.tail()
