@@ -102,7 +102,7 @@ def run(kafka_broker, tmp_path_factory):
         out["http_latest_before"] = snapshots.latest(url)
         out["http_vocabulary"] = snapshots.vocabulary(url)
         produce(bootstrap, names.documents, [recs[i] for i in epoch_rows(corpus, 1)])
-        send_control(bootstrap, names, "flush", through=corpus.epochs)
+        send_control(bootstrap, names, "flush", through=1)
         pipe.wait_released(1)
         wait_for(lambda: all(w.model_epoch == 1 for w in workers.sketchers), 30,
                  "the sketcher to load the model of epoch 1", check=workers.check)
@@ -110,7 +110,7 @@ def run(kafka_broker, tmp_path_factory):
                      "kafka": Follower(snapshots.KafkaSource(bootstrap, names.snapshots))}
         wait_for(lambda: all(f.got for f in followers.values()), 30, "the followers' backlog")
         produce(bootstrap, names.documents, [recs[i] for i in epoch_rows(corpus, 2)])
-        send_control(bootstrap, names, "flush", through=corpus.epochs)
+        send_control(bootstrap, names, "flush", through=2)
         out["last"] = pipe.wait_released(2)
         wait_for(lambda: all(len(f.got) >= 2 for f in followers.values()), 30,
                  "the followers to see the second release")

@@ -214,3 +214,53 @@ def test_control_plane_audit_on_the_broker(kafka_broker, tmp_path):
     finally:
         for dep, _ in deps.values():
             dep.stop()
+
+
+@pytest.mark.slow
+def test_an_empty_warm_up_releases_on_schedule_like_its_neighbour(kafka_broker, tmp_path):
+    """Issue 23 item 2: neighbours at the warm-up boundary — A with no warm-up document, B with
+    one. The operator closes through epoch 1 at the same instant in both. Both must publish the
+    warm-up (noise only in A) and epoch 1 with the same created_at, and go on releasing.
+
+    Before the fix: A ended releases ("no warm-up documents") — an exact count of 0 turned into
+    a visible halt — while B published epoch 1."""
+    from service_helpers import fresh_topics, make_config, make_corpus, send_control, wait_for
+    from streamdp.services.produce import produce
+
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(1, 300, 1, seed=12)         # stream_start two days ago, one epoch
+    at = time.time() + 15.0
+    deps = {}
+    try:
+        for name in ("A", "B"):
+            names = fresh_topics(bootstrap)
+            cfg = make_config(tmp_path / name, bootstrap, names, corpus, epsilon=1.0,
+                              noise_seed=None, sampler="fast", non_production=True, horizon=2,
+                              refinement=False)
+            deps[name] = (Deployment(cfg), names)
+            first = 0 if name == "B" else corpus.n_warm      # B: the one warm-up document too
+            produce(bootstrap, names.documents, corpus.records()[first:])
+        wait_for(lambda: time.time() >= at, 30, "the order's time")
+        for _, names in deps.values():
+            send_control(bootstrap, names, "close", through=1, at=at)
+
+        def probe():
+            for dep, _ in deps.values():
+                if dep.errors or dep.sketchers.errors:
+                    raise AssertionError(f"a service died: {dep.errors or dep.sketchers.errors}")
+            return {name: dep.observe() for name, (dep, _) in deps.items()}
+
+        def releasing():
+            ended = [dep.release.exhausted for dep, _ in deps.values()]
+            if any(ended):
+                raise AssertionError(f"releases ended: {ended}")
+
+        wait_for(lambda: all(1 in s for s in probe().values()), 120, "epoch 1 in both",
+                 check=releasing)
+        got = probe()
+        assert got["A"] == got["B"] == {1: pytest.approx(at)}, got
+        assert all(dep.release.releases_ended is None and not dep.release.exhausted
+                   for dep, _ in deps.values())
+    finally:
+        for dep, _ in deps.values():
+            dep.stop()

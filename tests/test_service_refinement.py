@@ -27,7 +27,7 @@ def epoch_rows(corpus, e: int) -> np.ndarray:
 def produce_epoch(bootstrap, names, corpus, e: int) -> None:
     recs = corpus.records()
     produce(bootstrap, names.documents, [recs[i] for i in epoch_rows(corpus, e)])
-    send_control(bootstrap, names, "flush", through=corpus.epochs)
+    send_control(bootstrap, names, "flush", through=e)
 
 
 def wait_folding(pipe: Pipeline, e: int, timeout: float = 90.0):

@@ -104,6 +104,7 @@ from streamdp.services.release_writer import (SPENT_KEYS, WRITER_KEY, Fenced,  #
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.subspace import Subspace
+from streamdp.whitening.warmup import WarmupSketch
 
 log = logging.getLogger("streamdp.release")
 
@@ -563,7 +564,15 @@ class ReleaseService:
             self._releases_ended(ENDED_OTHER, self.exhausted)
             return
         n_docs = 0 if merged is None else merged.n_docs
-        if n_docs == 0:
+        if n_docs == 0 and self.cfg.private:
+            # an empty window is selected on schedule from noise, like any window (issue 23
+            # item 2): whether releases go on is then decided by the noised, charged selection
+            # (SelectionTooSmall below), never by the exact count 0
+            log.warning("the vocabulary-selection window closed with no usable documents (ts < "
+                        "selection_end=%r): selecting from noise only", self.cfg.selection_end)
+            merged = vocab_mod.SelectionHistogram.for_config(self.cfg, self.candidates).histogram(
+                self.candidates)
+        elif n_docs == 0:           # non-private (no guarantee to keep)
             self.exhausted = (
                 f"the vocabulary-selection window closed with no usable documents (0 documents "
                 f"with ts < selection_end={self.cfg.selection_end!r} across {len(parts)} "
@@ -632,7 +641,14 @@ class ReleaseService:
         merged = merge_warmups(parts, refused=refused, warmup_clip=self.cfg.warmup_clip,
                                max_documents=self.cfg.max_documents_per_sum)
         self._refused_states(refused, "the warm-up")
-        if merged is None:
+        if merged is None and self.cfg.private:
+            # an empty warm-up is released on schedule from noise, like any warm-up: whether
+            # releases go on must not reveal that the exact count is 0 (issue 23 item 2)
+            log.warning("the warm-up closed with no usable documents (length >= 3): its subspace "
+                        "and clip bounds are noise only; produce warm-up documents with ts < "
+                        "stream_start")
+            merged = WarmupSketch(self.d, self.k_prime, clip=self.cfg.warmup_clip, seed=self.cfg.seed)
+        if merged is None:          # non-private (no guarantee to keep): cannot whiten nothing
             log.error("the warm-up closed with no usable documents (length >= 3): cannot whiten; "
                       "produce warm-up documents with ts < stream_start")
             self.exhausted = "no warm-up documents"
