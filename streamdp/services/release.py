@@ -772,8 +772,10 @@ class ReleaseService:
         one already in the state) and the control position; then commit the reservations
         drawn for it (spend protocol steps 3-4)."""
         snap = self._state_snapshot if snapshot is None else snapshot
-        # orders that cover no unreleased epoch are dropped (they decide nothing more)
-        self.commands.keep(self.policy.prune(self.commands.current, self.continual.epoch))
+        # orders that cover no unreleased epoch are dropped once this state is durable (they
+        # decide nothing more); those of the newest epoch stay: its created_at (due_at) may be
+        # computed again after a restart
+        orders = self.policy.prune(self.commands.current, self.continual.epoch - 1)
         meta = {"epoch": self.continual.epoch, "writer_epoch": self.writer_epoch,
                 "release_id": None if snap is None else snap.release_id}
         if self.accountant is not None:
@@ -781,12 +783,13 @@ class ReleaseService:
         ok = self._persist(control.RELEASE_STATE_KEY, ser.dumps({
             "continual": self.continual.state_dict(),
             "last_snapshot": None if snap is None else snap.to_bytes(),
-            **self.commands.state(), "writer_epoch": self.writer_epoch,
+            **self.commands.state(orders), "writer_epoch": self.writer_epoch,
             "refinement_models": [] if self.fold_models is None else [
                 self.fold_models.models[e].to_dict() for e in sorted(self.fold_models.models)],
             "refinement": self._refinement_dict()}), meta)
         if ok:
             self._state_snapshot = snap
+            self.commands.keep(orders)
         return ok
 
     def _write_public(self) -> None:

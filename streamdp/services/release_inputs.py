@@ -77,9 +77,11 @@ class ControlCommands:
         start = OFFSET_BEGINNING if self.offset is None else self.offset
         self.consumer.assign([TopicPartition(self.cfg.topics.control, 0, start)])
 
-    def state(self) -> dict:
-        """What the release state persists of the commands."""
-        return {"control_offset": self.offset, "orders": [o.to_list() for o in self.orders]}
+    def state(self, commands: Commands | None = None) -> dict:
+        """What the release state persists of the commands (``commands``: the standing orders
+        to keep, default all)."""
+        orders = self.orders if commands is None else commands.orders
+        return {"control_offset": self.offset, "orders": [o.to_list() for o in orders]}
 
     def read(self) -> None:
         """Apply the commands that arrived since the last read."""
