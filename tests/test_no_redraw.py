@@ -143,7 +143,7 @@ def test_release_service_persists_the_draw_and_post_processes_it_after_a_crash(
     try:
         pipe.start()
         produce(bootstrap, names.documents, corpus.records())
-        send_control(bootstrap, names, "flush")
+        send_control(bootstrap, names, "flush", through=corpus.epochs)
         wait_for(lambda: pipe.errors, 120, "the injected failure in the release service")
         assert "injected failure" in repr(pipe.errors[0])
         wait_for(lambda: not [t for t in pipe.threads if t.name == "release" and t.is_alive()],

@@ -90,7 +90,7 @@ def test_a_sketcher_writing_unclipped_sums_is_left_out_and_releases_continue(
     pipe, url = _start(cfg)
     try:
         produce(bootstrap, names.documents, corpus.records())
-        send_control(bootstrap, names, "flush")
+        send_control(bootstrap, names, "flush", through=corpus.epochs)
         pipe.wait_released(corpus.epochs, timeout=120)
         samples = scrape_until(url, lambda m: metric(m, "streamdp_releases_total",
                                                      outcome="published") >= corpus.epochs,
@@ -168,7 +168,7 @@ def test_forged_and_replayed_state_records_are_refused_and_a_clean_run_is_unaffe
                      check=pipe.check)
             assert rel.partitions.view.accepted[1] is honest[1], what
         store.close()
-        send_control(bootstrap, names, "flush")
+        send_control(bootstrap, names, "flush", through=corpus.epochs)
         pipe.wait_released(corpus.epochs, timeout=120)
         samples = scrape_until(url, lambda m: metric(m, "streamdp_releases_total",
                                                      outcome="published") >= corpus.epochs,
