@@ -591,13 +591,16 @@ def test_second_release_service_and_lost_ledger_are_refused(kafka_broker, tmp_pa
     ledger = Path(cfg.ledger)
     moved = ledger.with_name("moved-away.jsonl")
     ledger.rename(moved)
-    for eps in (1.0, 8.0):
-        with pytest.raises(ConfigError) as info:
-            ReleaseService(cfg.replace(epsilon=eps))
-        msg = str(info.value)
-        assert str(ledger) in msg and "missing or empty" in msg, msg
-        assert names.state in msg and "release/tree" in msg and "Fix:" in msg
-        assert not ledger.exists(), "a ledger was re-created for a deployment that has spent"
+    with pytest.raises(ConfigError) as info:
+        ReleaseService(cfg)
+    msg = str(info.value)
+    assert str(ledger) in msg and "missing or empty" in msg, msg
+    assert names.state in msg and "release/tree" in msg and "Fix:" in msg
+    assert not ledger.exists(), "a ledger was re-created for a deployment that has spent"
+    # ε raised: the deployment contract refuses it first (issue 25), naming the recorded ε
+    with pytest.raises(ConfigError, match="'epsilon': the deployment recorded 1.0"):
+        ReleaseService(cfg.replace(epsilon=8.0))
+    assert not ledger.exists(), "a ledger was re-created for a deployment that has spent"
     # an empty file in its place, or another deployment's ledger: refused too
     ledger.write_bytes(b"")
     with pytest.raises(ConfigError, match="missing or empty"):

@@ -450,7 +450,7 @@ def test_user_mode_pipeline_end_to_end_and_a_restart_with_another_unit_is_refuse
                           max_docs_per_user=None, user_weights="uniform")
     with pytest.raises(ConfigError, match="privacy_unit|unit"):
         ReleaseService(doc_cfg)
-    with pytest.raises(ConfigError, match="privacy_unit 'user'"):
+    with pytest.raises(ConfigError, match="privacy_unit.*'user'"):   # the deployment contract
         Sketcher(doc_cfg)
     with pytest.raises(ConfigError, match="max_docs_per_user_epoch"):
         Sketcher(cfg.replace(max_docs_per_user_epoch=4))

@@ -628,7 +628,7 @@ def documents_partition_count(cfg: ServiceConfig) -> int:
 
 
 def check_privacy_mode(cfg: ServiceConfig, store=None, *, role: str = "release",
-                       document_partitions: int | None = None) -> None:
+                       document_partitions: int | None = None, record: bool = True) -> None:
     """Start-up check of the deployment's privacy mode (call before any budget is spent).
 
     * non-private or reproducible-noise configurations log a WARNING, in words;
@@ -640,11 +640,12 @@ def check_privacy_mode(cfg: ServiceConfig, store=None, *, role: str = "release",
       the marker records the unit of privacy, and in user mode the bounding (m, M, weights)
       and the documents topic's partition count (``document_partitions``, required then):
       a service configured otherwise is refused (:func:`check_unit`). In user mode a sketcher
-      that starts first writes the marker too.
+      that starts first writes the marker too. ``record=False``: check only, write nothing
+      (the read-only pass before any side effect; the writing call comes after it).
     """
     import logging
     log = logging.getLogger(f"streamdp.{role}")
-    if cfg.noise_seed is not None:
+    if cfg.noise_seed is not None and record:     # said once, by the writing call
         log.warning("INSECURE REPRODUCIBLE NOISE: noise_seed=%s with insecure_reproducible_noise "
                     "and non_production set. Anyone who knows the seed can remove the noise; "
                     "these snapshots carry no privacy guarantee. Never run this in production.",
@@ -654,15 +655,16 @@ def check_privacy_mode(cfg: ServiceConfig, store=None, *, role: str = "release",
             rec = store.read_latest(PRIVACY_MODE_KEY)
             # the release service writes the marker; in user mode a sketcher may come first and
             # must not sketch before the partition count is recorded (it writes the same record)
-            if rec is None and (role == "release" or cfg.privacy_unit == "user"):
+            if rec is None and record and (role == "release" or cfg.privacy_unit == "user"):
                 store.write(PRIVACY_MODE_KEY, b"", meta=_privacy_marker(cfg, document_partitions))
                 rec = store.read_latest(PRIVACY_MODE_KEY)
             if rec is not None:
                 check_unit(cfg, rec.meta, document_partitions, store_name=cfg.topics.state)
         return
-    log.warning("NON-PRIVATE deployment (non_private: true): no clipping and no noise; every "
-                "snapshot is an exact function of the documents and is marked non-private. "
-                "Never use this mode for data that needs protection.")
+    if record:
+        log.warning("NON-PRIVATE deployment (non_private: true): no clipping and no noise; every "
+                    "snapshot is an exact function of the documents and is marked non-private. "
+                    "Never use this mode for data that needs protection.")
     evidence = []
     if role == "release" and cfg.ledger and Path(cfg.ledger).is_file():
         from streamdp.privacy.ledger import FileLedger

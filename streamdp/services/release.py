@@ -85,6 +85,7 @@ from streamdp.privacy.tree import HorizonExceeded
 from streamdp.release import BudgetSplit, DenoiseConfig, warmup_plan
 from streamdp.refinement import FoldInModels, RefinementModel, model_epoch_for
 from streamdp.services import control
+from streamdp.services.contract import check_contract, record_contract
 from streamdp.kafka.connectivity import OutageGuard, check_bootstrap
 from streamdp.services.config import (ConfigError, ServiceConfig, check_privacy_mode,
                                       check_stream_start, documents_partition_count)
@@ -126,6 +127,11 @@ class ReleaseService:
     def __init__(self, cfg: ServiceConfig) -> None:
         self._closed = False
         self.cfg = cfg
+        # Every refusal comes before any side effect (issue 25): the control key first, then
+        # the read-only checks (contract, privacy mode, ledger), then lease, ledger, marker,
+        # contract record and - last - the transactional init that fences the running writer.
+        self._control_key_bytes = None
+        self._control_key()
         self.topics = cfg.topics
         self.vocabulary = self.d = self.k_prime = None
         self.vocabulary_meta: dict = {}          # how the vocabulary was chosen (public)
@@ -141,6 +147,15 @@ class ReleaseService:
         self.routing = cfg.routing
         self.policy = ClosingPolicy(self.routing.close_time, cfg.lateness, closing=cfg.closing)
         check_bootstrap(cfg.client("admin"))     # fail fast, naming 'bootstrap', before any ledger write
+        reader = cfg.state_store()
+        try:
+            # the privacy mode first: its messages name the ledger / marker that proves it
+            check_privacy_mode(cfg, reader, role="release", record=False,
+                               document_partitions=(documents_partition_count(cfg)
+                                                    if cfg.privacy_unit == "user" else None))
+            contract, record = check_contract(cfg, reader, role="release service")
+        finally:
+            reader.close()
         self.lease = ReleaseLease(cfg.ledger)
         self.writer = ReleaseWriter(cfg, self._set_fenced)
         self.spend = None
@@ -164,6 +179,8 @@ class ReleaseService:
                                        if cfg.privacy_unit == "user" else None))
                 self.accountant = (bind_ledger(cfg, reader.read_all_latest(prefix="release/"))
                                    if cfg.private else None)
+                if record:                       # first start (or first since the contract)
+                    record_contract(cfg, reader, contract, role="release service")
             finally:
                 reader.close()
             # Release records go through the deployment's one transactional producer:
@@ -513,9 +530,9 @@ class ReleaseService:
         return load_states(states, self.subspace)
 
     def _control_key(self) -> bytes:
-        """The deployment's control key (control.load_key), loaded at the first step: a
-        production deployment without ``control_key_file`` stops here with ConfigError."""
-        key = getattr(self, "_control_key_bytes", None)
+        """The deployment's control key (control.load_key), loaded first in ``__init__``: a
+        production deployment without ``control_key_file`` is refused before any side effect."""
+        key = self._control_key_bytes
         if key is None:
             try:
                 key = self._control_key_bytes = control.load_key(self.cfg)

@@ -30,6 +30,7 @@ from streamdp.kafka.connectivity import OutageGuard, check_bootstrap
 from streamdp.kafka.topics import TopicConfigError, check_broker_time
 from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
 from streamdp.services import control
+from streamdp.services.contract import check_contract, record_contract
 from streamdp.services.config import (ConfigError, ServiceConfig, check_privacy_mode,
                                       documents_partition_count)
 from streamdp.services.processor import StreamProcessor, consumer_settings
@@ -63,6 +64,11 @@ class Sketcher:
     def __init__(self, cfg: ServiceConfig, *, instance: str | None = None) -> None:
         self.cfg = cfg
         self.instance = instance or f"sketcher-{uuid.uuid4().hex[:8]}"
+        # every refusal before any side effect (issue 25): key, vocabulary, broker, contract
+        try:
+            control_key = control.load_key(cfg)
+        except control.ControlKeyError as exc:
+            raise ConfigError(str(exc)) from None
         vocabulary, candidates = initial_vocabulary(cfg)
         check_bootstrap(cfg.client("admin"))     # fail fast, naming 'bootstrap'
         self.topics = cfg.topics
@@ -70,10 +76,6 @@ class Sketcher:
         self.health = HealthState(liveness_timeout=cfg.liveness_seconds)
         self.metrics.bind_health(self.health)
         self._stop = threading.Event()
-        try:
-            control_key = control.load_key(cfg)
-        except control.ControlKeyError as exc:
-            raise ConfigError(str(exc)) from None
         if cfg.broker_time_required:
             try:
                 check_broker_time(cfg.client("admin"), cfg.topics.documents)
@@ -82,8 +84,13 @@ class Sketcher:
         store = cfg.state_store()
         # user mode: the documents partition count is recorded (or checked) before anything runs
         user_partitions = documents_partition_count(cfg) if cfg.privacy_unit == "user" else None
+        check_privacy_mode(cfg, store, role="sketcher", record=False,   # read-only checks
+                           document_partitions=user_partitions)
+        contract, record = check_contract(cfg, store, role="sketcher")
         check_privacy_mode(cfg, store, role="sketcher",   # never private -> non-private;
                            document_partitions=user_partitions)   # the unit never changes
+        if record:                               # the first service of the deployment
+            record_contract(cfg, store, contract, role="sketcher")
         producer = Producer(cfg.client("producer", **{
             "enable.idempotence": True, "acks": "all", "linger.ms": 20}))
         consumer = Consumer(cfg.client("consumer", **consumer_settings(
