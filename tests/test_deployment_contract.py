@@ -56,6 +56,7 @@ CHANGES = {
     "alpha0": 2.0,
     "oversampling": 7,
     "max_documents_per_sum": 10**6,
+    "seed": 1,
     "epsilon": 2.0,
     "delta": 1e-7,
     "horizon": lambda c, t: c.horizon + 1,

@@ -46,6 +46,7 @@ CONTRACT_FIELDS: dict[str, str] = {
     "n_topics": "the shape of every sum and release",
     "alpha0": "the moments every release is computed from",
     "oversampling": "the shape of the whitening subspace",
+    "seed": "the power method's starts: a restart would redo a release differently",
     "max_documents_per_sum": "the rounding premise of every noised sum",
     "non_private": "a private deployment is never switched to non-private",
     "epsilon": "the budget the ledger and every noise scale were calibrated to",
