@@ -127,11 +127,10 @@ class ReleaseService:
     def __init__(self, cfg: ServiceConfig) -> None:
         self._closed = False
         self.cfg = cfg
-        # Every refusal comes before any side effect (issue 25): the control key first, then
+        # Every refusal comes before any side effect (issue 25): vocabulary, broker, key, then
         # the read-only checks (contract, privacy mode, ledger), then lease, ledger, marker,
         # contract record and - last - the transactional init that fences the running writer.
         self._control_key_bytes = None
-        self._control_key()
         self.topics = cfg.topics
         self.vocabulary = self.d = self.k_prime = None
         self.vocabulary_meta: dict = {}          # how the vocabulary was chosen (public)
@@ -147,6 +146,7 @@ class ReleaseService:
         self.routing = cfg.routing
         self.policy = ClosingPolicy(self.routing.close_time, cfg.lateness, closing=cfg.closing)
         check_bootstrap(cfg.client("admin"))     # fail fast, naming 'bootstrap', before any ledger write
+        self._control_key()                      # refused here, not after init_transactions
         reader = cfg.state_store()
         try:
             # the privacy mode first: its messages name the ledger / marker that proves it

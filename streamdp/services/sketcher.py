@@ -64,13 +64,13 @@ class Sketcher:
     def __init__(self, cfg: ServiceConfig, *, instance: str | None = None) -> None:
         self.cfg = cfg
         self.instance = instance or f"sketcher-{uuid.uuid4().hex[:8]}"
-        # every refusal before any side effect (issue 25): key, vocabulary, broker, contract
+        # every refusal before any side effect (issue 25): vocabulary, broker, key, contract
+        vocabulary, candidates = initial_vocabulary(cfg)
+        check_bootstrap(cfg.client("admin"))     # fail fast, naming 'bootstrap'
         try:
             control_key = control.load_key(cfg)
         except control.ControlKeyError as exc:
             raise ConfigError(str(exc)) from None
-        vocabulary, candidates = initial_vocabulary(cfg)
-        check_bootstrap(cfg.client("admin"))     # fail fast, naming 'bootstrap'
         self.topics = cfg.topics
         self.metrics = ServiceMetrics("sketcher", exact_counts=cfg.metrics_exact_counts)
         self.health = HealthState(liveness_timeout=cfg.liveness_seconds)
