@@ -222,7 +222,7 @@ def install_phase_timers(timers: Timers):
 CLOSED_EPOCHS = 2
 
 
-def write_release_models(store, a) -> None:
+def write_release_models(store, a, prefix: str) -> None:
     """A release state closed through epoch CLOSED_EPOCHS holding the models of epochs
     1 … CLOSED_EPOCHS, as the release service writes it, so that every stream document (epochs
     CLOSED_EPOCHS + 1 … CLOSED_EPOCHS + L) is folded into a decided model (refinement, issues
@@ -235,6 +235,15 @@ def write_release_models(store, a) -> None:
               for e in range(1, CLOSED_EPOCHS + 1)]
     store.write(control.RELEASE_STATE_KEY, ser.dumps({"refinement_models": models}),
                 meta={"epoch": CLOSED_EPOCHS, "release_id": f"bench-{CLOSED_EPOCHS}"})
+    # what sketchers read (issue 23 item 6): the public release record, signed with the
+    # non-production key of this prefix (streamdp.services.control.load_key)
+    from types import SimpleNamespace
+    from streamdp.services import public_release
+    from streamdp.services.state_auth import for_config
+    payload = public_release.encode(CLOSED_EPOCHS, models)
+    auth = for_config(SimpleNamespace(control_key_file="", non_production=True, topic_prefix=prefix))
+    store.write(public_release.KEY, payload,
+                meta=auth.sign(public_release.KEY, payload, {"epoch": CLOSED_EPOCHS}))
 
 
 def make_corpus(d: int, k: int, n_docs: int, seed: int):
@@ -287,7 +296,7 @@ def run_one(bootstrap: str, kind: str, msgs: list, stream_start: float, vocab: V
                           "subspace_id": sub.id, "vocabulary_id": vocab.id})
 
         if a.refine:
-            write_release_models(store, a)
+            write_release_models(store, a, prefix)
 
     cfg = ServiceConfig(bootstrap=bootstrap, topic_prefix=prefix, group_id=f"{prefix}-sketchers",
                         vocabulary=vocab_path, vocabulary_public_by_assumption=True,

@@ -5,7 +5,8 @@ placed exactly. Used by tests/test_refinement_rule.py.
 The fake documents consumer serves one partition in offset order, at most ``batch_size``
 records per ``consume`` (max poll records), honouring ``pause``/``seek``/``resume``. The fake
 state store holds the subspace record, the release state record (what the release service
-persists: ``last_snapshot``, ``refinement_models``) and the sketcher's own checkpoints.
+persists: ``last_snapshot``, ``refinement_models``), the public release record sketchers read
+(``public/release``) and the sketcher's own checkpoints.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from streamdp.kafka.state_store import StateRecord
 from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy.epochs import EpochClock
 from streamdp.refinement import FoldInModels
-from streamdp.services import control
+from streamdp.services import control, public_release, state_auth
 from streamdp.services.config import ServiceConfig
 from streamdp.snapshot import TopicSnapshot
 from streamdp.text.vocabulary import Vocabulary
@@ -165,7 +166,8 @@ class World:
     def release(self, epoch: int, topic_word: np.ndarray, alpha: np.ndarray,
                 stage: str = "spectral") -> TopicSnapshot:
         """What the release service does at the close of ``epoch``: persist the release state
-        (last snapshot + the last L models), then announce ``epochs_closed``."""
+        (last snapshot + the last L models), write the public release record, then announce
+        ``epochs_closed``."""
         snap = TopicSnapshot(topic_word=np.asarray(topic_word, float), alpha=np.asarray(alpha, float),
                              eigenvalues=np.ones(len(alpha)), n_docs=0.0, privacy={},
                              mechanism="none", subspace_id=self.subspace.id, epoch=epoch,
@@ -176,6 +178,11 @@ class World:
             self.folds.models[e].to_dict() for e in sorted(self.folds.models)]})
         self.store.write(control.RELEASE_STATE_KEY, payload,
                          {"epoch": epoch, "release_id": snap.release_id})
+        # ... and the public record sketchers read (streamdp.services.public_release), signed
+        models = [self.folds.models[e].to_dict() for e in sorted(self.folds.models)]
+        public = public_release.encode(epoch, models)
+        self.store.write(public_release.KEY, public, state_auth.for_config(self.cfg).sign(
+            public_release.KEY, public, {"epoch": epoch}))
         self.control.append(FakeMsg(0, len(self.control), control.encode(
             "epochs_closed", key=control.load_key(self.cfg), through=epoch), time.time(),
             topic="rr.control"))
