@@ -371,3 +371,18 @@ def test_report_shows_distinct_topics_first_with_the_count(private_dir):
     assert kinds == sorted(kinds, key=lambda k: k != "distinct")
     n_marked = html.count('class="badge flag-background"') + html.count('class="badge flag-near-copy"')
     assert n_marked == latest.n_topics - latest.n_distinct
+
+
+def test_report_marks_topics_that_moved_more_than_half_their_mass(private_dir):
+    """A release whose snapshot marks topic 1 as new (topic_change > ½) shows it as new."""
+    import dataclasses
+
+    snaps = sorted(load_snapshots(open_source(private_dir)), key=lambda s: s.epoch)
+    vocab = load_vocabulary(None, open_source(private_dir))
+    change = np.zeros(snaps[-1].n_topics)
+    change[1] = 0.8
+    marked = snaps[:-1] + [dataclasses.replace(snaps[-1], topic_change=change)]
+    html = render_report(marked, vocab, source="x")
+    assert html.count('class="badge flag-new"') == 1
+    calm = snaps[:-1] + [dataclasses.replace(snaps[-1], topic_change=np.zeros_like(change))]
+    assert 'class="badge flag-new"' not in render_report(calm, vocab, source="x")

@@ -186,6 +186,7 @@ def render_report(snapshots: list[TopicSnapshot], vocabulary, *, source: str, n_
         topics.append({
             "index": h.topic, "alpha": step.alpha, "noise_text": noise_text,
             "flag": flags[h.topic].kind, "copy_of": flags[h.topic].copy_of,
+            "new": h.topic in latest.new_topics,
             "noise_class": noise_class, "noise_ratio": step.noise_to_signal,
             "headline": " ".join(w for w, _ in step.top_words[:3]),
             "div": _div(topic_bar_figure(h, PALETTE[h.topic % len(PALETTE)]), f"topic-{h.topic}"),
