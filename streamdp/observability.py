@@ -168,12 +168,12 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
                (), _SK, "tokens"),
     MetricSpec(DLQ_MESSAGES_TOTAL, COUNTER,
                "Malformed input messages detected, by error class (written to the "
-               "dead-letter topic or dropped by its rate limit).",
+               "dead-letter topic, or refused by Kafka: streamdp_dlq_dropped_total).",
                ("error_class",), _SK, "messages"),
     MetricSpec(DLQ_DROPPED_TOTAL, COUNTER,
-               "Malformed input messages NOT written to the dead-letter topic because its "
-               "rate limit was exhausted (still skipped and counted in "
-               "streamdp_dlq_messages_total).",
+               "Dead-letter records Kafka refused after every retry (counted in "
+               "streamdp_dlq_messages_total too); the sketcher stops without "
+               "checkpointing past them, so they are re-read after its restart.",
                (), _SK),
     MetricSpec(BATCH_DURATION_SECONDS, HISTOGRAM,
                "Wall time to decode and sketch one consumed batch.",
@@ -497,6 +497,12 @@ class ServiceMetrics:
             error_class=self._bounded(DLQ_MESSAGES_TOTAL, error_class)).inc(n)
         if dropped:
             self._m(DLQ_DROPPED_TOTAL).inc(n)
+
+    def dlq_undelivered(self, n: int = 1) -> None:
+        """``n`` dead-letter records (already counted by :meth:`dlq`) were refused by Kafka
+        after every retry: no copy exists (``streamdp_dlq_dropped_total``; the sketcher stops
+        without checkpointing past them, so they are re-read after its restart)."""
+        self._m(DLQ_DROPPED_TOTAL).inc(_count(n, "n"))
 
     def checkpointed(self, nbytes: int, *, at: float | None = None) -> None:
         """A checkpoint of ``nbytes`` bytes (all chunks) completed at ``at`` (default now)."""

@@ -59,6 +59,7 @@ import logging
 import sys
 import time
 from collections import defaultdict, deque
+from dataclasses import dataclass
 from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -161,6 +162,25 @@ class ProcessingStrategy(Protocol):
         """Checkpoint every partition with unsaved changes."""
 
 
+#: back-off before each retry of refused dead letters (bounded: ~3.5 s, then the sketcher stops)
+DLQ_RETRY_SECONDS = (0.5, 1.0, 2.0)
+
+
+class DeadLetterUndelivered(RuntimeError):
+    """Kafka refused a dead-letter record after every retry: stop rather than lose it."""
+
+
+@dataclass
+class _DeadLetter:
+    value: bytes | None
+    key: bytes | None
+    headers: list
+    partition: int
+    offset: int
+    error_class: str
+    error: str = ""
+
+
 class StreamProcessor:
     """The consumer, rebalances, commits/fencing, dead letters, holds and the poll loop of
     one sketcher (module docstring: the semantics). ``consumer``, ``producer``: confluent-
@@ -192,6 +212,8 @@ class StreamProcessor:
         self._next_round = 0.0                  # monotonic: no periodic round before (CHECKPOINT_SHARE)
         self.longest_loop = 0.0                 # seconds (also streamdp_poll_loop_longest_seconds)
         self.bad_log = RateLimitedLog()
+        self._dlq_failed: list[_DeadLetter] = []  # delivery reports that came back refused
+        self.dlq_lost: str | None = None        # set once: no checkpoint after a lost letter
 
     @property
     def last_checkpoint(self) -> float:
@@ -431,23 +453,72 @@ class StreamProcessor:
         self.metrics.dlq(exc.error_class)
         self.bad_log.warning("dead-lettered %s[%d]@%d: %s: %s", m.topic(), m.partition(),
                              m.offset(), exc.error_class, exc.message)
+        letter = _DeadLetter(m.value(), m.key(),
+                             messages.dlq_headers(exc, m.topic(), m.partition(), m.offset()),
+                             m.partition(), m.offset(), exc.error_class)
+        self._send_dead_letter(letter)
+
+    def _send_dead_letter(self, letter: "_DeadLetter") -> None:
+        """Produce one dead letter; its delivery report lands in ``_dlq_failed`` if refused
+        (``flush()`` returns 0 after a failed delivery too: only the report tells)."""
+        def report(err, _msg, letter=letter):
+            if err is not None:
+                letter.error = str(err)
+                self._dlq_failed.append(letter)
         while True:
             try:
-                self.producer.produce(self.dlq_topic, value=m.value(), key=m.key(),
-                                      headers=messages.dlq_headers(exc, m.topic(), m.partition(),
-                                                                   m.offset()))
+                self.producer.produce(self.dlq_topic, value=letter.value, key=letter.key,
+                                      headers=letter.headers, on_delivery=report)
                 return
             except BufferError:
                 self.producer.poll(0.1)
+            except KafkaException as exc:   # refused at once (e.g. a topic known to be unknown)
+                report(exc.args[0] if exc.args else exc, None)
+                return
+
+    def _confirm_dead_letters(self) -> None:
+        """Every dead letter produced so far is acknowledged, or retried with bounded back-off
+        (DLQ_RETRY_SECONDS); a letter refused after the last retry stops the sketcher: no
+        checkpoint ever covers its offset (it is re-read and dead-lettered again after the
+        restart), and it counts in ``streamdp_dlq_dropped_total`` (alert StreamdpDlqDropped)."""
+        if self.dlq_lost is not None:
+            raise DeadLetterUndelivered(self.dlq_lost)
+        if self.producer.flush(30) != 0:
+            raise RuntimeError("dead-letter records not acknowledged in 30 s; not checkpointing")
+        for wait in DLQ_RETRY_SECONDS:
+            if not self._dlq_failed:
+                return
+            failed, self._dlq_failed = self._dlq_failed, []
+            log.warning("%s: %d dead-letter record(s) refused by Kafka (%s); retrying in %.1f s",
+                        self.instance, len(failed), failed[0].error, wait)
+            time.sleep(wait)
+            for letter in failed:
+                self._send_dead_letter(letter)
+            if self.producer.flush(30) != 0:
+                raise RuntimeError("dead-letter records not acknowledged in 30 s; not checkpointing")
+        if self._dlq_failed:
+            lost, self._dlq_failed = self._dlq_failed, []
+            self.metrics.dlq_undelivered(len(lost))
+            first = lost[0]
+            self.dlq_lost = (f"{len(lost)} dead-letter record(s) could not be written to "
+                             f"{self.dlq_topic!r} after {len(DLQ_RETRY_SECONDS)} retries ({first.error}); "
+                             f"first: {self.topic}[{first.partition}]@{first.offset} "
+                             f"({first.error_class}). The sketcher stops without checkpointing "
+                             "past them (nothing is lost: they are re-read after the restart). "
+                             "Fix: create the DLQ topic / grant the sketcher write access to it "
+                             "(docs/operations.md \"DLQ triage\")")
+            log.error("%s: %s", self.instance, self.dlq_lost)
+            self.health.set_ready(False, "dead letters undelivered")
+            raise DeadLetterUndelivered(self.dlq_lost)
 
     # ------------------------------------------------------------ commits
     def commit(self, p: int, next_offset: int) -> bool:
         """Before a checkpoint of partition ``p`` up to ``next_offset``: make the dead
         letters durable, then commit the offset as a fence. False: the partition is no
         longer ours (a zombie), the caller must drop its state without writing it."""
-        # DLQ records for the offsets this checkpoint covers must be durable first.
-        if self.producer.flush(30) != 0:
-            raise RuntimeError("dead-letter records not acknowledged in 30 s; not checkpointing")
+        # DLQ records for the offsets this checkpoint covers must be durable first: every
+        # delivery report checked, refused ones retried, then the sketcher stops.
+        self._confirm_dead_letters()
         # Fence: the group coordinator refuses a commit from a member that lost its
         # partitions (UNKNOWN_MEMBER_ID / ILLEGAL_GENERATION; measured on Tansu too). A
         # zombie then drops the partition instead of overwriting the new owner's state;
