@@ -47,6 +47,7 @@ CHANGES = {
     "stream_start": lambda c, t: c.stream_start + 3600.0,
     "epoch_seconds": 1800.0,
     "lateness": 600.0,
+    "closing": lambda c, t: "schedule" if c.closing == "operator" else "operator",
     "max_future_seconds": 60.0,
     "max_document_bytes": 1000,
     "max_document_tokens": 500,

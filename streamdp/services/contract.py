@@ -31,6 +31,7 @@ CONTRACT_FIELDS: dict[str, str] = {
     "stream_start": "documents before it are warm-up, after it are routed to epochs",
     "epoch_seconds": "epoch numbers and boundaries of every sum and release",
     "lateness": "which late documents are still counted and when epochs close",
+    "closing": "when epochs are released (operator -> schedule would release every past epoch at once)",
     "max_future_seconds": "which future-dated documents are dead-lettered",
     "max_document_bytes": "which documents are dead-lettered as too large",
     "max_document_tokens": "which documents are dead-lettered as too long",
