@@ -242,3 +242,32 @@ def test_sketchers_take_the_released_models_from_the_public_record_only(
     m.close_epochs(corpus.epoch_end(corpus.epochs))
     assert T.sum() > 0
     np.testing.assert_allclose(m.continual_._exact.refine, T, rtol=1e-9, atol=1e-9)
+
+
+def test_a_sketcher_refuses_to_restore_an_unsigned_state_record(tmp_path, monkeypatch):
+    """A restored record is signed again at the sketcher's next checkpoint, so restoring a
+    forged one would launder it: the sketcher restores only records with a valid MAC and
+    stops loudly on the newest one without (the real Sketcher over fake clients)."""
+    from sketcher_harness import TOPIC, World
+    from sketcher_harness import make_config as harness_config
+    from sketcher_harness import make_sketcher
+    from streamdp.services.state_auth import StateIntegrityError
+    from streamdp.whitening.subspace import Subspace
+
+    words = [f"w{i}" for i in range(20)]
+    cfg = harness_config(tmp_path, words, 2)
+    world = World(cfg, Subspace(np.linalg.qr(np.random.default_rng(0).standard_normal((20, 3)))[0]))
+    sk = make_sketcher(world, monkeypatch)
+    st = PartitionState(TOPIC, 0, next_offset=7)
+    key = state_key(TOPIC, 0)
+    auth = StateAuth(control.load_key(cfg), cfg.topic_prefix)
+    world.store.write(key, st.to_bytes(), auth.sign(key, st.to_bytes(), st.meta()))
+    assert sk.strategy.restore({0: 1}) == {0: 7}            # a signed record restores
+    for what, meta in (("unsigned", st.meta()),
+                       ("another key", StateAuth(b"x" * 32, cfg.topic_prefix).sign(
+                           key, st.to_bytes(), st.meta())),
+                       ("another deployment", StateAuth(control.load_key(cfg), "other").sign(
+                           key, st.to_bytes(), st.meta()))):
+        world.store.write(key, st.to_bytes(), meta)
+        with pytest.raises(StateIntegrityError, match="no valid MAC"):
+            sk.strategy.restore({0: 2})
