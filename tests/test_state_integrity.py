@@ -23,6 +23,7 @@ from confluent_kafka import Producer
 
 from streamdp import serialization as ser
 from streamdp.kafka.state_store import StateStore
+from streamdp.privacy.ledger import FileLedger
 from streamdp.services import control
 from streamdp.services.partition_state import PartitionState, state_key
 from streamdp.services.produce import produce
@@ -81,12 +82,14 @@ def scaling_sketcher(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("private", [False, True], ids=["non_private", "private"])
 def test_a_sketcher_writing_unclipped_sums_is_left_out_and_releases_continue(
-        kafka_broker, tmp_path, scaling_sketcher):
+        kafka_broker, tmp_path, scaling_sketcher, private):
     bootstrap = kafka_broker.bootstrap
     corpus = make_corpus(600, 1600, 2, seed=3)
     names = fresh_topics(bootstrap)
-    cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=None)
+    cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=4.0 if private else None,
+                      **({"sampler": "fast", "noise_seed": 5} if private else {}))
     pipe, url = _start(cfg)
     try:
         produce(bootstrap, names.documents, corpus.records())
@@ -108,6 +111,14 @@ def test_a_sketcher_writing_unclipped_sums_is_left_out_and_releases_continue(
     assert_one_snapshot_per_epoch(by_epoch)
     counts = _docs_per_partition_epoch(bootstrap, names.documents, corpus)
     assert counts.get((SCALED_PARTITION, 1), 0) > 0          # the attack had something to hit
+    if private:
+        # no draw for the refused sums: exactly one reservation per epoch, each committed
+        recs = FileLedger(cfg.ledger).read()
+        labels = [r.payload.get("label") for r in recs if r.kind == "reserve"]
+        assert [x for x in labels if x.startswith("tree:")] == [
+            f"tree:epoch={e}" for e in range(1, corpus.epochs + 1)]
+        assert {r.key for r in recs if r.kind == "reserve"} == {r.key for r in recs if r.kind == "commit"}
+        return                                 # n_docs is noised: the exact check is non-private
     for t in range(1, corpus.epochs + 1):
         kept = sum(n for (p, e), n in counts.items() if p != SCALED_PARTITION and e <= t)
         assert by_epoch[t][0].n_docs == kept, (t, by_epoch[t][0].n_docs, kept)
