@@ -153,13 +153,14 @@ def test_forged_and_replayed_state_records_are_refused_and_a_clean_run_is_unaffe
     total = len(corpus.texts)
     try:
         produce(bootstrap, names.documents, corpus.records())
+        send_control(bootstrap, names, "close", through=1)     # the warm-up and epoch 1 only
         rel = pipe.release
 
         strategy = pipe.sketchers[0].strategy
 
         def quiet():
-            """Epoch 1 released (its documents' progress passed its end), epoch 2 waiting for
-            the flush, and the sketcher idle: every document and the epochs_closed notice
+            """Epoch 1 released (the operator closed it), epoch 2 waiting for the flush, and
+            the sketcher idle: every document and the epochs_closed notice
             checkpointed and accepted by the release service — no honest write can race the
             attacks below."""
             view = rel.partitions.view
