@@ -83,7 +83,7 @@ from baselines.nonprivate import fit_gensim, fit_sklearn  # noqa: E402
 from baselines.tomotopy import fit_tomotopy  # noqa: E402
 from baselines.vw import fit_vw  # noqa: E402
 
-from streamdp import BudgetSplit, RefinementConfig, StreamingSpectralLDA  # noqa: E402
+from streamdp import RefinementConfig, StreamingSpectralLDA  # noqa: E402
 from streamdp.evaluation import (document_completion_perplexity, topic_diversity,  # noqa: E402
                                  topic_recovery_metrics)
 from streamdp.evaluation.corpora import (bbc_news_corpus, debian_descriptions_corpus,  # noqa: E402
@@ -154,8 +154,9 @@ def fit_streamdp(X, n_warmup: int, k: int, eps, seed: int, *,
                  refine: bool = True) -> tuple[np.ndarray, dict]:
     """Warm up on rows [:n_warmup], sketch the rest, release; timings per phase.
 
-    ``refine=True`` (the default estimator path, as ``streamdp.fit``): a spectral start with
-    ``1 − share`` of ρ (``BudgetSplit.spectral_start``), then ``passes`` refinement passes over
+    ``refine=True`` (the default estimator path, as ``streamdp.fit``): the start ``fit`` picks
+    (``start="auto"``: tensor or clustering, issue 22) with ``1 − share`` of ρ, then ``passes``
+    refinement passes over
     the stream rows; the start's topics are in ``info["start_topic_word"]``. ``refine=False``:
     one spectral release with the full-space split (the release as landed before refinement).
     """
@@ -178,11 +179,14 @@ def fit_streamdp(X, n_warmup: int, k: int, eps, seed: int, *,
     info: dict = {}
     if refine:
         cfg = est.refinement
-        start = est.release(1.0 - cfg.share, split=BudgetSplit.spectral_start())
+        # the start as streamdp.fit chooses it (start="auto": the start rule, issue 22)
+        passes_share = est.release_start(stream, 1.0 - cfg.share)
+        start = est.snapshot_
         t4 = time.perf_counter()
         info["start_topic_word"] = start.topic_word
+        info["start"] = (start.privacy.get("start") or {}).get("kind", "tensor")
         for _ in range(cfg.passes):
-            snap = est.refine(stream, budget_fraction=cfg.share / cfg.passes)
+            snap = est.refine(stream, budget_fraction=passes_share / cfg.passes)
         info["refine_seconds"] = time.perf_counter() - t4
         info["refine_docs_per_s"] = cfg.passes * (n - n_warmup) / info["refine_seconds"]
         info["noise_to_signal_median"] = float(np.median(snap.noise_to_signal))

@@ -565,9 +565,10 @@ class StreamingSpectralLDA:
         return self._finish_snapshot(snap)
 
     # ------------------------------------------------------------------ starts
-    def _start(self, stream, fraction: float, *, users=None) -> float:
+    def release_start(self, stream, fraction: float, *, users=None) -> float:
         """Release the start of a one-shot refinement with ``fraction`` of the stream ρ, by
-        :attr:`start` (the "auto" rule included); returns the share left for the passes."""
+        :attr:`start` (the "auto" rule included; the start is then :attr:`snapshot_`); returns
+        the share of the stream ρ left for the refinement passes (what :func:`fit` does)."""
         start = self.start
         if isinstance(start, PublicStart):
             self.public_start(start)
@@ -925,7 +926,7 @@ def fit(counts, n_topics: int, *, alpha0: float = 1.0, epsilon: float | None = N
     cfg = model.refinement
     if cfg is None:
         return model.release()
-    passes_share = model._start(stream, 1.0 - cfg.share, users=stream_users)
+    passes_share = model.release_start(stream, 1.0 - cfg.share, users=stream_users)
     snap = None
     for _ in range(cfg.passes):
         snap = model.refine(stream, budget_fraction=passes_share / cfg.passes, users=stream_users)

@@ -38,6 +38,7 @@ SMOKE_ARGS: dict[str, list[str] | str] = {
     "release_latency.py": ["--d", "500", "--k", "5", "--warmup-docs", "200", "--stream-docs", "200"],
     "release_poll.py": ["--epochs", "2", "--partitions", "2", "--state-kb", "4", "--polls", "1"],
     "samplers.py": ["--n", "20000", "--opendp-n", "20000", "--repeats", "1", "--workers", "1"],
+    "start_quick.py": ["--epsilons", "4", "--seeds", "0", "--k", "3", "--debian-list", DEBIAN_LIST],
     "stream_size.py": ["--sizes", "300", "--seeds", "0", "--k", "3", "--debian-list", DEBIAN_LIST],
     "throughput.py": ["--d", "500", "--k", "5", "--docs", "2000", "--batch", "500", "--refine", "0,1",
                       "--sections", "grid"],
