@@ -714,6 +714,9 @@ class HealthState:
         self._lock = threading.Lock()
         self._ready = False
         self._reason = "starting"
+        # conditions checked at every /readyz on top of the flag (e.g. the release service's
+        # confirmed writer epoch): each returns (ok, reason)
+        self._gates: list[Callable[[], tuple[bool, str]]] = []
 
     def beat(self) -> None:
         """The poll loop went round once (hot path: two clock reads, one store)."""
@@ -737,8 +740,17 @@ class HealthState:
             self._ready = bool(ready)
             self._reason = reason or ("ready" if ready else "not ready")
 
+    def add_ready_gate(self, gate: Callable[[], tuple[bool, str]]) -> None:
+        """Ready only while ``gate()`` says ok too (checked at every readiness query)."""
+        self._gates.append(gate)
+
     def is_ready(self) -> bool:
-        return self._ready
+        return self.readiness()[0]
+
+    def ready_flag(self) -> tuple[bool, str]:
+        """The flag the service set, without the gates (what an outage saves and restores)."""
+        with self._lock:
+            return self._ready, self._reason
 
     def liveness(self) -> tuple[bool, dict[str, Any]]:
         age = self.last_progress_age()
@@ -750,6 +762,11 @@ class HealthState:
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         with self._lock:
             ready, reason = self._ready, self._reason
+        for gate in self._gates if ready else ():
+            ok, why = gate()
+            if not ok:
+                ready, reason = False, why
+                break
         return ready, {"status": "ready" if ready else "not_ready", "reason": reason}
 
 

@@ -336,8 +336,7 @@ class OutageGuard:
         self.episodes += 1
         self._since = time.monotonic()
         self._backoff = self.initial_backoff
-        ready, info = self.health.readiness()
-        self._saved_ready = (ready, info.get("reason", ""))
+        self._saved_ready = self.health.ready_flag()      # the flag, not the gates of the moment
         self.health.set_ready(False, f"Kafka unreachable at {self.bootstrap}; retrying")
         self.log.warning("%s: Kafka unreachable at bootstrap=%s (%s); not ready, retrying with "
                          "back-off up to %.0f s (one line when it recovers)", self.name,

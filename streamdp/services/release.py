@@ -100,6 +100,7 @@ from streamdp.services.release_merge import (SketchMismatch, check_refine_sums, 
 from streamdp.services.release_policy import IDLE_GRACE_SECONDS, ClosingPolicy  # noqa: F401
 from streamdp.services.release_sinks import ReleaseSinks
 from streamdp.services.release_writer import (SPENT_KEYS, WRITER_KEY, Fenced,  # noqa: F401
+                                              WriterWatch,
                                               LeaseHeld, ReleaseLease, ReleaseWriter, bind_ledger,
                                               check_ledger, writer_transactional_id)
 from streamdp.snapshot import TopicSnapshot
@@ -220,6 +221,7 @@ class ReleaseService:
             self._public_epoch: int | None = None     # epoch of the public release record written
             self._stop = threading.Event()
             self.server: ObservabilityServer | None = None
+            self.watch: WriterWatch | None = None
             copy = Path(cfg.snapshot_dir) / "vocabulary.txt"
             if cfg.vocabulary_mode == "file" and not (copy.exists() and copy.samefile(cfg.vocabulary)):
                 self._write_vocabulary_file()    # the folder is then readable on its own
@@ -263,6 +265,15 @@ class ReleaseService:
             self.spend.discard()
         log.error("%s", why)
         self.health.set_ready(False, "fenced")
+        self._stop.set()
+
+    def _taken_over(self, why: str) -> None:
+        """From the writer watch: a newer writer registered. Not ready from now on (the gate),
+        and the loop ends; the main thread fences itself at its next writer check, and a
+        write it was making is fenced at Kafka (nothing of it is published)."""
+        log.error("%s", why)
+        self.writer.fenced = self.writer.fenced or why   # no new step spends (_check_writer)
+        self.health.set_ready(False, f"fenced: {why}")
         self._stop.set()
 
     def _resync(self) -> None:
@@ -455,6 +466,10 @@ class ReleaseService:
         log.info("release service HTTP on %s: GET /snapshot/latest (latest snapshot as JSON), "
                  "/snapshot/latest.msgpack, /vocabulary.txt, /metrics, /healthz, /readyz",
                  self.server.url)
+        # never two ready writers (issue 23 item 9): ready only while the writer epoch is
+        # confirmed on Kafka, and only once an older writer's readiness has lapsed
+        self.watch = WriterWatch(self.writer, self.cfg.state_store, self._taken_over).start()
+        self.health.add_ready_gate(self.watch.gate)
         self.health.set_ready(True, "serving")
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         guard = OutageGuard(self.health, self.cfg.client("admin"), self._stop, name="release",
@@ -475,6 +490,8 @@ class ReleaseService:
             return
         self._closed = True
         try:
+            if getattr(self, "watch", None) is not None:
+                self.watch.stop()
             self.commands.close()
             self.partitions.close()
             self.producer.flush(10)

@@ -13,6 +13,12 @@ Single writer per deployment, fenced at Kafka (docs/services.md §Fencing):
   extend the head on Kafka refuses to start (ConfigError naming both;
   :func:`bind_ledger`, :func:`check_ledger`).
 
+* one *ready* writer (issue 23 item 9): a service answers ready only while a
+  :class:`WriterWatch` confirmed its writer epoch on Kafka within
+  ``WRITER_CONFIRM_SECONDS``, and only ``WRITER_TAKEOVER_SECONDS`` after registering it.
+  An older writer's last confirmation read started before the new epoch was visible, so its
+  readiness lapses before the new writer's begins; the watch also stops it at once.
+
 The ``flock`` lease next to the ledger (:class:`ReleaseLease`) stays as a local convenience
 (a clear error for two services on one ledger file); it is not the protection.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -37,6 +44,11 @@ from streamdp.services.config import ConfigError, ServiceConfig
 log = logging.getLogger("streamdp.release")
 
 WRITER_KEY = "release/writer"          # the registered writer epoch (fencing token)
+#: never two ready writers: readiness lapses this long after the last confirmation of the
+#: writer epoch; a new writer is ready only this long after registering (> confirm)
+WRITER_CONFIRM_SECONDS = 5.0
+WRITER_TAKEOVER_SECONDS = 8.0
+WRITER_WATCH_SECONDS = 1.0
 # records that carry the head of the ledger that paid for them (a private selection's
 # vocabulary record only has one when the ledger paid: public/file records are skipped)
 SPENT_KEYS = (control.VOCABULARY_KEY, control.SUBSPACE_KEY, control.RELEASE_STATE_KEY)
@@ -162,6 +174,7 @@ class ReleaseWriter:
         self.writer_epoch: int | None = None
         self.store: StateStore | None = None
         self.fenced: str | None = None
+        self.registered_at: float | None = None      # monotonic, once registered
         self._on_fenced = on_fenced
 
     def open(self) -> StateStore:
@@ -208,6 +221,7 @@ class ReleaseWriter:
             raise Fenced(f"another release service of deployment {self.cfg.topic_prefix!r} started "
                          f"at the same time and fenced this one ({exc}); only one release writer "
                          "may spend the budget") from exc
+        self.registered_at = time.monotonic()
         log.info("release writer epoch %d (transactional.id %s)", epoch, self.transactional_id)
         return epoch
 
@@ -233,3 +247,85 @@ class ReleaseWriter:
         """This writer was taken over (or fenced at Kafka while writing): it stops spending."""
         self.fenced = why
         self._on_fenced(why)
+
+
+class WriterWatch:
+    """Confirms on its own reader and thread, every ``interval`` seconds, that this service is
+    still the deployment's writer, and gates its readiness on it (:meth:`gate`).
+
+    A newer registered writer epoch calls ``on_taken_over(why)`` once, at once (the service
+    stops answering ready and exits; its main loop fences itself at its next check). A read
+    that fails confirms nothing: readiness lapses after ``confirm_seconds`` (never ready on an
+    unconfirmed claim)."""
+
+    def __init__(self, writer: ReleaseWriter, reader_factory: Callable[[], StateStore],
+                 on_taken_over: Callable[[str], None], *, interval: float = WRITER_WATCH_SECONDS,
+                 confirm_seconds: float = WRITER_CONFIRM_SECONDS,
+                 takeover_seconds: float = WRITER_TAKEOVER_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not takeover_seconds > confirm_seconds > interval > 0:
+            raise ValueError("need takeover_seconds > confirm_seconds > interval > 0")
+        self.writer, self._reader_factory = writer, reader_factory
+        self._on_taken_over = on_taken_over
+        self.interval, self.confirm_seconds = interval, confirm_seconds
+        self.takeover_seconds, self._clock = takeover_seconds, clock
+        self.confirmed_at: float | None = None    # start of the last read that confirmed
+        self.taken_over: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def gate(self) -> tuple[bool, str]:
+        if self.taken_over or self.writer.fenced:
+            return False, f"fenced: {self.taken_over or self.writer.fenced}"
+        now = self._clock()
+        if self.writer.registered_at is None or now - self.writer.registered_at < self.takeover_seconds:
+            return False, (f"taking over the writer slot: ready {self.takeover_seconds:g} s after "
+                           "registering, once any older writer has stopped answering ready")
+        if self.confirmed_at is None or now - self.confirmed_at > self.confirm_seconds:
+            return False, (f"writer epoch {self.writer.writer_epoch} not confirmed on Kafka in the "
+                           f"last {self.confirm_seconds:g} s")
+        return True, "ready"
+
+    def check(self, reader: StateStore) -> bool:
+        """One confirmation read; False once taken over."""
+        started = self._clock()
+        rec = reader.read_latest(WRITER_KEY)
+        newest = 0 if rec is None else int(rec.meta.get("writer_epoch", 0))
+        if newest > (self.writer.writer_epoch or 0):
+            self.taken_over = (f"a newer release service (writer epoch {newest}, ledger "
+                               f"{rec.meta.get('ledger')!r} on {rec.meta.get('host')!r}) took "
+                               f"over this deployment; this one (writer epoch "
+                               f"{self.writer.writer_epoch}) stops answering ready and exits")
+            self._on_taken_over(self.taken_over)
+            return False
+        if newest == self.writer.writer_epoch:
+            self.confirmed_at = started
+        return True
+
+    def start(self) -> "WriterWatch":
+        self._thread = threading.Thread(target=self._run, name="release-writer-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        reader = None
+        try:
+            while not self._stop.is_set():
+                try:
+                    reader = reader or self._reader_factory()
+                    if not self.check(reader):
+                        return
+                except Exception as exc:     # noqa: BLE001 - an outage: the confirmation lapses
+                    log.debug("writer watch: %s", exc)
+                self._stop.wait(self.interval)
+        finally:
+            if reader is not None:
+                try:
+                    reader.close()
+                except Exception:            # noqa: BLE001
+                    pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
