@@ -483,7 +483,6 @@ class ContinualRelease:
         change = (None if self.published_topics is None
                   or self.published_topics.shape != np.shape(topic_word) else
                   0.5 * np.abs(np.asarray(topic_word) - self.published_topics).sum(axis=1))
-        self.published_topics = np.asarray(topic_word, dtype=np.float64)
         if blt:
             aggregator_fields = {
                 "blt": {**self.blt_params.to_dict(), "nbuf": self.blt_params.nbuf,
@@ -514,12 +513,16 @@ class ContinualRelease:
                 **self.refinement.to_dict(), "refined_epochs": self.refined_epochs})
         if not private:
             privacy["mechanism"] = "none"
-        return TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=lambdas,
+        snap = TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=lambdas,
                              n_docs=float(released.sketch.count), privacy=privacy,
                              mechanism=self.aggregator if private else "none",
                              subspace_id=self.subspace.id, epoch=t, subspace_topics=U,
                              noise_to_signal=nts, fold_in_topics=fold_in, stage=stage,
                              topic_change=change)
+        # last: a post-processing that raised leaves the alignment state as it was (a retry
+        # of the pending draw aligns to the same published topics, issue 23 item 4)
+        self.published_topics = np.asarray(topic_word, dtype=np.float64)
+        return snap
 
     # ------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
