@@ -369,3 +369,63 @@ class OutageGuard:
 
     def close(self) -> None:
         self._admin = None
+
+
+class BrokerProbe:
+    """Readiness that reflects the broker (issue 25): a daemon thread completes a metadata
+    round trip every ``interval`` seconds; one that fails or takes longer than ``bound``
+    seconds marks the service not ready (a ``HealthState`` ready gate), the next one that
+    succeeds ready again. A frozen broker (SIGSTOP, a hung disk) raises no client error:
+    consumers just see no records, so only a round trip shows it."""
+
+    def __init__(self, health, client_config: dict, *, bound: float = 10.0,
+                 interval: float = 5.0, name: str = "service") -> None:
+        self.health, self.bound, self.interval, self.name = health, float(bound), float(interval), name
+        self.bootstrap = _bootstrap_of(client_config)
+        self._cfg = {k: v for k, v in client_config.items()
+                     if k not in ("logger", "error_cb", "stats_cb")}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failures = 0
+        self.down: str | None = None        # why the last round trip failed (None: it worked)
+        # a gate of its own (HealthState.add_ready_gate): a recovered broker never overrides
+        # a service's own not-ready reason (fenced, outage)
+        health.add_ready_gate(lambda: (self.down is None, self.down or ""))
+
+    def start(self) -> "BrokerProbe":
+        self._thread = threading.Thread(target=self._run, name=f"{self.name}-broker-probe",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.bound + 2)
+
+    def round_trip(self, admin) -> str | None:
+        """None if a metadata round trip completed within ``bound``, else why not."""
+        t0 = time.monotonic()
+        try:
+            admin.list_topics(timeout=self.bound)
+        except KafkaException as exc:
+            return f"no broker round trip to {self.bootstrap} within {self.bound:.0f} s ({exc})"
+        took = time.monotonic() - t0
+        if took > self.bound:
+            return f"broker round trip to {self.bootstrap} took {took:.1f} s (> {self.bound:.0f} s)"
+        return None
+
+    def _run(self) -> None:
+        from confluent_kafka.admin import AdminClient
+        admin = AdminClient({**self._cfg, "logger": _quiet_logger()})
+        down = None
+        while not self._stop.is_set():
+            why = self.round_trip(admin)
+            if why is not None:
+                self.failures += 1
+                if down is None:
+                    log.warning("%s: not ready: %s", self.name, why)
+            elif down is not None:
+                log.warning("%s: broker round trip works again: ready", self.name)
+            down = self.down = why
+            self._stop.wait(self.interval)

@@ -105,6 +105,7 @@ class ServiceConfig:
     metrics_port: int = 0
     poll_seconds: float = 1.0
     liveness_seconds: float = 120.0
+    readiness_broker_seconds: float = 10.0      # /readyz fails without a broker round trip in this
     metrics_exact_counts: bool = True
     refinement: bool = True
     refinement_share: float = 0.5
@@ -213,7 +214,8 @@ class ServiceConfig:
         if "bootstrap.servers" in self.kafka or "group.id" in self.kafka:
             bad("kafka", "set bootstrap servers with 'bootstrap' and the group with 'group_id', "
                          "not inside 'kafka'")
-        for name in ("checkpoint_seconds", "poll_seconds", "max_future_seconds", "liveness_seconds"):
+        for name in ("checkpoint_seconds", "poll_seconds", "max_future_seconds", "liveness_seconds",
+                     "readiness_broker_seconds"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 bad(name, f"must be a number of seconds > 0, got {v!r}")

@@ -86,7 +86,7 @@ from streamdp.release import BudgetSplit, DenoiseConfig, warmup_plan
 from streamdp.refinement import FoldInModels, RefinementModel, model_epoch_for
 from streamdp.services import control
 from streamdp.services.contract import check_contract, record_contract
-from streamdp.kafka.connectivity import OutageGuard, check_bootstrap
+from streamdp.kafka.connectivity import BrokerProbe, OutageGuard, check_bootstrap
 from streamdp.services.config import (ConfigError, ServiceConfig, check_privacy_mode,
                                       check_stream_start, documents_partition_count)
 from streamdp.services import vocabulary as vocab_mod
@@ -471,6 +471,9 @@ class ReleaseService:
         self.watch = WriterWatch(self.writer, self.cfg.state_store, self._taken_over).start()
         self.health.add_ready_gate(self.watch.gate)
         self.health.set_ready(True, "serving")
+        self.broker_probe = BrokerProbe(self.health, self.cfg.client("admin"), name="release",
+                                        bound=self.cfg.readiness_broker_seconds,
+                                        interval=self.cfg.readiness_broker_seconds / 2).start()
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         guard = OutageGuard(self.health, self.cfg.client("admin"), self._stop, name="release",
                             resync=self._resync, logger=log)     # outages: alive, not ready, retry
@@ -489,6 +492,8 @@ class ReleaseService:
         if self._closed:
             return
         self._closed = True
+        if getattr(self, "broker_probe", None) is not None:
+            self.broker_probe.close()
         try:
             if getattr(self, "watch", None) is not None:
                 self.watch.stop()

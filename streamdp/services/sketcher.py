@@ -26,7 +26,7 @@ import uuid
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from streamdp.kafka.connectivity import OutageGuard, check_bootstrap
+from streamdp.kafka.connectivity import BrokerProbe, OutageGuard, check_bootstrap
 from streamdp.kafka.topics import TopicConfigError, check_broker_time
 from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
 from streamdp.services import control
@@ -160,6 +160,9 @@ class Sketcher:
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         guard = OutageGuard(self.health, self.cfg.client("admin"), self._stop,
                             name=self.instance, logger=log)     # outages: alive, not ready, retry
+        self.broker_probe = BrokerProbe(self.health, self.cfg.client("admin"), name=self.instance,
+                                        bound=self.cfg.readiness_broker_seconds,
+                                        interval=self.cfg.readiness_broker_seconds / 2).start()
         try:
             while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 guard.run(self.step)
@@ -169,6 +172,8 @@ class Sketcher:
         return 0
 
     def close(self) -> None:
+        if getattr(self, "broker_probe", None) is not None:
+            self.broker_probe.close()
         try:
             self.processor.close()     # leaves the group; on_revoke checkpoints what is left
         finally:
