@@ -102,7 +102,8 @@ def engine_run(warm, stream, *, clip=CLIP, seed=1):
     """One run of the engine; the recorded Q-independent blocks and their σ, by name."""
     sampler = RecordingSampler(seed)
     est = StreamingSpectralLDA(K, 1.0, epsilon=EPS_CFG, delta=DELTA_CFG, clip=clip,
-                               budget_split=SPLIT, seed=0, sampler=sampler)
+                               budget_split=SPLIT, seed=0, sampler=sampler,
+                               non_production=True)   # a recording sampler: not vetted
     est.warmup(warm)
     est.partial_fit(stream)            # fixes the subspace: the warm-up's noised Y
     sampler.phase = "release"

@@ -29,7 +29,8 @@ def engine_run(warm, warm_users, stream, stream_users, *, unit, seed=1):
     kw = dict(privacy_unit="user", max_docs_per_user_epoch=50,
               max_docs_per_user=50) if unit == "user" else {}
     est = StreamingSpectralLDA(K, 1.0, epsilon=EPS_CFG, delta=DELTA_CFG, clip=CLIP,
-                               budget_split=SPLIT, seed=0, sampler=sampler, **kw)
+                               budget_split=SPLIT, seed=0, sampler=sampler,
+                               non_production=True, **kw)   # a recording sampler: not vetted
     users = (lambda u: {"users": u}) if unit == "user" else (lambda u: {})
     est.warmup(warm, **users(warm_users))
     est.partial_fit(stream, **users(stream_users))
