@@ -244,7 +244,7 @@ def test_release_service_refuses_an_old_stream_start_before_writing_anything(kaf
     corpus = make_corpus(200, 200, 1, seed=1, stream_start=time.time() - 10 * 86400)
     names = fresh_topics(kafka_broker.bootstrap)
     cfg = make_config(tmp_path, kafka_broker.bootstrap, names, corpus, epsilon=1.0, noise_seed=None,
-                      confirm_backfill=False)
+                      confirm_backfill=False, non_production=True)   # sampler 'fast'
     with pytest.raises(ConfigError, match=r"stream_start.*240 epoch\(s\).*confirm_backfill"):
         ReleaseService(cfg)
     assert not (tmp_path / "ledger.jsonl").exists()
