@@ -23,6 +23,11 @@ rate is N / (last process done − go); per process, its own documents / its own
 ``cpu_s`` is the process's CPU time over its run (``time.process_time``, all its threads:
 librdkafka's too), so ``docs_per_cpu_s`` = documents per second of one busy core, the
 figure that does not depend on how many other processes share the cores.
+``docs_per_cpu_s_steady`` leaves out the one final checkpoint of every partition (a cost per
+run, partitions × state size, ≈ 37 MB per partition at d = 10k, k = 20 with refinement, that
+dominates short runs with many partitions); periodic checkpoints stay in. ``longest_loop_s``
+is the longest poll loop (``streamdp_poll_loop_longest_seconds``; librdkafka's
+``max.poll.interval.ms`` is 20 s).
 
 The machine this ran on has 2 cores, shared: with 4 processes on 2 cores the processes
 take turns, so the 4-process total measures scheduling overhead, not scale-out. The 1-min
@@ -120,11 +125,14 @@ def _worker(wid: int, cfg_kwargs: dict, expected: dict, go, stop, out) -> None:
             if stop.is_set():
                 raise RuntimeError("stopped before every document was consumed")
             sk.step()
+        t_last, cpu_last = time.time(), time.process_time()    # consumed, before the final checkpoint
         sk.checkpoint_all()
         t1, cpu1 = time.time(), time.process_time()
         counters = {c: sum(st.counters[c] for st in sk.states.values()) for c in ("documents", "dlq", "late")}
         out.put(("done", wid, {"partitions": held, "final_partitions": sorted(sk.states),
-                               "start": t0, "end": t1, "cpu_s": cpu1 - cpu0, **counters}))
+                               "start": t0, "end": t1, "cpu_s": cpu1 - cpu0,
+                               "final_checkpoint_s": t1 - t_last, "final_checkpoint_cpu_s": cpu1 - cpu_last,
+                               "longest_loop_s": getattr(sk.processor, "longest_loop", float("nan")), **counters}))
         while not stop.is_set():           # stay in the group: no rebalance under the others
             sk.step()
     except Exception as exc:               # noqa: BLE001 — reported to the parent
@@ -243,6 +251,11 @@ def run_scale(bootstrap: str, n_proc: int, msgs: list, a, stream_start: float, v
         "docs_per_s_per_process": n_docs / seconds / n_proc,
         "docs_per_s_per_core": n_docs / seconds / min(n_proc, cores),
         "docs_per_cpu_s": n_docs / cpu, "cpu_s": cpu, "cores": cores,
+        # steady state: periodic checkpoints counted, the one final checkpoint of every
+        # partition (a per-run cost, P × state size, that dominates short runs) not
+        "docs_per_cpu_s_steady": n_docs / (cpu - sum(r["final_checkpoint_cpu_s"] for r in per)),
+        "final_checkpoint_cpu_s": sum(r["final_checkpoint_cpu_s"] for r in per),
+        "longest_loop_s": max(r["longest_loop_s"] for r in per),
         "process_docs_per_s": [r["documents"] / (r["end"] - r["start"]) for r in per],
         "process_docs": [r["documents"] for r in per],
         "process_partitions": [r["partitions"] for r in per],
@@ -377,6 +390,7 @@ def main(argv=None):
             rows.append(row)
     cols = ["processes", "partitions", "documents", "seconds", "docs_per_s", "docs_per_s_min",
             "docs_per_s_max", "docs_per_s_per_process", "docs_per_s_per_core", "docs_per_cpu_s",
+            "docs_per_cpu_s_steady", "final_checkpoint_cpu_s", "longest_loop_s",
             "broker_cores_busy", "load_before", "load_after"]
     print(f"\n## Sketcher scale-out (d = {a.d:,}, k = {a.k}, refinement {'on' if a.refine else 'off'}, "
           f"{a.partitions} partitions, batch {a.batch}, {os.cpu_count()} cores; median of {a.repeats})\n")
