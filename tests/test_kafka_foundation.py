@@ -537,3 +537,30 @@ def test_parse_kafka_key_round_trip():
         assert parse_kafka_key(chunk_key(key, 7, 2)) == (key, "chunk", 7, 2)
     assert parse_kafka_key("nope") is None
     assert parse_kafka_key("/manifest") is None
+
+
+def test_first_write_after_a_covering_prefix_read_reads_nothing_more(state_env, monkeypatch):
+    """Issue 24: a sketcher's restore reads ``sketch/<topic>/``; the first checkpoint of a
+    partition that had no state then must not read the state topic again from its beginning
+    (with 24 fresh partitions each one re-read all the states written before it). A key the
+    prefix read found keeps what it learnt: its stale chunks are still tombstoned."""
+    bs, topic, prod = state_env
+    prefix = uid("sketch/t/")
+    old_key, new_key = prefix + "0", prefix + "1"
+    g_old = StateStore(prod, bs, topic, chunk_bytes=1000).write(old_key, os.urandom(2500))
+    store = StateStore(prod, bs, topic, chunk_bytes=1000)
+    assert set(store.read_all_latest(prefix=prefix)) == {old_key}      # the restore's read
+    reads = []
+    real = StateStore._catch_up
+    monkeypatch.setattr(StateStore, "_catch_up", lambda self, view: (reads.append(view), real(self, view))[1])
+    g_new = store.write(new_key, b"fresh")
+    g2 = store.write(old_key, os.urandom(1500))
+    assert reads == []                                  # learnt by the prefix read: no re-read
+    other = uid("elsewhere/")
+    store.write(other, b"x")                            # not covered: read once, as before
+    assert len(reads) == 1
+    fresh = StateStore(prod, bs, topic)
+    assert fresh.read_latest(new_key).payload == b"fresh" and fresh.read_latest(new_key).generation == g_new
+    assert fresh.read_latest(old_key).generation == g2 > g_old
+    recs = [(k.decode(), v) for k, v in read_raw(bs, topic)[0] if k.decode().startswith(old_key + "/")]
+    assert {k for k, v in recs if v is None} == {chunk_key(old_key, g_old, i) for i in range(3)}
