@@ -181,7 +181,7 @@ def run_scale(bootstrap: str, n_proc: int, msgs: list, a, stream_start: float, v
                     meta={"clip": ClipBounds.for_length(a.clip_length).to_dict(),
                           "subspace_id": sub.id, "vocabulary_id": vocab.id})
         if a.refine:
-            write_release_models(store, a)
+            write_release_models(store, a, prefix)
 
     cfg_kwargs = dict(bootstrap=bootstrap, topic_prefix=prefix, group_id=f"{prefix}-sketchers",
                       vocabulary=vocab_path, vocabulary_public_by_assumption=True, n_topics=a.k,

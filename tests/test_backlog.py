@@ -80,7 +80,7 @@ def test_one_sketcher_takes_over_24_partitions_with_a_backlog(kafka_broker, tmp_
         store.write(control.SUBSPACE_KEY, sub.to_bytes(),
                     meta={"clip": ClipBounds.for_length(20.0).to_dict(), "subspace_id": sub.id,
                           "vocabulary_id": vocab.id})
-        write_release_models(store, Args)
+        write_release_models(store, Args, prefix)
 
     cfg = ServiceConfig(bootstrap=bootstrap, topic_prefix=prefix, group_id=f"{prefix}-sketchers",
                         vocabulary=str(vocab_path), vocabulary_public_by_assumption=True, n_topics=K,
