@@ -119,8 +119,10 @@ class FakeProducer:
     def __init__(self, *a, **k):
         self.produced = []
 
-    def produce(self, topic, value=None, key=None, headers=None):
+    def produce(self, topic, value=None, key=None, headers=None, on_delivery=None):
         self.produced.append((topic, value))
+        if on_delivery is not None:     # delivered (the processor checks every report)
+            on_delivery(None, None)
 
     def poll(self, t=0):
         return 0

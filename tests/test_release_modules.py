@@ -238,11 +238,18 @@ class FakeProducer:
 
     def __init__(self, unacknowledged: int = 0):
         self.sent, self.unacknowledged = [], unacknowledged
+        self._reports = []
 
-    def produce(self, topic, value=None, key=None):
+    def produce(self, topic, value=None, key=None, on_delivery=None):
         self.sent.append((topic, key, value))
+        if on_delivery is not None:
+            self._reports.append(on_delivery)
 
     def flush(self, timeout=None):
+        if not self.unacknowledged:       # delivered: the delivery reports say so
+            reports, self._reports = self._reports, []
+            for report in reports:
+                report(None, None)
         return self.unacknowledged
 
 

@@ -19,15 +19,56 @@ Control announcements to the sketchers (``vocabulary_ready``, ``subspace_ready``
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 from pathlib import Path
 from typing import Callable
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from streamdp.services import control
 from streamdp.snapshot import TopicSnapshot
 from streamdp.snapshots import summary as snapshot_summary
+
+
+log = logging.getLogger("streamdp.release")
+
+#: back-off before each retry of a refused snapshot / control record (then the release stops)
+DELIVERY_RETRY_SECONDS = (0.5, 1.0, 2.0)
+
+
+class DeliveryFailed(RuntimeError):
+    """Kafka refused a release record after every retry: the release stops (the release
+    state is persisted, so a restart publishes it) rather than claim it was published."""
+
+
+def produce_confirmed(producer: Producer, topic: str, *, value: bytes, key: bytes | None = None,
+                      what: str, flush_seconds: float = 30.0,
+                      retries: tuple[float, ...] = DELIVERY_RETRY_SECONDS) -> None:
+    """Produce one record and check its delivery report (``flush()`` returns 0 after a
+    refused delivery too); retry with back-off, then raise :class:`DeliveryFailed`."""
+    errors: list = []
+    for attempt, wait in enumerate((0.0, *retries)):
+        if wait:
+            log.warning("%s refused by Kafka (%s); retry %d in %.1f s", what, errors[-1], attempt, wait)
+            time.sleep(wait)
+        outcome: list = []
+        try:
+            producer.produce(topic, key=key, value=value,
+                             on_delivery=lambda err, _msg: outcome.append(err))
+        except KafkaException as exc:           # refused at once (e.g. unknown topic)
+            errors.append(exc.args[0] if exc.args else exc)
+            continue
+        if producer.flush(flush_seconds) != 0:
+            raise RuntimeError(f"{what} not acknowledged by the broker in {flush_seconds:.0f} s")
+        if outcome and outcome[0] is None:
+            return
+        errors.append(outcome[0] if outcome else "no delivery report")
+    raise DeliveryFailed(f"{what}: Kafka refused it {len(errors)} times ({errors[-1]}); topic "
+                         f"{topic!r}. Nothing was claimed published: fix the topic (exists, "
+                         "writable, max.message.bytes large enough) and restart; the release "
+                         "state is persisted and is published then (docs/operations.md)")
 
 
 class ReleaseSinks:
@@ -60,9 +101,8 @@ class ReleaseSinks:
     def publish(self, snap: TopicSnapshot) -> None:
         """Snapshots topic (acknowledged), then the HTTP view, then the directory."""
         data = snap.to_bytes()
-        self.producer.produce(self.topics.snapshots, key=snap.release_id.encode(), value=data)
-        if self.producer.flush(30) != 0:
-            raise RuntimeError("snapshot not acknowledged by the broker in 30 s")
+        produce_confirmed(self.producer, self.topics.snapshots, key=snap.release_id.encode(),
+                          value=data, what=f"snapshot {snap.release_id} ({len(data)} bytes)")
         self.published = (snap, data)
         tmp = self.dir / f".{snap.release_id}.tmp"
         tmp.write_bytes(data)
@@ -103,6 +143,6 @@ class ReleaseSinks:
     def announce(self, type_: str, **fields) -> None:
         """A control message to the sketchers (``vocabulary_ready``, ``subspace_ready``,
         ``epochs_closed``)."""
-        self.producer.produce(self.topics.control,
-                              value=control.encode(type_, key=self._control_key(), **fields))
-        self.producer.flush(10)
+        produce_confirmed(self.producer, self.topics.control, what=f"control message {type_!r}",
+                          value=control.encode(type_, key=self._control_key(), **fields),
+                          flush_seconds=10)
