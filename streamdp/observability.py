@@ -116,6 +116,7 @@ TOKENS_TOTAL = "streamdp_tokens_total"
 UNKNOWN_TOKENS_TOTAL = "streamdp_unknown_tokens_total"
 DLQ_MESSAGES_TOTAL = "streamdp_dlq_messages_total"
 DLQ_DROPPED_TOTAL = "streamdp_dlq_dropped_total"
+CONTROL_REJECTED_TOTAL = "streamdp_control_rejected_messages_total"
 BATCH_DURATION_SECONDS = "streamdp_batch_duration_seconds"
 BATCH_SIZE_DOCUMENTS = "streamdp_batch_size_documents"
 CONSUMER_LAG_MESSAGES = "streamdp_consumer_lag_messages"
@@ -175,6 +176,11 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
                "streamdp_dlq_messages_total too); the sketcher stops without "
                "checkpointing past them, so they are re-read after its restart.",
                (), _SK),
+    MetricSpec(CONTROL_REJECTED_TOTAL, COUNTER,
+               "Control messages the sketcher ignored: undecodable, no valid MAC under its "
+               "control key (a key mismatch with the release service), or not confirmed by "
+               "the release state.",
+               (), _SK, "messages"),
     MetricSpec(BATCH_DURATION_SECONDS, HISTOGRAM,
                "Wall time to decode and sketch one consumed batch.",
                (), _SK, "seconds", _BATCH_SECONDS),
@@ -497,6 +503,10 @@ class ServiceMetrics:
             error_class=self._bounded(DLQ_MESSAGES_TOTAL, error_class)).inc(n)
         if dropped:
             self._m(DLQ_DROPPED_TOTAL).inc(n)
+
+    def control_rejected(self, n: int = 1) -> None:
+        """``n`` control messages ignored (``streamdp_control_messages_rejected_total``)."""
+        self._m(CONTROL_REJECTED_TOTAL).inc(_count(n, "n"))
 
     def dlq_undelivered(self, n: int = 1) -> None:
         """``n`` dead-letter records (already counted by :meth:`dlq`) were refused by Kafka

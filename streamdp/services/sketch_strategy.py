@@ -117,6 +117,8 @@ class SketchContext:
     store. Announcements that change the partitions' states (vocabulary published, warm-up
     or epochs closed) are applied to the partitions of every strategy in ``strategies``."""
 
+    metrics = None      # the sketcher's ServiceMetrics (set by the Sketcher): counts rejections
+
     def __init__(self, cfg: ServiceConfig, *, instance: str, store, control_consumer,
                  control_key, vocabulary=None, candidates=None,
                  user_partitions: int | None = None) -> None:
@@ -275,6 +277,8 @@ class SketchContext:
 
     def reject_control(self, fmt: str, *args) -> None:
         self.control_rejected += 1
+        if self.metrics is not None:        # a key mismatch shows (alert StreamdpControlRejected)
+            self.metrics.control_rejected()
         self._bad_log.warning(fmt, *args)
 
     def apply_epochs_closed(self, through: int) -> None:

@@ -103,6 +103,7 @@ class Sketcher:
                                      control_consumer=control_consumer, control_key=control_key,
                                      vocabulary=vocabulary, candidates=candidates,
                                      user_partitions=user_partitions)
+        self.context.metrics = self.metrics
         self.strategy = SketchStrategy(self.context, self.metrics)
         self.processor = StreamProcessor(
             consumer, producer, self.strategy, topic=self.topics.documents, dlq_topic=self.topics.dlq,
