@@ -23,6 +23,7 @@ from streamdp.privacy.noise import (DEFAULT_SAMPLER, GaussianSampler, make_sampl
 from streamdp.privacy.report import add_budget_context, release_report
 from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, check_max_documents,
                                        require_within_premise, warn_not_covered)
+from streamdp.privacy.kept_draws import KeptDraws, PendingDraw  # noqa: F401 (re-exported)
 from streamdp.privacy.spend import UnitSpender, spend
 from streamdp.privacy.user_bounding import (DEFAULT_MAX_USERS, SCHEDULES, UserBounder,
                                             bounding_report)
@@ -34,7 +35,8 @@ from streamdp.release import (MECHANISMS, WARMUP_SHARE, BudgetSplit, DenoiseConf
 from streamdp.snapshot import TopicSnapshot
 from streamdp.start import AUTO_COUNT_SHARE, PublicStart, check_start, choose_start
 from streamdp.tensor.power_method import PowerMethodConfig
-from streamdp.whitening.warmup import WarmupSketch
+from streamdp.whitening.warmup import (WarmupSketch, clip_bounds_from_histogram,
+                                       subspace_from_draw)
 
 DEFAULT_CLIP_QUANTILE = 0.97
 DEFAULT_CLIP_BUDGET_SHARE = 0.05
@@ -305,6 +307,9 @@ class StreamingSpectralLDA:
         self.accountant = accountant
         self._spender = self._spend_session(accountant, run_id, unit=self.privacy_unit)
         self._draws: dict[str, int] = {}
+        # noised values drawn by an operation whose post-processing has not succeeded yet
+        # (issue 23 item 4): a retry post-processes them again, never draws again
+        self._kept = KeptDraws()
         # ρ is derived once, by the accountant (a plain EventLog spender has none)
         self.rho_ = None if self.epsilon is None else getattr(
             accountant, "rho_budget", None) or zcdp_rho(self.epsilon, self.delta)
@@ -419,25 +424,42 @@ class StreamingSpectralLDA:
                              "the stream is sketched in the subspace the warm-up finds")
         plan = self._warmup_plan()
         rho, where = plan.subspace_rho, plan.where
-        if self._auto_clip:
-            self.clip, _ = self._warmup.clip_bounds(self.clip_quantile, plan.clip_rho,
-                                                    self.sampler, self._spender, **where)
-        self.subspace_ = self._warmup.subspace(rho, self.sampler, self._spender,
-                                               max_documents=self.max_documents_per_sum, **where)
-        self.sketch_ = WhitenedSketch(self.subspace_, self.clip)
+        warm = self._warmup
+        # the noised histogram and Y are kept from their draw until the subspace is fixed: a
+        # failure after a draw (the orthonormalisation, a later step) is retried from them
+        with self._kept.operation_of(("warmup",)) as kept:
+            clip = self.clip
+            if self._auto_clip:
+                hist, _ = kept.draw(lambda: warm.draw_histogram(plan.clip_rho, self.sampler,
+                                                                self._spender, **where))
+                clip = clip_bounds_from_histogram(hist, self.clip_quantile, warm.clip)
+            Y, events = kept.draw(lambda: warm.draw_range(
+                rho, self.sampler, self._spender, max_documents=self.max_documents_per_sum,
+                **where))
+            self._finish_subspace(subspace_from_draw(Y, events, omega_seed=warm.seed,
+                                                     clip=warm.clip), clip)
+        self._warmup = None   # the warm-up's raw sums are no longer needed
+
+    def _finish_subspace(self, subspace, clip: ClipBounds) -> None:
+        """Build what the stream needs, then fix the subspace (last: a failure leaves none)."""
+        sketch = WhitenedSketch(subspace, clip)
+        continual = epoch_sketches = None
         if self.epochs is not None:
-            self.continual_ = ContinualRelease(
-                self.subspace_, self.clip, n_topics=self.n_topics, alpha0=self.alpha0,
+            continual = ContinualRelease(
+                subspace, clip, n_topics=self.n_topics, alpha0=self.alpha0,
                 rho=self.stream_rho_, horizon=self.horizon, split=self._spectral_split(),
                 sampler=self.sampler, spender=self._spender, power=self.power,
                 denoise=self.denoise, refinement=self.refinement,
                 aggregator=self.continual_aggregator,
                 max_documents=self.max_documents_per_sum, privacy_unit=self.privacy_unit)
-            self._epoch_sketches = EpochSketches(
-                self.subspace_, self.clip, self.epochs,
+            epoch_sketches = EpochSketches(
+                subspace, clip, self.epochs,
                 n_topics=self.n_topics if self.refinement is not None else None,
                 model_lag=(self.refinement or RefinementConfig()).model_lag)
-        self._warmup = None   # the warm-up's raw sums are no longer needed
+        self.sketch_, self.clip = sketch, clip
+        if continual is not None:
+            self.continual_, self._epoch_sketches = continual, epoch_sketches
+        self.subspace_ = subspace
 
     # ----------------------------------------------------------------- stream
     def partial_fit(self, X, timestamps=None, *, users=None) -> "StreamingSpectralLDA":
@@ -555,14 +577,16 @@ class StreamingSpectralLDA:
 
     def _spectral_release(self, budget_fraction: float, split: BudgetSplit) -> TopicSnapshot:
         rho = None if self.rho_ is None else self.stream_rho_ * budget_fraction
-        snap = release_topics(self.sketch_.sums(), self.subspace_, n_topics=self.n_topics,
-                              alpha0=self.alpha0, rho=rho, clip=self.clip,
-                              mechanism=self.mechanism, split=split,
-                              sampler=self.sampler, spender=self._spender,
-                              power=self.power, denoise=self.denoise, partition=STREAM,
-                              max_documents=self.max_documents_per_sum,
-                              label=self._draw_label("release"))
-        return self._finish_snapshot(snap)
+        # a retry after a post-processing failure decomposes the kept noised sums again
+        with self._kept.operation_of(("release", budget_fraction, split)) as kept:
+            snap = release_topics(self.sketch_.sums(), self.subspace_, n_topics=self.n_topics,
+                                  alpha0=self.alpha0, rho=rho, clip=self.clip,
+                                  mechanism=self.mechanism, split=split,
+                                  sampler=self.sampler, spender=self._spender,
+                                  power=self.power, denoise=self.denoise, partition=STREAM,
+                                  max_documents=self.max_documents_per_sum,
+                                  label=lambda: self._draw_label("release"), kept=kept)
+            return self._finish_snapshot(snap)
 
     # ------------------------------------------------------------------ starts
     def release_start(self, stream, fraction: float, *, users=None) -> float:
@@ -624,10 +648,16 @@ class StreamingSpectralLDA:
         ``X`` (a count matrix or the batches of the stream): Lloyd iterations in the warm-up
         subspace, then one mapping pass to word space, with ``budget_fraction`` of the stream ρ
         (``lloyd_share`` of it on the iterations). Returns the mapped snapshot (refine next)."""
-        from streamdp.cluster_start import (ClusterMappingModel, Assignment, cluster_sums,
-                                            plan_iteration)
         if self.subspace_ is None:
             raise ValueError("cluster_start() works in the warm-up subspace: partial_fit(X) first")
+        # every draw (each Lloyd iteration's, the mapping's) is kept until the start is
+        # released: a retry after a failure replays the same noised values in the same order
+        with self._kept.operation_of(("cluster", budget_fraction)) as kept:
+            return self._cluster_start(X, budget_fraction, kept)
+
+    def _cluster_start(self, X, budget_fraction: float, kept: KeptDraws) -> TopicSnapshot:
+        from streamdp.cluster_start import (ClusterMappingModel, Assignment, cluster_sums,
+                                            plan_iteration)
         cfg = self.cluster_start_config
         batches = [X] if (sp.issparse(X) or isinstance(X, np.ndarray)) else list(X)
         Q = self.subspace_.Q
@@ -641,10 +671,11 @@ class StreamingSpectralLDA:
             if it_rho is not None:
                 require_within_premise(n, self.max_documents_per_sum, "cluster start")
                 ev = plan_iteration(it_rho, cfg.count_share, max_documents=self.max_documents_per_sum)
-                S, counts = spend(self._spender if self._spender is not None else EventLog(), ev,
-                                  label=self._draw_label("cluster"),
-                                  draw=lambda: (self.sampler.add_noise(S, ev[0].sigma),
-                                                self.sampler.add_noise(counts, ev[1].sigma)))
+                S, counts = kept.draw(lambda: spend(
+                    self._spender if self._spender is not None else EventLog(), ev,
+                    label=self._draw_label("cluster"),
+                    draw=lambda: (self.sampler.add_noise(S, ev[0].sigma),
+                                  self.sampler.add_noise(counts, ev[1].sigma))))
                 events_all += ev
                 noise = {e.block: e.sigma for e in ev}
             rule = Assignment.from_released(S, counts, rule)
@@ -662,9 +693,10 @@ class StreamingSpectralLDA:
                                     max_documents=self.max_documents_per_sum)
             require_within_premise(sketch.n_docs, self.max_documents_per_sum, "cluster mapping")
             map_events = [event]
-            T = spend(self._spender if self._spender is not None else EventLog(), map_events,
-                      label=self._draw_label("cluster-map"),
-                      draw=lambda: self.sampler.add_noise(sketch.sums, event.sigma))
+            T = kept.draw(lambda: spend(
+                self._spender if self._spender is not None else EventLog(), map_events,
+                label=self._draw_label("cluster-map"),
+                draw=lambda: self.sampler.add_noise(sketch.sums, event.sigma)))
             sd = event.sigma
         topic_word, alpha, nts, fold_in_topics = refined_topics(T, sd, self.alpha0)
         events = events_all + map_events
@@ -729,6 +761,12 @@ class StreamingSpectralLDA:
             budget_fraction = cfg.share / cfg.passes
         if not 0 < budget_fraction <= 1:
             raise ValueError(f"budget_fraction must be in (0, 1], got {budget_fraction!r}")
+        # a retry after a post-processing failure denoises the kept noised sums again
+        with self._kept.operation_of(("refine", budget_fraction, self.snapshot_.release_id)) as kept:
+            return self._refine_pass(X, budget_fraction, users, cfg, kept)
+
+    def _refine_pass(self, X, budget_fraction: float, users, cfg: RefinementConfig,
+                     kept: KeptDraws) -> TopicSnapshot:
         model = RefinementModel.from_snapshot(self.snapshot_,
                                               fold_in_iter=cfg.fold_in_iter)
         sketch = RefinementSketch(*model.shape)
@@ -763,9 +801,10 @@ class StreamingSpectralLDA:
                                     max_documents=self.max_documents_per_sum)
             require_within_premise(sketch.n_docs, self.max_documents_per_sum, "refinement")
             events = [event]
-            T = spend(self._spender if self._spender is not None else EventLog(), events,
-                      label=self._draw_label("refine"),
-                      draw=lambda: self.sampler.add_noise(sketch.sums, event.sigma))
+            T = kept.draw(lambda: spend(
+                self._spender if self._spender is not None else EventLog(), events,
+                label=self._draw_label("refine"),
+                draw=lambda: self.sampler.add_noise(sketch.sums, event.sigma)))
             sd = event.sigma
         topic_word, alpha, nts, fold_in_topics = refined_topics(T, sd, self.alpha0)
         prev = self.snapshot_

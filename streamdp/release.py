@@ -17,6 +17,7 @@ Pipeline for sums Σ over N (weighted) stream documents, subspace Q (d × k'):
 from __future__ import annotations
 
 import math
+from typing import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -31,7 +32,8 @@ from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, check_max_
                                        require_within_premise)
 from streamdp.privacy.rounding import sensitivity as _rounded_sensitivity
 from streamdp.privacy.report import release_report
-from streamdp.privacy.spend import spend
+from streamdp.privacy.kept_draws import KeptDraws, kept_or_fresh
+from streamdp.privacy.spend import ARRAY_CODEC, Codec, spend
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import ExactOracle, PowerMethodConfig, robust_power_method
 from streamdp.tensor.private import NoisyQueryOracle
@@ -292,12 +294,20 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
                    spender: BudgetSpender | None = None,
                    power: PowerMethodConfig = PowerMethodConfig(),
                    denoise: DenoiseConfig = DenoiseConfig(), partition: str = STREAM,
-                   label: str = "release", epoch: int | None = None,
-                   max_documents: int = DEFAULT_MAX_DOCUMENTS_PER_SUM) -> TopicSnapshot:
+                   label: str | Callable[[], str] = "release", epoch: int | None = None,
+                   max_documents: int = DEFAULT_MAX_DOCUMENTS_PER_SUM,
+                   kept: KeptDraws | None = None) -> TopicSnapshot:
     """Run the whole release on closed sums. ``rho=None``: the non-private estimator.
 
     ``max_documents``: the premise N_max (docs/privacy.md "Floating point"); a private
-    release of a larger sum is refused before anything is reserved or drawn."""
+    release of a larger sum is refused before anything is reserved or drawn.
+
+    ``kept`` (issue 23 item 4): the tensor mechanism's draw (the noised sums) is kept there
+    before the decomposition, so a caller who retries after a post-processing exception
+    gets the same noised sums decomposed again, never a new draw. The iterative mechanism
+    draws during its decomposition (the power-method queries): the whole decomposition is
+    one draw, kept only once it returned (docs/privacy.md says what that means).
+    ``label``: the draw's name, or a function giving it (called only when a draw is made)."""
     _check_topics(subspace, n_topics, alpha0)
     private = rho is not None
     n_queries = power.n_queries(n_topics) if mechanism == "iterative" else 0
@@ -308,13 +318,14 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
     if private:
         require_within_premise(sums.n_docs, max_documents, "release")
     spender = spender if spender is not None else EventLog()
+    name = label if callable(label) else (lambda: label)
+    noise_sd = noise_scales(events) if private else None
 
-    def draw():
-        # Every draw of this release (the sums' noise and, for the iterative mechanism,
-        # the power-method queries) happens in here, between reserve and persist.
-        noisy = noise_sums(sums, events, sampler, Q=subspace.Q, max_documents=max_documents)
-        oracle_factory = None
-        if mechanism == "iterative" and private:
+    if mechanism == "iterative" and private:
+        def draw():
+            # Every draw of this release (the s-blocks' noise and the power-method queries)
+            # happens in here, between reserve and persist.
+            noisy = noise_sums(sums, events, sampler, Q=subspace.Q, max_documents=max_documents)
             q = next(e for e in events if e.block == "s3_query")
 
             def oracle_factory(W, T3_public, N):
@@ -323,14 +334,26 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
                 return NoisyQueryOracle(whiten3(noisy.s3, W), whiten3(T3_public, W), N, s3_sens,
                                         W, q.sigma / q.sensitivity, q.count, sampler)
 
-        return (*decompose_sums(
-            noisy, subspace, n_topics=n_topics, alpha0=alpha0,
-            noise_sd=noise_scales(events) if private else None, power=power, denoise=denoise,
-            oracle_factory=oracle_factory, return_subspace_topics=True), float(noisy.count))
+            return (*decompose_sums(
+                noisy, subspace, n_topics=n_topics, alpha0=alpha0, noise_sd=noise_sd,
+                power=power, denoise=denoise, oracle_factory=oracle_factory,
+                return_subspace_topics=True), float(noisy.count))
 
-    # reserve → draw → persist → commit (streamdp.privacy.spend); the persisted output
-    # is the release itself, since the iterative mechanism draws during decomposition
-    topic_word, alpha, lambdas, U, n_docs = spend(spender, events, label=label, draw=draw)
+        # reserve → draw → persist → commit (streamdp.privacy.spend); the persisted output
+        # is the release itself, since the iterative mechanism draws during decomposition
+        topic_word, alpha, lambdas, U, n_docs = kept_or_fresh(
+            kept, lambda: spend(spender, events, label=name(), draw=draw))
+    else:
+        # reserve → draw → persist (the noised sums) → commit; the decomposition is
+        # post-processing of the kept/persisted noised sums (issue 23 item 4)
+        noisy = kept_or_fresh(kept, lambda: spend(
+            spender, events, label=name(), codec=SUMS_CODEC,
+            draw=lambda: noise_sums(sums, events, sampler, Q=subspace.Q,
+                                    max_documents=max_documents)))
+        topic_word, alpha, lambdas, U = decompose_sums(
+            noisy, subspace, n_topics=n_topics, alpha0=alpha0, noise_sd=noise_sd, power=power,
+            denoise=denoise, return_subspace_topics=True)
+        n_docs = float(noisy.count)
     privacy = release_report(mechanism=mechanism, events=events,
                              noise_sd=noise_scales(events) if private else {}, clip=clip,
                              split=split, sampler=sampler, power=power,
@@ -339,6 +362,23 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
                          n_docs=n_docs, privacy=privacy,
                          mechanism=mechanism if private else "none",
                          subspace_id=subspace.id, epoch=epoch, subspace_topics=U)
+
+
+def _encode_sums(s: SketchSums):
+    return ARRAY_CODEC.encode((float(s.count), s.m1, s.z, s.s1, s.s2, s.s3))
+
+
+def _decode_sums(x) -> SketchSums:
+    v = ARRAY_CODEC.decode(x)
+    if not (isinstance(v, tuple) and len(v) == 6):
+        raise ValueError("the persisted output of this release is not a set of noised sums (it "
+                         "was written by a version that persisted the decomposed topics): finish "
+                         "that run with the version that started it, or use a new run_id")
+    return SketchSums(*v)
+
+
+#: How an output store keeps a release's noised sums (the tensor mechanism's draw).
+SUMS_CODEC = Codec(_encode_sums, _decode_sums)
 
 
 def _check_topics(subspace: Subspace, n_topics: int, alpha0: float) -> None:

@@ -79,6 +79,29 @@ def quantile_from_histogram(counts: np.ndarray, q: float) -> float:
     return float(NORM_BIN_EDGES[min(idx, len(NORM_BIN_EDGES) - 1)])
 
 
+def check_clip_quantile(quantile: float) -> None:
+    if not 0 < quantile <= 1:
+        raise ValueError(f"clip quantile must be in (0, 1], got {quantile!r}")
+
+
+def clip_bounds_from_histogram(hist: np.ndarray, quantile: float, warmup_clip: float) -> ClipBounds:
+    """The stream clip bounds from the (noised) norm histograms: post-processing only."""
+    check_clip_quantile(quantile)
+    m1, e2, e3 = (quantile_from_histogram(h, quantile) for h in hist)
+    return ClipBounds(m1=m1, z=e2, s3=e3, warmup=warmup_clip)
+
+
+def subspace_from_draw(Y: np.ndarray, events: list[GaussianEvent], *, omega_seed: int,
+                       clip: float) -> Subspace:
+    """Q = orth(Y) from the (noised) range sum: post-processing only, deterministic, so a
+    kept or persisted draw gives the same subspace every time it is post-processed."""
+    Q = orthonormal_basis(Y)
+    return Subspace(Q, provenance={
+        "source": "dp-range-finder" if events else "range-finder (non-private)",
+        "omega_seed": int(omega_seed), "clip": float(clip),
+        "events": [e.to_dict() for e in events]})
+
+
 class WarmupSketch:
     """Accumulates Σ clip(e2_n Ω) in O(d·k') memory.
 
@@ -212,10 +235,20 @@ class WarmupSketch:
         the whitened ones (‖e2 Q‖ ≤ ‖e2‖, ‖e3(Q,Q,Q)‖ ≤ ‖e3‖), so at most about
         1 − quantile of similar stream documents are clipped.
 
+        The draw (:meth:`draw_histogram`) and the quantiles (:func:`clip_bounds_from_histogram`)
+        are separate steps so that a caller can keep the draw across a failure (issue 23 item 4).
         ``partition`` and ``sensitivity_factor``: see :meth:`plan`.
         """
-        if not 0 < quantile <= 1:
-            raise ValueError(f"clip quantile must be in (0, 1], got {quantile!r}")
+        check_clip_quantile(quantile)
+        hist, events = self.draw_histogram(rho, sampler, spender, partition=partition,
+                                           sensitivity_factor=sensitivity_factor)
+        return clip_bounds_from_histogram(hist, quantile, self.clip), events
+
+    def draw_histogram(self, rho: float | None, sampler: GaussianSampler | None = None,
+                       spender: BudgetSpender | None = None, *, partition: str = WARMUP,
+                       sensitivity_factor: float = 1.0) -> tuple[np.ndarray, list[GaussianEvent]]:
+        """The noised norm histograms (3 × 122) and their event: the clip bounds' one draw.
+        ``rho=None``: the exact histograms, no event."""
         hist = self.norm_hist
         events = []
         if rho is not None:
@@ -229,8 +262,7 @@ class WarmupSketch:
             hist = spend(spender if spender is not None else EventLog(), events,
                          label="warmup-clip-histogram",
                          draw=lambda: sampler.add_noise(noisy, e.sigma))
-        m1, e2, e3 = (quantile_from_histogram(h, quantile) for h in hist)
-        return ClipBounds(m1=m1, z=e2, s3=e3, warmup=self.clip), events
+        return hist, events
 
     def merge(self, other: "WarmupSketch") -> "WarmupSketch":
         if (other.d, other.k_prime, other.clip, other.seed) != (self.d, self.k_prime, self.clip, self.seed):
@@ -279,7 +311,21 @@ class WarmupSketch:
         """Release Q = orth(Σ clip(e2 Ω) + noise). ``rho=None``: no noise (non-private).
 
         Refuses (DocumentCountExceeded, nothing spent) a warm-up of more than
-        ``max_documents`` documents: the premise of the rounding headroom."""
+        ``max_documents`` documents: the premise of the rounding headroom. The draw
+        (:meth:`draw_range`) and the orthonormalisation (:func:`subspace_from_draw`) are
+        separate steps so that a caller can keep the draw across a failure (issue 23 item 4)."""
+        Y, events = self.draw_range(rho, sampler, spender, partition=partition,
+                                    sensitivity_factor=sensitivity_factor,
+                                    max_documents=max_documents)
+        return subspace_from_draw(Y, events, omega_seed=self.seed, clip=self.clip)
+
+    def draw_range(self, rho: float | None, sampler: GaussianSampler | None = None,
+                   spender: BudgetSpender | None = None, *, partition: str = WARMUP,
+                   sensitivity_factor: float = 1.0,
+                   max_documents: int = rounding.DEFAULT_MAX_DOCUMENTS_PER_SUM
+                   ) -> tuple[np.ndarray, list[GaussianEvent]]:
+        """Y = Σ clip(e2 Ω) + noise (d × k') and its event: the range finder's one draw.
+        ``rho=None``: the exact sum, no event."""
         if self.n_docs == 0 and rho is None:
             raise ValueError("the warm-up has seen no documents of length >= 3; "
                              "call warmup() with documents before partial_fit()")
@@ -294,11 +340,7 @@ class WarmupSketch:
             raw = Y
             Y = spend(spender if spender is not None else EventLog(), events, label="warmup",
                       draw=lambda: sampler.add_noise(raw, events[0].sigma))
-        Q = orthonormal_basis(Y)
-        return Subspace(Q, provenance={
-            "source": "dp-range-finder" if events else "range-finder (non-private)",
-            "omega_seed": self.seed, "clip": self.clip,
-            "events": [e.to_dict() for e in events]})
+        return Y, events
 
     def to_bytes(self) -> bytes:
         return ser.dumps({"kind": "warmup_sketch", "v": SCHEMA_VERSION, "d": self.d,
