@@ -585,6 +585,8 @@ def kill_during_checkpoint(p: SketcherProcess, bootstrap: str, state_topic: str,
 #:   after_noise    - noise drawn and the snapshot decomposed, nothing persisted (tree only)
 #:   after_persist  - the release state / subspace is on Kafka, the ledger not yet committed
 #:   after_commit   - committed on the ledger, nothing published yet
+#:   before_post_process - the draw is persisted, its post-processing not started (tree: the
+#:                    decomposition; warm-up: the orthonormalisation)
 #:   after_publish  - the snapshot is published, ``epochs_closed`` not yet sent (tree only)
 KILL_POINTS = ("after_reserve", "after_noise", "after_persist", "after_commit",
                "before_post_process", "after_publish")
@@ -620,6 +622,16 @@ if point == "after_reserve":
     wrap(Accountant, "reserve", lambda self, tok, *a, **kw: tok.id == what and die(point))
 elif point == "after_noise":
     wrap(ContinualRelease, "draw_epoch", lambda self, out, *a, **kw: self.epoch == epoch and die(point))
+elif point == "before_post_process" and what == "warmup":
+    # the warm-up's noised values are persisted (issue 23 item 4); die in the orthonormalisation
+    # leaving the subspace this draw gives, for the test to compare with the restart's
+    import numpy as np
+    import streamdp.whitening.warmup as warmup_mod
+    original_basis = warmup_mod.orthonormal_basis
+    def orthonormal_basis(Y):
+        np.save(str(marker) + ".Q.npy", original_basis(Y))
+        die(point)
+    warmup_mod.orthonormal_basis = orthonormal_basis
 elif point == "before_post_process":
     # the draw is persisted (issue 23 item 4); die before any post-processing, leaving the
     # noised count of the draw for the test to find in the restarted service's snapshot

@@ -380,7 +380,8 @@ def test_single_release_writer(kafka_broker, tmp_path):
 KILL_CASES = [(None, "none", "tree")] + [(p, "tree:epoch=1", "tree") for p in
                                          ("after_reserve", "after_noise", "after_persist",
                                           "after_commit", "after_publish")] + [
-    ("after_reserve", "warmup", "tree"), ("after_persist", "warmup", "tree")] + [
+    ("after_reserve", "warmup", "tree"), ("after_persist", "warmup", "tree"),
+    ("before_post_process", "warmup", "tree")] + [
     (p, "tree:epoch=1", "blt") for p in ("after_reserve", "after_noise", "after_persist",
                                          "before_post_process")]
 
@@ -447,7 +448,12 @@ def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, poin
     assert sorted(by_epoch) == [1, 2]                   # every epoch released ...
     assert_one_snapshot_per_epoch(by_epoch)             # ... once
     assert by_epoch[2][0].release_id == last.release_id
-    if point == "before_post_process":
+    if point == "before_post_process" and what == "warmup":
+        # killed in the orthonormalisation of the persisted warm-up draw: the restart
+        # post-processed that draw (same subspace), it did not draw the warm-up again
+        np.testing.assert_allclose(release.subspace.Q, np.load(str(proc.marker) + ".Q.npy"),
+                                   rtol=0, atol=1e-9)
+    elif point == "before_post_process":
         # killed after the draw was persisted: the restart post-processed that draw (its
         # noised count is the snapshot's), it did not draw epoch 1 again (issue 23 item 4)
         drawn = float(Path(str(proc.marker) + ".count").read_text())

@@ -46,6 +46,8 @@ TYPES = ("vocabulary_ready", "subspace_ready", "epochs_closed", "flush", "close"
 RELEASE_TYPES = ("vocabulary_ready", "subspace_ready", "epochs_closed")
 VOCABULARY_KEY = "release/vocabulary"
 SUBSPACE_KEY = "release/subspace"
+# the warm-up's noised values, persisted between the draw and the subspace (issue 23 item 4)
+WARMUP_DRAW_KEY = "release/warmup_draw"
 RELEASE_STATE_KEY = "release/tree"
 MIN_KEY_BYTES = 32
 MAC_FIELD = "mac"

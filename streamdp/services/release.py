@@ -106,7 +106,7 @@ from streamdp.services.release_writer import (SPENT_KEYS, WRITER_KEY, Fenced,  #
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.subspace import Subspace
-from streamdp.whitening.warmup import WarmupSketch
+from streamdp.whitening.warmup import WarmupDraw, WarmupSketch
 
 log = logging.getLogger("streamdp.release")
 
@@ -206,6 +206,7 @@ class ReleaseService:
             self.partitions = DocumentsPartitions(   # sketcher states (MAC-checked), caught-up probe
                 cfg, auth=lambda: StateAuth(self._control_key(), cfg.topic_prefix))
             self.subspace: Subspace | None = None
+            self.warmup_draw: WarmupDraw | None = None    # drawn, persisted, not post-processed
             self.clip: ClipBounds | None = None
             self.continual: ContinualRelease | None = None
             # The snapshot in the durable release state (None before the first release). Not
@@ -352,6 +353,17 @@ class ReleaseService:
         self._state_snapshot = None
         persisted = None                         # the release state record's content, if any
         rec = self.store.read_latest(control.SUBSPACE_KEY)
+        self.warmup_draw = None
+        if rec is None:
+            drawn = self.store.read_latest(control.WARMUP_DRAW_KEY)
+            if drawn is not None:
+                if self.vocabulary is None or drawn.meta.get("vocabulary_id") != self.vocabulary.id:
+                    raise ConfigError(f"the deployment's warm-up draw was made for vocabulary "
+                                      f"{drawn.meta.get('vocabulary_id')}, this service has "
+                                      f"{None if self.vocabulary is None else self.vocabulary.id}"
+                                      ": use the same vocabulary file")
+                # drawn and persisted before a crash: post-processed at the first step
+                self.warmup_draw = WarmupDraw.from_bytes(drawn.payload)
         if rec is not None:
             self.subspace = Subspace.from_bytes(rec.payload)
             self.clip = ClipBounds.from_dict(rec.meta["clip"])
@@ -411,7 +423,7 @@ class ReleaseService:
         if key.startswith(vocab_mod.SPEND_KEY):
             return self.store.read_latest(control.VOCABULARY_KEY) is not None
         if key.startswith("warmup"):
-            return self.subspace is not None
+            return self.subspace is not None or self.warmup_draw is not None
         if key.startswith("tree:epoch="):
             try:
                 t = int(key.split("=", 1)[1])
@@ -525,7 +537,12 @@ class ReleaseService:
                 self._release_vocabulary(self._load_states(states))
             return
         if self.subspace is None:
-            if self._closable(0, states, partitions) and self._check_writer():
+            if self.warmup_draw is not None:
+                # the warm-up was drawn and persisted, not yet post-processed (a failure, a
+                # restart): finish it from its noised values; never draw it again
+                if self._check_writer():
+                    self._release_warmup_draw()
+            elif self._closable(0, states, partitions) and self._check_writer():
                 self._release_warmup(self._load_states(states))
             return
         if self.continual.pending is not None:
@@ -694,33 +711,59 @@ class ReleaseService:
             self._releases_ended(ENDED_OTHER, self.exhausted)
             return
         t0 = time.perf_counter()
-        try:
-            if self.cfg.private:        # spend protocol: reserve (keyed) → draw, here ...
-                plan = self.plan
-                clip, _ = merged.clip_bounds(self.cfg.clip_quantile, plan.clip_rho, self.sampler,
-                                             self.spend, **plan.where)
-                sub = merged.subspace(plan.subspace_rho, self.sampler, self.spend,
-                                      max_documents=self.cfg.max_documents_per_sum, **plan.where)
-            else:
-                clip, sub = ClipBounds.unclipped(), merged.subspace(None)
+        if not self.cfg.private:    # no noise: nothing to keep between draw and post-processing
+            self._publish_subspace(ClipBounds.unclipped(), merged.subspace(None), merged.n_docs, t0)
+            return
+        try:                        # spend protocol: reserve (keyed) → draw, here ...
+            plan = self.plan
+            hist, hist_events = merged.draw_histogram(plan.clip_rho, self.sampler, self.spend,
+                                                      **plan.where)
+            Y, events = merged.draw_range(plan.subspace_rho, self.sampler, self.spend,
+                                          max_documents=self.cfg.max_documents_per_sum,
+                                          **plan.where)
         except (BudgetExhausted, DocumentCountExceeded) as exc:
             self._refused(exc)
             return
+        draw = WarmupDraw(hist, hist_events, Y, events, omega_seed=merged.seed, clip=merged.clip,
+                          n_docs=merged.n_docs)
+        # ... → persist the noised values → commit, before any post-processing (issue 23
+        # item 4): a failure or a crash in the orthonormalisation or later post-processes
+        # this persisted draw again (_release_warmup_draw, at the next step or start)
+        meta = {"vocabulary_id": self.vocabulary.id, "writer_epoch": self.writer_epoch}
+        if self.accountant is not None:
+            meta["ledger"] = self.accountant.head()
+        if not self._persist(control.WARMUP_DRAW_KEY, draw.to_bytes(), meta):
+            return
+        self.warmup_draw = draw
+        self._release_warmup_draw(t0)
+
+    def _release_warmup_draw(self, t0: float | None = None) -> None:
+        """Post-process the persisted warm-up draw (quantiles, orthonormal basis) and publish
+        the subspace. A function of noised values only: safe to repeat after a failure."""
+        draw = self.warmup_draw
+        clip, sub = draw.post_process(self.cfg.clip_quantile)
+        if self._publish_subspace(clip, sub, draw.n_docs, t0):
+            self.warmup_draw = None
+
+    def _publish_subspace(self, clip: ClipBounds, sub: Subspace, n_docs: int,
+                          t0: float | None) -> bool:
+        t0 = time.perf_counter() if t0 is None else t0
         meta = {"clip": clip.to_dict(), "subspace_id": sub.id, "vocabulary_id": self.vocabulary.id,
-                "warmup_documents": int(merged.n_docs), "writer_epoch": self.writer_epoch}
+                "warmup_documents": int(n_docs), "writer_epoch": self.writer_epoch}
         if self.accountant is not None:
             meta["ledger"] = self.accountant.head()
         if not self._persist(control.SUBSPACE_KEY, sub.to_bytes(), meta):   # ... → persist → commit
-            return
+            return False
         self.subspace, self.clip = sub, clip
         self._new_continual()
         self._write_public()                 # epoch 0: the warm-up is released
         self._send_control("subspace_ready", subspace_id=sub.id)
         self._send_control("epochs_closed", through=0)
-        log.info("warm-up closed: %d documents, subspace %s (k'=%d) in %.1f s", merged.n_docs,
+        log.info("warm-up closed: %d documents, subspace %s (k'=%d) in %.1f s", n_docs,
                  sub.id, sub.dim, time.perf_counter() - t0)
         if self.accountant is not None:
             self.metrics.set_budget_from_report(self.accountant.report())
+        return True
 
     # ------------------------------------------------------------ epochs
     def _close_epoch(self, epoch: int, parts: list[PartitionState]) -> bool:

@@ -373,3 +373,42 @@ class WarmupSketch:
         out.pending_weights = _pending_weights_from(obj.get("pending_weights"), out.pending.n)
         return out
 
+
+
+class WarmupDraw:
+    """The warm-up's noised values, kept (and persisted by the release service) between the
+    draws and the post-processing (issue 23 item 4): the noised norm histograms and their
+    events, the noised range sum Y and its events, and the public parameters the
+    post-processing needs. :meth:`post_process` is a deterministic function of them."""
+
+    KIND = "warmup_draw"
+
+    def __init__(self, hist, hist_events, Y, events, *, omega_seed: int, clip: float,
+                 n_docs: int) -> None:
+        self.hist, self.Y = np.asarray(hist, dtype=np.float64), np.asarray(Y, dtype=np.float64)
+        self.hist_events, self.events = list(hist_events), list(events)
+        self.omega_seed, self.clip, self.n_docs = int(omega_seed), float(clip), int(n_docs)
+
+    def post_process(self, quantile: float) -> tuple[ClipBounds, Subspace]:
+        """The clip bounds (quantiles) and the subspace (orthonormal basis): no privacy cost."""
+        clip = clip_bounds_from_histogram(self.hist, quantile, self.clip)
+        return clip, subspace_from_draw(self.Y, self.events, omega_seed=self.omega_seed,
+                                        clip=self.clip)
+
+    def to_bytes(self) -> bytes:
+        return ser.dumps({"kind": self.KIND, "v": SCHEMA_VERSION, "hist": ser.pack_array(self.hist),
+                          "hist_events": [e.to_dict() for e in self.hist_events],
+                          "Y": ser.pack_array(self.Y), "events": [e.to_dict() for e in self.events],
+                          "omega_seed": self.omega_seed, "clip": self.clip, "n_docs": self.n_docs})
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "WarmupDraw":
+        obj = ser.loads(data)
+        ser.check_header(obj, cls.KIND, SCHEMA_VERSION)
+
+        def events(items):
+            return [GaussianEvent(**{k: v for k, v in e.items() if k != "rho"}) for e in items]
+        return cls(ser.unpack_array(obj["hist"], name="hist"), events(obj["hist_events"]),
+                   ser.unpack_array(obj["Y"], name="Y"), events(obj["events"]),
+                   omega_seed=int(obj["omega_seed"]), clip=float(obj["clip"]),
+                   n_docs=int(obj["n_docs"]))
