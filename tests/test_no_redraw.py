@@ -297,3 +297,29 @@ def test_a_refusal_before_the_draw_leaves_nothing_pending():
     with pytest.raises(BudgetExhausted):
         est.release(0.5)
     assert est.release(0.05).topic_word.shape == (K, 150)
+
+
+def test_iterative_retry_is_a_new_charged_draw(monkeypatch):
+    """The iterative mechanism draws during its decomposition (docs/privacy.md): a failure in
+    it keeps nothing, and the retry is a new draw whose ρ is charged again in full — the
+    failed attempt is paid for, never a free redraw."""
+    X = sample_documents(make_lda_model(150, K, seed=1), 5000, seed=1)
+
+    def run(fail):
+        sampler = CountingSampler(3)
+        est = StreamingSpectralLDA(K, epsilon=4.0, seed=0, sampler=sampler, non_production=True,
+                                   clip_length=40, mechanism="iterative")
+        est.warmup(X[:2000]).partial_fit(X[2000:])
+        before = sampler.draws
+        if fail:
+            monkeypatch.setattr(release_mod, "robust_power_method",
+                                _failing_once(release_mod.robust_power_method, 1, "power method"))
+            with pytest.raises(FloatingPointError, match="injected"):
+                est.release(0.3)
+        est.release(0.3)
+        return sampler.draws - before, est.accountant.report()["rho_spent_by_partition"]["stream"]
+
+    draws, rho = run(False)
+    draws_retry, rho_retry = run(True)
+    assert draws_retry > draws                       # the retry drew anew ...
+    assert rho_retry == pytest.approx(2 * rho)       # ... and both attempts are charged
