@@ -323,3 +323,36 @@ def test_iterative_retry_is_a_new_charged_draw(monkeypatch):
     draws_retry, rho_retry = run(True)
     assert draws_retry > draws                       # the retry drew anew ...
     assert rho_retry == pytest.approx(2 * rho)       # ... and both attempts are charged
+
+
+def test_a_rerun_after_a_failed_decomposition_decomposes_the_persisted_sums(tmp_path, monkeypatch):
+    """Durable ledger + run_id: the output store persists the tensor release's *noised sums*
+    (before the decomposition), so a fresh estimator re-running the same run after the
+    decomposition failed (the process gave up, crashed) draws nothing and releases what an
+    undisturbed run releases."""
+    from streamdp.privacy.accountant import Accountant
+    X = sample_documents(make_lda_model(150, K, seed=1), 5000, seed=1)
+
+    def estimator(ledger, seed=3):
+        sampler = CountingSampler(seed)
+        est = StreamingSpectralLDA(K, epsilon=4.0, seed=0, sampler=sampler, non_production=True,
+                                   clip_length=40, accountant=Accountant(4.0, 1e-6, ledger),
+                                   run_id="run-1")
+        return est.warmup(X[:2000]).partial_fit(X[2000:]), sampler
+
+    ref, _ = estimator(tmp_path / "ref.ledger")
+    ref_snap = ref.release(0.4)
+    first, _ = estimator(tmp_path / "run.ledger")
+    monkeypatch.setattr(release_mod, "decompose_sums",
+                        _failing_once(release_mod.decompose_sums, 1, "decompose_sums"))
+    with pytest.raises(FloatingPointError, match="injected"):
+        first.release(0.4)
+    # the re-run: another process, another noise seed — nothing may be drawn at all
+    again, sampler = estimator(tmp_path / "run.ledger", seed=99)
+    snap = again.release(0.4)
+    assert sampler.draws == 0, "the re-run drew noise again"
+    np.testing.assert_array_equal(snap.topic_word, ref_snap.topic_word)
+    rep = Accountant(4.0, 1e-6, tmp_path / "run.ledger").report()
+    ref_rep = Accountant(4.0, 1e-6, tmp_path / "ref.ledger").report()
+    assert rep["uncommitted"] == 0 and rep["reservations"] == ref_rep["reservations"]
+    assert rep["rho_spent_by_partition"] == pytest.approx(ref_rep["rho_spent_by_partition"])
