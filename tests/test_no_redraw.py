@@ -356,3 +356,63 @@ def test_a_rerun_after_a_failed_decomposition_decomposes_the_persisted_sums(tmp_
     ref_rep = Accountant(4.0, 1e-6, tmp_path / "ref.ledger").report()
     assert rep["uncommitted"] == 0 and rep["reservations"] == ref_rep["reservations"]
     assert rep["rho_spent_by_partition"] == pytest.approx(ref_rep["rho_spent_by_partition"])
+
+
+def test_release_service_post_processes_the_persisted_warmup_draw_after_a_failure(
+        kafka_broker, tmp_path, monkeypatch):
+    """The release service's warm-up post-processing raises (the clip quantiles of the noised
+    histogram): the warm-up draw is already on the state topic, so the next release service
+    computes the clip bounds and the subspace from *that* draw — the same noised histogram —
+    and the ledger shows one reservation per warm-up draw, all committed."""
+    import threading
+
+    from service_helpers import (Pipeline, fresh_topics, make_config, make_corpus, send_control,
+                                 wait_for)
+    from streamdp.privacy.ledger import FileLedger
+    from streamdp.services.produce import produce
+    from streamdp.services.release import ReleaseService
+
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(3000, 3000, 1, seed=5)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=2.0, noise_seed=None,
+                      sampler="fast", non_production=True)
+    real = warmup_mod.quantile_from_histogram
+    seen = []          # the noised histogram rows the warm-up's post-processing received
+
+    def broken(hist, *a, **kw):
+        seen.append(np.array(hist, copy=True))
+        if len(seen) == 1:
+            raise FloatingPointError("injected failure in the warm-up's clip quantiles")
+        return real(hist, *a, **kw)
+
+    monkeypatch.setattr(warmup_mod, "quantile_from_histogram", broken)
+    pipe = Pipeline(cfg, sketchers=1)
+    second = thread = None
+    try:
+        pipe.start()
+        produce(bootstrap, names.documents, corpus.records())
+        send_control(bootstrap, names, "flush", through=corpus.epochs)
+        wait_for(lambda: pipe.errors, 120, "the injected failure in the release service")
+        assert "injected failure" in repr(pipe.errors[0])
+        wait_for(lambda: not [t for t in pipe.threads if t.name == "release" and t.is_alive()],
+                 30, "the failed release service to stop")
+        assert pipe.release.subspace is None            # nothing of the warm-up was released
+        second = ReleaseService(cfg)                    # the restart
+        thread = threading.Thread(target=lambda: second.run(install_signals=False), daemon=True)
+        thread.start()
+        wait_for(lambda: second.published is not None, 120, "a release after the restart")
+    finally:
+        if second is not None:
+            second.stop()
+            thread.join(30)
+        pipe.errors.clear()
+        pipe.release = None
+        pipe.stop()
+    assert len(seen) == 4            # the failed call, then the three blocks after the restart
+    np.testing.assert_array_equal(seen[0], seen[1])     # the same noised histogram
+    assert second.clip.m1 == real(seen[0], cfg.clip_quantile)
+    recs = FileLedger(cfg.ledger).read()
+    labels = [r.payload.get("label") for r in recs if r.kind == "reserve"]
+    assert sorted(x for x in labels if x.startswith("warmup")) == ["warmup", "warmup-clip-histogram"]
+    assert {r.key for r in recs if r.kind == "reserve"} == {r.key for r in recs if r.kind == "commit"}
