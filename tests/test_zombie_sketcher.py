@@ -128,6 +128,10 @@ def test_zombie_sketcher_neither_double_counts_nor_drops(kafka_broker, kafka_top
 
         # --- part 1: warm-up + 30 % of the stream, sketched and checkpointed by both
         produce(bootstrap, names.documents, parts[0])
+        # test deployments close by operator order (closing: operator, the public schedule of
+        # issue 23): the operator closes the warm-up, as test_time_and_fencing does
+        from service_helpers import send_control
+        send_control(bootstrap, names, "close", through=0)
         wait_for(lambda: pipe.release.subspace is not None, 60, "the warm-up to close", check=check)
         wait_checkpointed(cut1, "part 1 to be checkpointed", check)
         assert (a.documents_processed() or 0) > 0 and (b.documents_processed() or 0) > 0
