@@ -113,19 +113,53 @@ def test_the_pending_draw_survives_a_checkpoint():
         cr.draw_epoch(None)
 
 
+def _fail_then_restart(cfg, names, corpus, *, nothing_released, released, restarted=None):
+    """Run the services on ``corpus`` until the injected failure stops the release service,
+    check ``nothing_released(release_service)``, then start a fresh ReleaseService (the
+    restart; ``restarted(it)`` checks it before it runs) and run it until ``released(it)``.
+    Returns the restarted service, stopped."""
+    import threading
+
+    from service_helpers import Pipeline, send_control, wait_for
+    from streamdp.services.produce import produce
+    from streamdp.services.release import ReleaseService
+
+    bootstrap = cfg.bootstrap
+    pipe = Pipeline(cfg, sketchers=1)
+    second = thread = None
+    try:
+        pipe.start()
+        produce(bootstrap, names.documents, corpus.records())
+        send_control(bootstrap, names, "flush", through=corpus.epochs)
+        wait_for(lambda: pipe.errors, 120, "the injected failure in the release service")
+        assert "injected failure" in repr(pipe.errors[0])
+        wait_for(lambda: not [t for t in pipe.threads if t.name == "release" and t.is_alive()],
+                 30, "the failed release service to stop")
+        assert nothing_released(pipe.release)
+        second = ReleaseService(cfg)
+        if restarted is not None:
+            restarted(second)
+        thread = threading.Thread(target=lambda: second.run(install_signals=False), daemon=True)
+        thread.start()
+        wait_for(lambda: released(second), 120, "the releases after the restart")
+    finally:
+        if second is not None:
+            second.stop()
+            thread.join(30)
+        pipe.errors.clear()
+        pipe.release = None
+        pipe.stop()
+    return second
+
+
 # ------------------------------------------------------------------ the release service
 def test_release_service_persists_the_draw_and_post_processes_it_after_a_crash(
         kafka_broker, tmp_path, monkeypatch):
     """The release service's post-processing of epoch 1 raises (a crash of the service): the
     next release service on the same deployment publishes epoch 1 from the *persisted* draw —
     the same noised sums reach the decomposition — and the ledger shows one reservation."""
-    import threading
-
-    from service_helpers import (Pipeline, fresh_topics, make_config, make_corpus, send_control,
-                                 wait_for)
+    from service_helpers import fresh_topics, make_config, make_corpus
     from streamdp.privacy.ledger import FileLedger
-    from streamdp.services.produce import produce
-    from streamdp.services.release import ReleaseService
 
     bootstrap = kafka_broker.bootstrap
     corpus = make_corpus(4000, 6000, 2, seed=3)
@@ -141,30 +175,15 @@ def test_release_service_persists_the_draw_and_post_processes_it_after_a_crash(
         return real(noisy, *a, **kw)
 
     monkeypatch.setattr(continual_mod, "decompose_sums", broken)
-    pipe = Pipeline(cfg, sketchers=1)
-    second = thread = None
-    try:
-        pipe.start()
-        produce(bootstrap, names.documents, corpus.records())
-        send_control(bootstrap, names, "flush", through=corpus.epochs)
-        wait_for(lambda: pipe.errors, 120, "the injected failure in the release service")
-        assert "injected failure" in repr(pipe.errors[0])
-        wait_for(lambda: not [t for t in pipe.threads if t.name == "release" and t.is_alive()],
-                 30, "the failed release service to stop")
-        assert pipe.release.published is None          # nothing of epoch 1 left the process
-        second = ReleaseService(cfg)                    # the restart
+
+    def restarted(second):
         assert second.continual.pending is not None     # the draw is in the persisted state
-        thread = threading.Thread(target=lambda: second.run(install_signals=False), daemon=True)
-        thread.start()
-        wait_for(lambda: second.published is not None and second.published[0].epoch >= 2, 120,
-                 "the releases after the restart")
-    finally:
-        if second is not None:
-            second.stop()
-            thread.join(30)
-        pipe.errors.clear()
-        pipe.release = None
-        pipe.stop()
+
+    _fail_then_restart(
+        cfg, names, corpus,
+        nothing_released=lambda rel: rel.published is None,   # nothing of epoch 1 left
+        restarted=restarted,
+        released=lambda s: s.published is not None and s.published[0].epoch >= 2)
     # epoch 1's decomposition ran twice (the failure, the restart) on the same noised sums
     assert len(seen) >= 3
     np.testing.assert_array_equal(seen[0], seen[1])
@@ -364,13 +383,8 @@ def test_release_service_post_processes_the_persisted_warmup_draw_after_a_failur
     histogram): the warm-up draw is already on the state topic, so the next release service
     computes the clip bounds and the subspace from *that* draw — the same noised histogram —
     and the ledger shows one reservation per warm-up draw, all committed."""
-    import threading
-
-    from service_helpers import (Pipeline, fresh_topics, make_config, make_corpus, send_control,
-                                 wait_for)
+    from service_helpers import fresh_topics, make_config, make_corpus
     from streamdp.privacy.ledger import FileLedger
-    from streamdp.services.produce import produce
-    from streamdp.services.release import ReleaseService
 
     bootstrap = kafka_broker.bootstrap
     corpus = make_corpus(3000, 3000, 1, seed=5)
@@ -387,28 +401,10 @@ def test_release_service_post_processes_the_persisted_warmup_draw_after_a_failur
         return real(hist, *a, **kw)
 
     monkeypatch.setattr(warmup_mod, "quantile_from_histogram", broken)
-    pipe = Pipeline(cfg, sketchers=1)
-    second = thread = None
-    try:
-        pipe.start()
-        produce(bootstrap, names.documents, corpus.records())
-        send_control(bootstrap, names, "flush", through=corpus.epochs)
-        wait_for(lambda: pipe.errors, 120, "the injected failure in the release service")
-        assert "injected failure" in repr(pipe.errors[0])
-        wait_for(lambda: not [t for t in pipe.threads if t.name == "release" and t.is_alive()],
-                 30, "the failed release service to stop")
-        assert pipe.release.subspace is None            # nothing of the warm-up was released
-        second = ReleaseService(cfg)                    # the restart
-        thread = threading.Thread(target=lambda: second.run(install_signals=False), daemon=True)
-        thread.start()
-        wait_for(lambda: second.published is not None, 120, "a release after the restart")
-    finally:
-        if second is not None:
-            second.stop()
-            thread.join(30)
-        pipe.errors.clear()
-        pipe.release = None
-        pipe.stop()
+    second = _fail_then_restart(
+        cfg, names, corpus,
+        nothing_released=lambda rel: rel.subspace is None,    # nothing of the warm-up
+        released=lambda s: s.published is not None)
     assert len(seen) == 4            # the failed call, then the three blocks after the restart
     np.testing.assert_array_equal(seen[0], seen[1])     # the same noised histogram
     assert second.clip.m1 == real(seen[0], cfg.clip_quantile)
