@@ -52,7 +52,8 @@ from streamdp.privacy.events import STREAM, EventLog, GaussianEvent  # noqa: E40
 from streamdp.privacy.memory_ledger import MemoryLedger  # noqa: E402
 from streamdp.privacy.noise import CSPRNGGaussianSampler  # noqa: E402
 from streamdp.privacy.tree import TreeAggregator, covering_levels, tree_depth  # noqa: E402
-from streamdp.release import BudgetSplit, decompose_sums, noise_scales, noise_sums, plan_release  # noqa: E402
+from streamdp.privacy.plan import BudgetSplit, plan_release  # noqa: E402
+from streamdp.release import decompose_sums, noise_scales, noise_sums  # noqa: E402
 from streamdp.synthetic import make_lda_model, sample_documents  # noqa: E402
 
 BATCH = 8192

@@ -10,7 +10,7 @@ from streamdp.moments.clipping import ClipBounds
 from streamdp.moments.sketch import SketchSums, WhitenedSketch
 from streamdp.privacy.epochs import EpochClock
 from streamdp.refinement import RefinementConfig
-from streamdp.release import BudgetSplit
+from streamdp.privacy.plan import BudgetSplit
 from streamdp.snapshot import TopicSnapshot
 from streamdp.start import PublicStart
 from streamdp.whitening.subspace import Subspace

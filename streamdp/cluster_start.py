@@ -21,7 +21,7 @@ the assignment of every *other* document is unchanged (it reads that document an
 values only), so each released sum changes by x's own term: S by y_x in one row (‖y_x‖ ≤ 1,
 enforced by the clip on the computed vector), the counts by 1 in one entry, the mapping sum by
 c/‖c‖₂ in one row (norm exactly 1, rescaled if rounding makes it larger). The sensitivities
-are :func:`streamdp.release.block_sensitivities`' ``cluster_sums``, ``cluster_counts`` and
+are :func:`streamdp.privacy.sensitivity.block_sensitivities`' ``cluster_sums``, ``cluster_counts`` and
 ``topic_word`` (clip 1 plus the float64 rounding headroom of a sum of ≤ N_max documents:
 chunk products of ≤ BATCH_ROWS_MAX rows, chunks added compensated). Choosing the next
 assignment from released values is adaptive composition (zCDP composes).
@@ -38,7 +38,9 @@ import scipy.sparse as sp
 
 from streamdp.documents import as_count_batch
 from streamdp.privacy import rounding
+from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy.events import STREAM, GaussianEvent, sigma_for_rho
+from streamdp.privacy.sensitivity import block_sensitivities
 
 SUMS_BLOCK = "cluster_sums"
 COUNTS_BLOCK = "cluster_counts"
@@ -74,8 +76,7 @@ class ClusterStartConfig:
 
 
 def cluster_sensitivities(max_documents: int = rounding.DEFAULT_MAX_DOCUMENTS_PER_SUM) -> dict:
-    """Δ of the cluster sums and counts (the one place: release.block_sensitivities)."""
-    from streamdp.release import ClipBounds, block_sensitivities
+    """Δ of the cluster sums and counts (the one place: privacy.sensitivity.block_sensitivities)."""
     s = block_sensitivities(ClipBounds.unclipped(), max_documents=max_documents)
     return {SUMS_BLOCK: s[SUMS_BLOCK], COUNTS_BLOCK: s[COUNTS_BLOCK]}
 

@@ -14,7 +14,7 @@ size of one epoch's noised sums.
 
 ``aggregator="tree"``: each closed epoch's sketch sums are a leaf of a :class:`~streamdp.privacy.tree.TreeAggregator`;
 a dyadic node of epochs is noised once, when complete, with the per-block Gaussian
-plan of :func:`~streamdp.release.plan_release` at ρ_node = ρ_stream / depth; the
+plan of :func:`~streamdp.privacy.plan.plan_release` at ρ_node = ρ_stream / depth; the
 release at epoch t decomposes the sum of the ≤ ⌊log2 t⌋ + 1 noised nodes covering
 [1, t] — post-processing, so it costs nothing beyond the nodes. A document (one
 epoch) is in at most depth = ⌊log2 T⌋ + 1 nodes and costs depth·ρ_node = ρ_stream
@@ -40,7 +40,9 @@ from streamdp.privacy.epochs import WARMUP_EPOCH, EpochClock
 from streamdp.privacy.events import STREAM, BudgetSpender, GaussianEvent
 from streamdp.privacy.noise import GaussianSampler
 from streamdp.privacy.blt import BLTAggregator, BLTParams, calibrate_unit_rho, default_params
+from streamdp.privacy.plan import BudgetSplit, plan_release
 from streamdp.privacy.report import release_report
+from streamdp.privacy.sensitivity import BLOCK_CLIP
 from streamdp.privacy.spend import Codec
 from streamdp.privacy.tree import (HorizonExceeded, TreeAggregator, completing_levels,
                                   covering_levels, tree_depth)
@@ -50,8 +52,7 @@ from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (DEFAULT_MODEL_LAG, FoldInModels, RefinementConfig, RefinementModel,
                                  RefinementSketch, plan_refinement, refined_topics,
                                  topic_order)
-from streamdp.release import (BudgetSplit, DenoiseConfig, decompose_sums, noise_scales,
-                              noise_sums, plan_release)
+from streamdp.release import DenoiseConfig, decompose_sums, noise_scales, noise_sums
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.subspace import Subspace
@@ -204,10 +205,9 @@ class SketchNodeMechanism:
 
     def magnitudes(self, events) -> list[float]:
         """X_b = N_max·M_b + R_b ≥ ‖computed epoch sum of block b‖_F (rounding.py)."""
-        from streamdp.release import _BLOCK_CLIP
         out = []
         for e in events:
-            c = _BLOCK_CLIP[e.block](self.clip)
+            c = BLOCK_CLIP[e.block](self.clip)
             out.append(self.max_documents * per_document_magnitude(e.block, c)
                        + rounding_bound(e.block, c, self.max_documents))
         return out

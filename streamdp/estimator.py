@@ -30,8 +30,9 @@ from streamdp.privacy.user_bounding import (DEFAULT_MAX_USERS, SCHEDULES, UserBo
 from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch, epoch_refined,
                                  plan_refinement, refined_topics)
-from streamdp.release import (MECHANISMS, WARMUP_SHARE, BudgetSplit, DenoiseConfig,
-                              block_sensitivities, release_topics, warmup_plan)
+from streamdp.privacy.plan import MECHANISMS, WARMUP_SHARE, BudgetSplit, warmup_plan
+from streamdp.privacy.sensitivity import block_sensitivities
+from streamdp.release import DenoiseConfig, release_topics
 from streamdp.snapshot import TopicSnapshot
 from streamdp.start import AUTO_COUNT_SHARE, PublicStart, check_start, choose_start
 from streamdp.tensor.power_method import PowerMethodConfig
@@ -492,7 +493,7 @@ class StreamingSpectralLDA:
         return self
 
     def _warmup_plan(self):
-        """The ρ shares of the warm-up and the stream (streamdp.release.warmup_plan: the one
+        """The ρ shares of the warm-up and the stream (streamdp.privacy.plan.warmup_plan: the one
         rule, shared with the release service)."""
         return warmup_plan(self.rho_, privacy_unit=self.privacy_unit,
                            warmup_boundary=self.warmup_boundary, warmup_share=self.warmup_share,

@@ -17,7 +17,7 @@ Sensitivity. ‖R_d‖_F² = Σ_w c_w² Σ_i r_iw² / ‖c‖² ≤ Σ_w c_w² /
 in Frobenius norm, for every dataset and every public model — no data-dependent clip is
 needed. The code still rescales any R_d whose computed norm exceeds 1 (floating-point
 guard) and the planned event uses the sensitivity of
-:func:`streamdp.release.block_sensitivities` (block ``topic_word``): 1 + 10⁻⁹ plus twice the
+:func:`streamdp.privacy.sensitivity.block_sensitivities` (block ``topic_word``): 1 + 10⁻⁹ plus twice the
 rounding bound of the computed sum of ≤ N_max documents (sequential sums over chunks of
 REFINE_CHUNK documents of the sketch's own sequence, chunks added compensated;
 :mod:`streamdp.privacy.rounding`). Φ and α may be any released values (earlier snapshots): choosing what to
@@ -46,7 +46,9 @@ import scipy.sparse as sp
 from streamdp import serialization as ser
 from streamdp.documents import as_count_batch
 from streamdp.privacy import rounding
+from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy.events import STREAM, GaussianEvent, sigma_for_rho
+from streamdp.privacy.sensitivity import block_sensitivities
 
 BLOCK = "topic_word"
 
@@ -54,7 +56,6 @@ BLOCK = "topic_word"
 def refinement_sensitivity(max_documents: int = rounding.DEFAULT_MAX_DOCUMENTS_PER_SUM) -> float:
     """Δ of the refinement sums: ‖R_d‖_F ≤ 1 (1 + 10⁻⁹ covers the per-document norm's rounding,
     relative error ≲ nnz·2⁻⁵²) plus twice the rounding bound of a sum of ≤ N_max documents."""
-    from streamdp.release import block_sensitivities, ClipBounds   # release imports nothing here
     return block_sensitivities(ClipBounds.unclipped(), max_documents=max_documents)[BLOCK]
 
 

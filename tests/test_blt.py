@@ -470,7 +470,7 @@ def test_blt_with_opendp_and_refinement_sums(corpus):
     from streamdp.privacy.noise import OpenDPGaussianSampler
     from streamdp.refinement import BLOCK as REFINE_BLOCK
     from streamdp.refinement import RefinementConfig
-    from streamdp.release import BudgetSplit
+    from streamdp.privacy.plan import BudgetSplit
     _, X = corpus
     sub = Subspace(random_basis(np.random.default_rng(1), X.shape[1], 4))
     clip = ClipBounds(m1=0.2, z=0.05, s3=0.02, warmup=1e-6)

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 from streamdp.moments import reference as ref
 from streamdp.moments.clipping import ClipBounds, e2_norm, e3_norm, projected_e2_norm
 from streamdp.moments.sketch import WhitenedSketch
-from streamdp.release import block_sensitivities
+from streamdp.privacy.sensitivity import block_sensitivities
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch
 from tests.conftest import csr, random_basis, random_documents

@@ -13,7 +13,8 @@ from streamdp.privacy.conversions import zcdp_rho
 from streamdp.privacy.memory_ledger import MemoryLedger
 from streamdp.privacy.noise import CSPRNGGaussianSampler
 from streamdp.privacy.tree import HorizonExceeded
-from streamdp.release import BudgetSplit, decompose_sums, noise_sums
+from streamdp.privacy.plan import BudgetSplit
+from streamdp.release import decompose_sums, noise_sums
 from streamdp.synthetic import make_lda_model, sample_documents
 from streamdp.whitening.subspace import Subspace
 

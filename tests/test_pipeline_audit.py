@@ -40,7 +40,7 @@ from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy.audit import epsilon_lower_bound, gaussian_lr_scores
 from streamdp.privacy.conversions import zcdp_epsilon, zcdp_rho
 from streamdp.privacy.noise import CSPRNGGaussianSampler
-from streamdp.release import BudgetSplit
+from streamdp.privacy.plan import BudgetSplit
 
 EPS_CFG, DELTA_CFG = 4.4, 1e-6          # the deployment's configured guarantee
 AUDIT_DELTA = 1e-2                      # where the same ρ is audited

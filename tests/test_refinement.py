@@ -25,7 +25,7 @@ from streamdp.privacy.conversions import zcdp_rho
 from streamdp.privacy.memory_ledger import MemoryLedger
 from streamdp.synthetic import make_lda_model, sample_documents
 from streamdp.moments.clipping import ClipBounds
-from streamdp.release import block_sensitivities
+from streamdp.privacy.sensitivity import block_sensitivities
 
 
 @pytest.fixture(scope="module")

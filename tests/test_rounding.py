@@ -30,7 +30,8 @@ from streamdp.privacy.memory_ledger import MemoryLedger
 from streamdp.privacy.rounding import (DocumentCountExceeded, gamma, per_document_magnitude,
                                        rounding_bound)
 from streamdp.refinement import RefinementSketch, refinement_sensitivity
-from streamdp.release import block_sensitivities, plan_release, BudgetSplit
+from streamdp.privacy.plan import BudgetSplit, plan_release
+from streamdp.privacy.sensitivity import block_sensitivities
 from streamdp.synthetic import make_lda_model, sample_documents
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch

@@ -21,7 +21,7 @@ from streamdp.privacy.memory_ledger import MemoryLedger
 from streamdp.privacy.user_bounding import (MissingUser, UserBounder, UserCapacityExceeded,
                                             weight_schedule)
 from streamdp.refinement import RefinementModel, RefinementSketch
-from streamdp.release import block_sensitivities
+from streamdp.privacy.sensitivity import block_sensitivities
 from streamdp.synthetic import make_lda_model, sample_documents
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch

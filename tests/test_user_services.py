@@ -24,7 +24,7 @@ from sketcher_harness import World, epoch_start, make_config, make_sketcher
 from streamdp import messages
 from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy.user_bounding import UserCapacityExceeded, partition_for_user
-from streamdp.release import block_sensitivities
+from streamdp.privacy.sensitivity import block_sensitivities
 from streamdp.services.config import ConfigError, check_privacy_mode
 from streamdp.services.partition_state import PartitionState, state_key
 from streamdp.whitening.subspace import Subspace

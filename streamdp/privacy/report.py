@@ -19,6 +19,7 @@ from typing import Iterable
 from streamdp.privacy.events import ROUNDING_SLACK, GaussianEvent, rho_by_partition
 from streamdp.privacy.noise import VETTED, sampler_status
 from streamdp.privacy.rounding import DEFAULT_MAX_DOCUMENTS_PER_SUM
+from streamdp.privacy.sensitivity import BLOCK_CLIP, block_sensitivities
 
 UNIT = "one document"
 NEIGHBOURING = "add/remove one document"
@@ -46,10 +47,9 @@ def unit_fields(privacy_unit: str, user_bounding: dict | None = None) -> dict:
 
 def rounding_report(clip, max_documents: int) -> dict:
     """The float64 premise and what it costs: N_max and Δ_b/C_b − 1 per block (docs/privacy.md)."""
-    from streamdp.release import block_sensitivities, _BLOCK_CLIP
     sens = block_sensitivities(clip, max_documents=max_documents)
     return {"max_documents_per_sum": int(max_documents),
-            "sensitivity_inflation": {b: sens[b] / f(clip) - 1.0 for b, f in _BLOCK_CLIP.items()}}
+            "sensitivity_inflation": {b: sens[b] / f(clip) - 1.0 for b, f in BLOCK_CLIP.items()}}
 
 
 def release_report(*, mechanism: str, events: Iterable[GaussianEvent], noise_sd: dict | None,

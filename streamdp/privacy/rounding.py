@@ -8,7 +8,7 @@ with Frobenius norm ≤ C_b, enforced by clipping) and E the total rounding erro
     ‖Ŝ(D') − Ŝ(D)‖_F ≤ C_b + ‖E(D)‖_F + ‖E(D')‖_F ≤ C_b + 2·R_b
 
 so the Gaussian mechanism is calibrated to Δ_b = C_b·(1 + 10⁻⁹) + 2·R_b
-(:func:`streamdp.release.block_sensitivities`, the only place sensitivities are formed).
+(:func:`streamdp.privacy.sensitivity.block_sensitivities`, the only place sensitivities are formed).
 
 The bound R_b (proof in docs/privacy.md, "Floating point")
 --------------------------------------------------------------
@@ -128,7 +128,7 @@ def check_vocabulary(d: int) -> None:
 
 def sensitivity(block: str, clip_value: float,
                 max_documents: int = DEFAULT_MAX_DOCUMENTS_PER_SUM) -> float:
-    """Δ_b = C_b·(1 + 10⁻⁹) + 2·R_b (use through :func:`streamdp.release.block_sensitivities`)."""
+    """Δ_b = C_b·(1 + 10⁻⁹) + 2·R_b (use through :func:`streamdp.privacy.sensitivity.block_sensitivities`)."""
     return float(clip_value) * (1.0 + CLIP_HEADROOM) + 2.0 * rounding_bound(block, clip_value,
                                                                             max_documents)
 

@@ -17,7 +17,7 @@ from streamdp.moments.clipping import WARMUP_NORMALISING_CLIP, ClipBounds
 from streamdp.privacy.epochs import EpochClock
 from streamdp.privacy.noise import DEFAULT_SAMPLER, SAMPLER_KINDS, require_production_sampler
 from streamdp.privacy.user_bounding import DEFAULT_MAX_USERS, SCHEDULES
-from streamdp.release import WARMUP_SHARE
+from streamdp.privacy.plan import WARMUP_SHARE
 from streamdp.services.partition_state import Routing
 
 

@@ -1,7 +1,7 @@
 """Plausibility of a sketcher's sums before the release service noises them (pure, no Kafka).
 
 The noise of a release is calibrated to the clip bounds: one document moves block b by at most
-Δ_b (:func:`streamdp.release.block_sensitivities`). The release service cannot re-check that each
+Δ_b (:func:`streamdp.privacy.sensitivity.block_sensitivities`). The release service cannot re-check that each
 document was clipped, since it never sees documents. What it can check is the consequence for the
 sums: a sum over n documents, each scaled into its bound (scale and user weight ≤ 1), satisfies
 
@@ -28,6 +28,7 @@ import math
 import numpy as np
 
 from streamdp.moments.clipping import ClipBounds
+from streamdp.privacy.sensitivity import block_sensitivities
 
 #: relative slack on every bound (the norm's own float64 rounding; documents are never this close)
 SLACK = 1e-6
@@ -64,7 +65,6 @@ def _differ(name: str, got, want, scale: float) -> str | None:
 def check_epoch_sums(sums, clip: ClipBounds, max_documents: int, Q=None) -> str | None:
     """``sums``: a partition's :class:`~streamdp.moments.sketch.SketchSums` of one epoch;
     ``Q`` (d × k'), the deployment's subspace basis, enables the identities s1 = Qᵀm1, s2 = Qᵀz."""
-    from streamdp.release import block_sensitivities
     n, why = _rows(sums.n_docs, "epoch sums")
     if why:
         return why
@@ -101,7 +101,6 @@ def check_refine_sums(sums: np.ndarray, n_docs, max_documents: int) -> str | Non
 def check_warmup(w, warmup_clip: float, max_documents: int) -> str | None:
     """A partition's :class:`~streamdp.whitening.warmup.WarmupSketch`, which must be clipped
     with the deployment's ``warmup_clip`` (its own ``clip`` field is the writer's claim)."""
-    from streamdp.release import block_sensitivities
     n, why = _rows(w.n_docs, "warm-up")
     if why:
         return why

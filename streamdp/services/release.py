@@ -82,7 +82,8 @@ from streamdp.privacy.noise import make_sampler
 from streamdp.privacy.report import add_budget_context
 from streamdp.privacy.rounding import DocumentCountExceeded
 from streamdp.privacy.tree import HorizonExceeded
-from streamdp.release import BudgetSplit, DenoiseConfig, warmup_plan
+from streamdp.privacy.plan import BudgetSplit, warmup_plan
+from streamdp.release import DenoiseConfig
 from streamdp.refinement import FoldInModels, RefinementModel, model_epoch_for
 from streamdp.services import control
 from streamdp.services.contract import check_contract, record_contract

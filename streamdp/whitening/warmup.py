@@ -10,7 +10,7 @@ range(E2) = span(μ), so E2 alone suffices; no M1 and no count are spent here.
 The sum has L2 sensitivity C_w (the warm-up clip bound) under add/remove of one
 document, plus twice the rounding bound R_w of the computed sum (chunked, compensated
 accumulation; :mod:`streamdp.privacy.rounding`) — Δ_w from
-:func:`streamdp.release.block_sensitivities`. The Gaussian mechanism with σ_w costs
+:func:`streamdp.privacy.sensitivity.block_sensitivities`. The Gaussian mechanism with σ_w costs
 ρ = Δ_w²/(2σ_w²) on the warm-up partition only: warm-up documents are never used again
 (DESIGN §4).
 """
@@ -26,6 +26,7 @@ from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy import rounding
 from streamdp.privacy.events import WARMUP, BudgetSpender, EventLog, GaussianEvent, sigma_for_rho
 from streamdp.privacy.noise import GaussianSampler
+from streamdp.privacy.sensitivity import block_sensitivities
 from streamdp.privacy.spend import spend
 from streamdp.whitening.subspace import Subspace
 
@@ -298,7 +299,6 @@ class WarmupSketch:
         ``max_documents``: the premise N_max of the rounding headroom."""
         if rho is None:
             return []
-        from streamdp.release import block_sensitivities     # (release imports whitening)
         clip = ClipBounds(m1=1.0, z=1.0, s3=1.0, warmup=self.clip)
         sens = block_sensitivities(clip, max_documents=max_documents)["warmup"] * float(sensitivity_factor)
         return [GaussianEvent("warmup", sens, sigma_for_rho(sens, rho),
