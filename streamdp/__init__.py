@@ -12,7 +12,7 @@ from streamdp.privacy.epochs import EpochClock
 from streamdp.refinement import RefinementConfig
 from streamdp.privacy.plan import BudgetSplit
 from streamdp.snapshot import TopicSnapshot
-from streamdp.start import PublicStart
+from streamdp.public_start import PublicStart
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch
 

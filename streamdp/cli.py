@@ -34,7 +34,8 @@ from streamdp.privacy.noise import DEFAULT_SAMPLER, SAMPLER_KINDS
 
 
 def _simulate(a: argparse.Namespace) -> int:
-    from streamdp import StreamingSpectralLDA, progress
+    from streamdp import progress
+    from streamdp.estimator import StreamingSpectralLDA
     from streamdp.evaluation import matched_topic_error
     from streamdp.synthetic import make_lda_model, sample_documents
 

@@ -58,6 +58,10 @@ class PublicStart:
     alpha : (k,)          Dirichlet weights
     source : str          what the public documents are (goes into the privacy report)
     n_public_docs : int   how many public documents (reported)
+
+    Fitting one on public documents needs the whole estimator, which sits above this module:
+    :class:`streamdp.public_start.PublicStart` (exported as ``streamdp.PublicStart``) adds
+    ``fit``.
     """
 
     topic_word: np.ndarray
@@ -95,22 +99,6 @@ class PublicStart:
                 "n_public_docs": int(self.n_public_docs), "start_id": self.start_id,
                 "note": "topics fitted without privacy on documents the operator declared "
                         "public; the operator vouches that they are public"}
-
-    @classmethod
-    def fit(cls, public_counts, n_topics: int, *, source: str, alpha0: float = 1.0,
-            seed: int | None = None, warmup_fraction: float = 0.3, **kwargs) -> "PublicStart":
-        """Fit topics on public documents with :func:`streamdp.fit` without privacy (warm-up
-        the first ``warmup_fraction`` of the rows; the refinement at its defaults)."""
-        from streamdp.documents import as_count_batch
-        from streamdp.estimator import fit
-        X = as_count_batch(public_counts)
-        n = X.shape[0]
-        n_warm = min(max(int(round(warmup_fraction * n)), 1), n - 1)
-        if n < 2:
-            raise ValueError("a public start needs at least 2 public documents")
-        snap = fit(X, n_topics, alpha0=alpha0, warmup_docs=n_warm, seed=seed, non_private=True,
-                   **kwargs)
-        return cls(snap.topic_word, snap.alpha, source, n, {"release_id": snap.release_id})
 
     @classmethod
     def from_snapshot(cls, snap, *, source: str) -> "PublicStart":

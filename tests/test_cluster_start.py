@@ -26,7 +26,8 @@ from streamdp.privacy.conversions import zcdp_rho
 from streamdp.privacy.memory_ledger import MemoryLedger
 from streamdp.privacy.sensitivity import block_sensitivities
 from streamdp.moments.clipping import ClipBounds
-from streamdp.start import PublicStart, TENSOR_MIN_INDEX, choose_start, tensor_index
+from streamdp import PublicStart
+from streamdp.start import TENSOR_MIN_INDEX, choose_start, tensor_index
 from streamdp.synthetic import make_lda_model, sample_documents
 
 

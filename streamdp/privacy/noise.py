@@ -210,9 +210,8 @@ class _Worker:
     """One persistent noise-worker process, fed over its stdin/stdout."""
 
     def __init__(self) -> None:
-        import streamdp
-
-        root = os.path.dirname(os.path.dirname(os.path.abspath(streamdp.__file__)))
+        # the directory holding the streamdp package (this file is streamdp/privacy/noise.py)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -221,9 +220,8 @@ class _Worker:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
     def send(self, kind: str, values: np.ndarray, sigma: float, k: int) -> None:
-        from streamdp.privacy.noise_worker import HEADER
         code = {"google": b"g", "opendp": b"o"}[kind]
-        self.proc.stdin.write(HEADER.pack(code, sigma, values.size, k))
+        self.proc.stdin.write(WORKER_HEADER.pack(code, sigma, values.size, k))
         self.proc.stdin.write(np.ascontiguousarray(values, dtype="<f8").tobytes())
         self.proc.stdin.flush()
 
@@ -250,6 +248,11 @@ class _Worker:
 
 #: OpenDP's finest granularity for float64 (the subnormal step): exact, no rounding
 EXACT_K = -1074
+
+#: one request to a worker (:mod:`streamdp.privacy.noise_worker` documents the protocol): kind,
+#: σ, n, lattice exponent k. Defined here, not in the worker, so this module never imports it
+WORKER_HEADER = struct.Struct("<cdQi")
+WORKER_KINDS = {b"g": "google", b"o": "opendp"}
 
 _WORKERS: list[_Worker] = []
 _WORKERS_LOCK = threading.Lock()     # one draw at a time talks to the workers

@@ -15,8 +15,9 @@ import sys
 
 import numpy as np
 
-HEADER = struct.Struct("<cdQi")
-KINDS = {b"g": "google", b"o": "opendp"}
+from streamdp.privacy.noise import WORKER_HEADER as HEADER
+from streamdp.privacy.noise import WORKER_KINDS as KINDS
+from streamdp.privacy.noise import _draw_chunk
 
 
 def _read_exact(stream, n: int) -> bytes:
@@ -30,8 +31,6 @@ def _read_exact(stream, n: int) -> bytes:
 
 
 def serve(inp, out) -> None:
-    from streamdp.privacy.noise import _draw_chunk
-
     while True:
         try:
             kind, sigma, n, k = HEADER.unpack(_read_exact(inp, HEADER.size))
