@@ -36,6 +36,8 @@ from typing import Any, Callable
 
 from confluent_kafka import KafkaError, KafkaException
 
+from streamdp.errors import ConfigError, StateStoreError
+
 log = logging.getLogger("streamdp.kafka")
 
 #: librdkafka's log lines are routed to this logger (with :data:`LOG_GATE` on it).
@@ -55,7 +57,6 @@ def _bootstrap_of(client_config: dict) -> str:
 def check_bootstrap(client_config: dict, timeout: float = 10.0) -> None:
     """Raise ConfigError unless a broker at ``bootstrap.servers`` answers within ``timeout`` s."""
     from confluent_kafka.admin import AdminClient
-    from streamdp.services.config import ConfigError
 
     bootstrap = _bootstrap_of(client_config)
     cfg = {k: v for k, v in client_config.items()
@@ -247,7 +248,6 @@ def client_extras(bootstrap: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ the guard
 def _outage_errors() -> tuple[type[BaseException], ...]:
-    from streamdp.kafka.state_store import StateStoreError
     return (KafkaException, StateStoreError, TimeoutError, BufferError, RuntimeError)
 
 

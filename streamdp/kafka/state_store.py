@@ -108,6 +108,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 from confluent_kafka import (OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer,
                              TopicPartition)
 
+from streamdp.errors import StateStoreError
 from streamdp.kafka.topics import client_config
 from streamdp.serialization import SchemaError, dumps, loads
 
@@ -128,10 +129,6 @@ MAX_KEY_CHARS = 512
 
 _CHUNK_SUFFIX = re.compile(r"^(?P<key>.+)/g(?P<gen>[0-9]+)/chunk/(?P<idx>[0-9]+)$", re.S)
 _MANIFEST_SUFFIX = "/manifest"
-
-
-class StateStoreError(RuntimeError):
-    """Base class of state store failures."""
 
 
 class StateWriteError(StateStoreError):

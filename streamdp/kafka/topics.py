@@ -34,6 +34,8 @@ from typing import Any, Mapping
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from streamdp.kafka.connectivity import librdkafka_logger
+
 DEFAULT_PREFIX = "streamdp"
 
 #: Largest message a producer may send (librdkafka default: 1,000,000 bytes).
@@ -141,7 +143,6 @@ def client_config(bootstrap: str, role: str | None = None, /, **overrides: Any) 
     # librdkafka's own log lines go through Python logging (one line per connection-failure
     # episode, streamdp.kafka.connectivity.LOG_GATE), not straight to stderr: a wrong
     # address or a broker going away must not flood a terminal with thousands of lines
-    from streamdp.kafka.connectivity import librdkafka_logger
     cfg["logger"] = librdkafka_logger()
     cfg.update(overrides)
     return cfg

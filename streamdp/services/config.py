@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamdp.errors import ConfigError
 from streamdp.kafka.topics import TopicNames
 from streamdp.moments.clipping import WARMUP_NORMALISING_CLIP, ClipBounds
 from streamdp.privacy.epochs import EpochClock
@@ -25,10 +26,6 @@ VOCABULARY_MODES = ("file", "public", "private")
 PRIVACY_UNITS = ("document", "user")
 #: user mode: kept documents per user per epoch when not configured (as the estimator)
 DEFAULT_MAX_DOCS_PER_USER_EPOCH = 5
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message says which and how to fix it."""
 
 
 @dataclass(frozen=True)
