@@ -34,7 +34,6 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import math
 import os
 import re
 import threading
@@ -44,20 +43,17 @@ import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
-
-import numpy as np
+from typing import Callable, Iterable, Iterator
 
 from streamdp.serialization import SchemaError
 from streamdp.snapshot import SCHEMA_VERSION, TopicSnapshot
+# the JSON summary is part of this reader API (docs/consumers.md); the release service writes it too
+from streamdp.snapshot_summary import SUMMARY_VERSION, privacy_summary, summary
 
 log = logging.getLogger("streamdp.snapshots")
 
 #: The one snapshot class (the same object as ``streamdp.snapshot.TopicSnapshot``).
 Snapshot = TopicSnapshot
-
-#: Version of the JSON summary (:func:`summary`: ``streamdp topics --json``, ``GET /snapshot/latest``).
-SUMMARY_VERSION = 1
 
 #: HTTP paths of the release service (its metrics port).
 HTTP_LATEST_MSGPACK = "/snapshot/latest.msgpack"
@@ -566,73 +562,6 @@ def vocabulary(source: Source | str | os.PathLike):
     topic does not carry it: use the file or the HTTP endpoint, and check
     ``vocab.id == snap.vocabulary_id``."""
     return open_source(source).vocabulary()
-
-
-# ===================================================================== JSON summary
-def privacy_summary(privacy: dict) -> dict:
-    """The guarantee a snapshot was released under, in a few stable keys (the full report stays
-    in ``snap.privacy``, documented in docs/privacy.md)."""
-    non_private = bool(privacy.get("non_private")) or (
-        privacy.get("mechanism") == "none" and privacy.get("epsilon") is None)
-    insecure = bool(privacy.get("insecure_reproducible_noise")) or "INSECURE" in str(
-        privacy.get("sampler"))
-    if non_private:
-        warning = "NON-PRIVATE snapshot (no clipping, no noise): no privacy guarantee"
-    elif insecure:
-        warning = (f"INSECURE reproducible noise ({privacy.get('sampler')}): no privacy "
-                   "guarantee")
-    else:
-        warning = None
-    return {"private": not non_private and not insecure and privacy.get("epsilon") is not None,
-            "epsilon": privacy.get("epsilon"), "delta": privacy.get("delta"),
-            "unit": privacy.get("unit"), "neighbouring": privacy.get("neighbouring"),
-            "epochs_covered": privacy.get("epochs_covered"), "horizon": privacy.get("horizon"),
-            "warning": warning}
-
-
-def summary(snap: Snapshot, vocabulary: Sequence[str] | None = None, n: int = 10) -> dict:
-    """The snapshot as plain JSON (``streamdp topics --json``; the release service's
-    ``latest.json`` and ``GET /snapshot/latest``). Keys are stable within ``v``
-    (docs/consumers.md); non-finite numbers are ``null``."""
-    if vocabulary is not None:
-        tops = snap.top_words(vocabulary, n)
-        topics = [[{"word": w, "p": p} for w, p in top] for top in tops]
-    else:
-        topics = [[{"word": None, "p": float(row[j])}
-                   for j in np.argsort(-row, kind="stable")[:n]] for row in snap.topic_word]
-    # the column id of each word: readers with their own copy of the vocabulary need no words
-    for row, top in zip(snap.topic_word, topics):
-        for entry, j in zip(top, np.argsort(-row, kind="stable")[:n]):
-            entry["id"] = int(j)
-    return _jsonable({
-        "kind": "topic_summary", "v": SUMMARY_VERSION, "schema_version": snap.schema_version,
-        "release_id": snap.release_id, "epoch": snap.epoch, "created_at": snap.created_at,
-        "stage": snap.stage, "mechanism": snap.mechanism, "subspace_id": snap.subspace_id,
-        "vocabulary_id": snap.vocabulary_id, "n_docs": snap.n_docs, "n_topics": snap.n_topics,
-        "alpha": snap.alpha, "noise_to_signal": snap.noise_to_signal,
-        "quality_note": snap.quality_note, "topics": topics,
-        # issue 22: per-topic distinct / background / near-copy flag from released values
-        "topic_flags": [f.to_dict() for f in snap.topic_flags], "n_distinct": snap.n_distinct,
-        "distinct_note": snap.distinct_note,
-        "documents_to_tell_apart": snap.documents_to_tell_apart,
-        "topic_change": snap.topic_change, "new_topics": snap.new_topics,
-        "guarantee": privacy_summary(snap.privacy), "privacy": snap.privacy})
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if math.isfinite(obj) else None
-    if isinstance(obj, (bytes, bytearray)):
-        return obj.hex()
-    return obj
 
 
 __all__ = ["Snapshot", "SnapshotError", "SourceError", "Source", "DirectorySource", "HttpSource",

@@ -29,7 +29,7 @@ from confluent_kafka import KafkaException, Producer
 
 from streamdp.services import control
 from streamdp.snapshot import TopicSnapshot
-from streamdp.snapshots import summary as snapshot_summary
+from streamdp.snapshot_summary import summary as snapshot_summary
 
 
 log = logging.getLogger("streamdp.release")
