@@ -26,7 +26,7 @@ from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, check_max_
 from streamdp.privacy.kept_draws import KeptDraws, PendingDraw  # noqa: F401 (re-exported)
 from streamdp.privacy.spend import UnitSpender, spend
 from streamdp.privacy.user_bounding import (DEFAULT_MAX_USERS, SCHEDULES, UserBounder,
-                                            bounding_report)
+                                            bounding_report, check_max_users)
 from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch, epoch_refined,
                                  plan_refinement, refined_topics)
@@ -157,8 +157,9 @@ class StreamingSpectralLDA:
     max_docs_per_user : int        M: a user's documents kept over the whole stream (default m)
     user_weights : {"uniform", "decaying"}
                                    weight of a user's j-th kept document: 1/M, or ∝ 1/j²
-    max_users : int                memory cap of the per-user counters; past it the estimator
-                                   raises UserCapacityExceeded (fails closed)
+    max_users : int or None        None (default): every user is admitted (≈ 400 bytes of
+                                   state per user); K: first-K admission, users past the first
+                                   K get weight 0 and every weight is halved (docs/privacy.md)
     run_id : str, optional         names this run in the accountant's ledger: every draw is
                                    reserved under the key ``"<run_id>:<draw>"`` (spend protocol,
                                    :mod:`streamdp.privacy.spend`). Required with an accountant on a
@@ -206,7 +207,7 @@ class StreamingSpectralLDA:
                  run_id: str | None = None, privacy_unit: str = "document",
                  max_docs_per_user_epoch: int | None = None,
                  max_docs_per_user: int | None = None, user_weights: str = "uniform",
-                 max_users: int = DEFAULT_MAX_USERS, non_private: bool = False,
+                 max_users: int | None = DEFAULT_MAX_USERS, non_private: bool = False,
                  non_production: bool = False, start="auto",
                  cluster_start: ClusterStartConfig | None = None):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
@@ -340,7 +341,7 @@ class StreamingSpectralLDA:
         if schedule not in SCHEDULES:
             raise ValueError(f"user_weights must be one of {SCHEDULES}, got {schedule!r}")
         cfg = dict(max_docs_per_epoch=m, max_docs=M, schedule=schedule,
-                   max_users=_check_positive_int("max_users", max_users))
+                   max_users=check_max_users(max_users))
         # one weight sequence per side: a user may have documents in the warm-up and in the
         # stream; the two sums compose sequentially (both charged to the stream partition)
         self._warmup_users, self._stream_users = UserBounder(**cfg), UserBounder(**cfg)
@@ -416,7 +417,8 @@ class StreamingSpectralLDA:
         if w is None:
             self._warmup.update(X)
         else:
-            self._warmup.update(X, weights=w, in_histogram=ranks == 1)
+            self._warmup.update(X, weights=w,
+                                in_histogram=(ranks == 1) * self._warmup_users.share)
         return self
 
     def _fix_subspace(self) -> None:

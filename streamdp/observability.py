@@ -76,9 +76,9 @@ STATE_REFUSED_REASONS = ("mac", "implausible")
 REBALANCE_KINDS = ("assign", "revoke", "lost")
 #: Allowed values of ``streamdp_partitions_paused{reason}`` (pre-initialised to 0): what a
 #: paused partition waits for, the vocabulary, the subspace, a refinement model (the holds of
-#: the sketch strategy), an operator raising ``max_users`` (user unit: the bounder failed
-#: closed), or its state restore after an assignment.
-PAUSE_REASONS = ("vocabulary", "subspace", "model", "user_capacity", "restoring")
+#: the sketch strategy), or its state restore after an assignment. (No hold on user counts:
+#: past ``max_users`` a user is not admitted, issue 23.)
+PAUSE_REASONS = ("vocabulary", "subspace", "model", "restoring")
 #: ``streamdp_documents_skipped_total{reason}`` values pre-initialised to 0.
 KNOWN_SKIP_REASONS = ("too_short",)
 #: Distinct values accepted for an open-ended label (error_class, reason,
@@ -120,6 +120,7 @@ CONTROL_REJECTED_TOTAL = "streamdp_control_rejected_messages_total"
 BATCH_DURATION_SECONDS = "streamdp_batch_duration_seconds"
 BATCH_SIZE_DOCUMENTS = "streamdp_batch_size_documents"
 CONSUMER_LAG_MESSAGES = "streamdp_consumer_lag_messages"
+TRACKED_USERS = "streamdp_tracked_users"
 CHECKPOINT_AGE_SECONDS = "streamdp_checkpoint_age_seconds"
 CHECKPOINTS_TOTAL = "streamdp_checkpoints_total"
 CHECKPOINT_BYTES = "streamdp_checkpoint_bytes"
@@ -191,6 +192,11 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
                "Messages between the consumer position and the end of the partition "
                "(librdkafka statistics), per assigned partition.",
                ("topic", "partition"), _SK, "messages"),
+    MetricSpec(TRACKED_USERS, GAUGE,
+               "User unit: distinct users held by the user bounders (warm-up and stream "
+               "sides) per assigned partition, about 400 bytes of memory each; with "
+               "max_users: null it grows with the users (size the memory limit by it).",
+               ("partition",), _SK),
     MetricSpec(CHECKPOINT_AGE_SECONDS, GAUGE,
                "Seconds since the last completed checkpoint (since start if none yet), "
                "computed at scrape time.",
@@ -284,6 +290,7 @@ METRIC_NAMES: tuple[str, ...] = tuple(s.name for s in METRIC_SPECS)
 EXACT_COUNT_METRICS: tuple[str, ...] = (
     DOCUMENTS_TOTAL, DOCUMENTS_SKIPPED_TOTAL, TOKENS_TOTAL, UNKNOWN_TOKENS_TOTAL,
     BATCH_SIZE_DOCUMENTS, CONSUMER_LAG_MESSAGES, DLQ_MESSAGES_TOTAL, DLQ_DROPPED_TOTAL,
+    TRACKED_USERS,
 )
 
 
@@ -557,6 +564,11 @@ class ServiceMetrics:
 
     def _held_age(self) -> float:
         return 0.0 if self._held_since is None else max(0.0, self._clock() - self._held_since)
+
+    def set_tracked_users(self, partition: int, n: int) -> None:
+        """User unit: distinct users held by ``partition``'s bounders (operator-only)."""
+        self._m(TRACKED_USERS).labels(
+            partition=self._bounded(TRACKED_USERS, partition)).set(_count(n, "users"))
 
     def set_assigned_partitions(self, n: int) -> None:
         self._m(ASSIGNED_PARTITIONS).set(_count(n, "assigned partitions"))

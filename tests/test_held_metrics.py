@@ -66,7 +66,7 @@ def test_a_partition_held_for_its_model_is_in_the_metrics_until_the_release(kafk
         # --- no subspace yet: both partitions held at their first stream document
         s = scrape_until(url, lambda s: _paused(s)["subspace"] == 2, 60, "held for the subspace")
         assert _paused(s) == {"vocabulary": 0, "subspace": 2, "model": 0,
-                              "user_capacity": 0, "restoring": 0}
+                              "restoring": 0}
         assert sk.paused == {0: "subspace", 1: "subspace"}
 
         # --- the warm-up release only: the sketcher reads the subspace, sketches epochs 1, 2
@@ -76,7 +76,7 @@ def test_a_partition_held_for_its_model_is_in_the_metrics_until_the_release(kafk
         assert release.continual.epoch == 0
         s = scrape_until(url, lambda s: _paused(s)["model"] == 2, 60, "held for the model")
         assert _paused(s) == {"vocabulary": 0, "subspace": 0, "model": 2,
-                              "user_capacity": 0, "restoring": 0}
+                              "restoring": 0}
         assert sk.paused == {0: "model", 1: "model"}
         assert {m for m, _ in sk.strategy.held_for.values()} == {1}
         time.sleep(1.2)
@@ -89,7 +89,7 @@ def test_a_partition_held_for_its_model_is_in_the_metrics_until_the_release(kafk
         _step_until(release, lambda: release.continual.epoch >= 1, 90, "the release of epoch 1")
         s = scrape_until(url, lambda s: _paused(s)["model"] == 0, 60, "resumed after the release")
         assert _paused(s) == {"vocabulary": 0, "subspace": 0, "model": 0,
-                              "user_capacity": 0, "restoring": 0}
+                              "restoring": 0}
         assert metric(s, HELD) == 0 and not sk.paused
     finally:
         try:

@@ -18,7 +18,7 @@ from streamdp.privacy.accountant import Accountant
 from streamdp.privacy.blt import default_params
 from streamdp.privacy.epochs import EpochClock
 from streamdp.privacy.memory_ledger import MemoryLedger
-from streamdp.privacy.user_bounding import (MissingUser, UserBounder, UserCapacityExceeded,
+from streamdp.privacy.user_bounding import (FIRST_K_SHARE, MissingUser, UserBounder,
                                             weight_schedule)
 from streamdp.refinement import RefinementModel, RefinementSketch
 from streamdp.privacy.sensitivity import block_sensitivities
@@ -108,20 +108,87 @@ def test_weights_of_a_user_do_not_depend_on_other_users():
         assert math.fsum(w_full[[i for i, v in enumerate(users) if v == u]]) <= 1.0
 
 
-def test_memory_cap_fails_closed_without_changing_state():
+def test_first_k_admission_never_refuses_and_stores_only_the_first_k_users():
+    """max_users = K: the first K distinct users are admitted (at half weight), a later user's
+    documents get weight 0 and the user is not stored; nothing raises, nothing is evicted."""
     b = UserBounder(max_docs_per_epoch=2, max_docs=2, max_users=3, key=b"k")
-    b.assign(["a", "b", "c", "a"])
-    before = b.to_dict()
-    with pytest.raises(UserCapacityExceeded, match="max_users=3"):
-        b.assign(["a", "d"])                 # "a" would be fine, "d" is a 4th user
-    assert b.to_dict() == before            # nothing was counted, not even "a"
-    w, _ = b.assign(["a", "b"])             # known users still work
-    assert w.tolist() == [0.0, 0.5]
+    w, r = b.assign(["a", "b", "c", "a"])
+    assert w.tolist() == [0.25, 0.25, 0.25, 0.25] and r.tolist() == [1, 1, 1, 2]
+    w, r = b.assign(["d", "b", "e", "d"])           # d and e: past the first 3 users
+    assert w.tolist() == [0.0, 0.25, 0.0, 0.0] and r.tolist() == [0, 2, 0, 0]
+    assert b.n_users == 3 and b.not_admitted == 3
+    assert b.last_admitted.tolist() == [False, True, False, False]
+    assert b.to_dict()["users"] == UserBounder.from_dict(b.to_dict()).to_dict()["users"]
+    assert UserBounder.from_dict(b.to_dict()).max_users == 3
+    assert b.config()["weight_sum"] == FIRST_K_SHARE and "first-K" in b.config()["user_admission"]
     with pytest.raises(MissingUser):
         b.assign(["a", None])
     with pytest.raises(MissingUser):
         b.assign([""])
-    assert b.to_dict()["users"] == UserBounder.from_dict(b.to_dict()).to_dict()["users"]
+    # the default admits every user at full weight; its memory grows with the users
+    everyone = UserBounder(max_docs_per_epoch=1, max_docs=1, key=b"k")
+    w, _ = everyone.assign([f"u{i}" for i in range(5000)])
+    assert everyone.max_users is None and np.all(w == 1.0) and everyone.n_users == 5000
+    assert everyone.config()["user_admission"] == "all users"
+
+
+def test_a_v1_bounder_state_reads_as_admit_all():
+    """Checkpoints before first-K admission (v1) held a fail-closed memory cap: every user they
+    stored was admitted at full weight. They restore as max_users=None, weights unchanged."""
+    b = UserBounder(max_docs_per_epoch=2, max_docs=2, key=b"k")
+    b.assign(["a", "b"])
+    old = {**b.to_dict(), "v": 1, "max_users": 1_000_000}
+    r = UserBounder.from_dict(old)
+    assert r.max_users is None and r.share == 1.0
+    assert r.assign(["a"])[0].tolist() == [0.5]
+    with pytest.raises(ValueError, match="cannot change mid-stream"):
+        r.check_compatible(max_docs_per_epoch=2, max_docs=2, schedule="uniform", max_users=10)
+
+
+def test_first_k_displacement_moves_the_sums_by_at_most_the_bound_and_needs_the_halving():
+    """The neighbouring pair of first-K admission: D has users u1…uK (K = max_users); D′ adds
+    user p whose first document comes before uK's, so p is admitted and uK is displaced.
+    The sums move by p's contribution minus uK's: ≤ Δ_b with the halved weights; and more
+    than C_b/2 in a block where p and uK are orthogonal (s3, the binding block of these
+    one-word documents: q_0 ⊥ q_1 in this subspace, so q_0^{⊗3} ⊥ q_1^{⊗3}), so without
+    the halving (full weights) the same pair would move it by more than C_b — the sensitivity
+    must double, which the factor 1/2 on every weight does."""
+    K = 4
+    clip = ClipBounds.for_length(6)
+    # a public basis whose first two columns are words 0 and 1: p's word 0 and uK's word 1
+    # keep their full whitened norms, in orthogonal directions
+    A = np.random.default_rng(0).standard_normal((D, KP))
+    A[:2, :] = 0.0
+    A[:, :2] = 0.0
+    A[0, 0] = A[1, 1] = 1.0
+    sub = Subspace(np.linalg.qr(A)[0])
+    bound = _bounds(clip)
+    # user j: five documents of one word three times (aligned); uK's word is 1, never 0
+    words = np.repeat([2 + j for j in range(K - 1)] + [1], 5)
+    others = sp.csr_matrix((np.full(K * 5, 3.0), (np.arange(K * 5), words)), shape=(K * 5, D))
+    users = [f"u{j}" for j in range(K) for _ in range(5)]
+    p_docs = _attacker_docs(5)                           # word 0
+    # D: u1…uK in order; D′: p's documents just before uK's first document
+    first_uk = users.index(f"u{K - 1}")
+    X_p = sp.vstack([others[:first_uk], p_docs, others[first_uk:]], format="csr")
+    users_p = users[:first_uk] + ["p"] * 5 + users[first_uk:]
+    changes = {}
+    for share_off in (False, True):
+        def sums(X, us):
+            b = UserBounder(max_docs_per_epoch=5, max_docs=5, max_users=K, key=b"k")
+            w, _ = b.assign(us)
+            if share_off:
+                w = w / FIRST_K_SHARE           # what first-K would give without the halving
+            return WhitenedSketch(sub, clip).update(X, weights=w).sums(), b
+        s_d, b_d = sums(others, users)
+        s_dp, b_dp = sums(X_p, users_p)
+        assert b_d.not_admitted == 0 and b_dp.not_admitted == 5      # uK displaced
+        changes[share_off] = _block_change(s_dp, s_d)
+    for k in BLOCKS:
+        assert changes[False][k] <= bound[k], (k, changes[False][k], bound[k])
+    # p (+C/2) and the displaced uK (−C/2), orthogonal: √2·C/2 ≈ 0.707 C_s3
+    assert changes[False]["s3"] > 0.7 * clip.s3
+    assert changes[True]["s3"] > 1.4 * clip.s3 > bound["s3"]   # full weights: over the bound
 
 
 def test_epoch_expiry_keeps_lifetime_counts():

@@ -12,7 +12,8 @@ rebalances are placed exactly; the last tests run the whole pipeline on the embe
   lettered with its own class, nothing else changes (not even other users' numbering);
 * a crash or a rebalance in the middle of a user's documents: identical sums and counters to a
   clean run;
-* more users than ``max_users``: fails closed, nothing changed, nothing lost;
+* more users than ``max_users``: first-K admission, no hold; a user displacing the K-th moves
+  the sums by ≤ Δ_b;
 * a service configured with another unit, bounding or partition count: refused.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 from sketcher_harness import World, epoch_start, make_config, make_sketcher
 from streamdp import messages
 from streamdp.moments.clipping import ClipBounds
-from streamdp.privacy.user_bounding import UserCapacityExceeded, partition_for_user
+from streamdp.privacy.user_bounding import partition_for_user
 from streamdp.privacy.sensitivity import block_sensitivities
 from streamdp.services.config import ConfigError, check_privacy_mode
 from streamdp.services.partition_state import PartitionState, state_key
@@ -265,39 +266,36 @@ def test_crash_or_rebalance_in_the_middle_of_a_users_documents_equals_a_clean_ru
     assert clean.counters["documents"] == resumed.counters["documents"]
 
 
-def test_too_many_users_fails_closed_without_changing_or_losing_anything(tmp_path, monkeypatch):
-    """max_users below the number of distinct users: the batch that would add one too many
-    raises UserCapacityExceeded before any state changes (the offset does not move); restarted
-    from the checkpoint with a larger max_users, the run equals a clean one."""
+def test_more_users_than_max_users_never_hold_and_a_displacing_user_moves_sums_within_bound(
+        tmp_path, monkeypatch):
+    """max_users = 20 of 60 users on the partition (first-K admission, issue 23 item 2).
+    Before: the 21st user raised UserCapacityExceeded and held the partition for good. Now:
+    nothing holds or raises, the whole log is read, users past the first 20 count on operator
+    metrics only (skipped{reason="user_not_admitted"}, tracked users = 20), and the neighbour
+    D′ = D + one user whose first document comes before the 20th user's (so that user is
+    displaced) moves the merged sums by ≤ Δ_b per block — the halved weights cover the user
+    and the displaced one."""
     rng = np.random.default_rng(4)
-    feed = _feed(rng, n_others=400, n_attacker=100, epochs=(3,))
-    clean, _ = _run(tmp_path / "clean", monkeypatch, feed, max_users=1000)
-    cfg = _config(tmp_path / "cap", max_users=20)
-    world = _world(cfg)
-    world.add_documents(v for v, _ in feed)
-    sk = _sketcher(world, monkeypatch)
-    before = None
-    with pytest.raises(UserCapacityExceeded, match="max_users=20"):
-        for _ in range(1000):
-            before = (sk.states[0].next_offset, sk.states[0].to_bytes())
-            sk.step()
-    assert sk.states[0].next_offset == before[0] and sk.states[0].to_bytes() == before[1]
-    assert sk.dead_lettered == []
-    # held at the refused batch (even if the error were taken for an outage and the loop went
-    # on, nothing after it is read): not ready, the batch re-read only after a restart
-    assert sk.paused == {0: "user_capacity"} and sk.consumer.pos == before[0]
-    assert sk.health.readiness()[0] is False
-    users = sk.states[0].users_stream.to_dict()
-    sk.step()                    # (reads the control topic it had not reached)
-    assert sk.states[0].next_offset == before[0] and sk.consumer.pos == before[0]
-    # operators see why: the paused-partitions gauge says user_capacity
-    assert sk.metrics.registry.get_sample_value(
-        "streamdp_partitions_paused", {"reason": "user_capacity"}) == 1.0
-    assert sk.states[0].users_stream.to_dict() == users
-    world.cfg = world.cfg.replace(max_users=1000)
-    again = _sketcher(world, monkeypatch, restore=before[1])
-    _drive(again, world)
-    _same_sums(clean.states[0], again.states[0])
+    full = _feed(rng, n_others=400, n_attacker=100, epochs=(3,))
+    without = [(v, u) for v, u in full if u != ATTACKER]
+    order = list(dict.fromkeys(u for _, u in full))
+    assert order.index(ATTACKER) < 20          # the attacker is admitted and displaces one
+    a, _ = _run(tmp_path / "a", monkeypatch, full, max_users=20)
+    b, _ = _run(tmp_path / "b", monkeypatch, without, max_users=20)
+    for sk in (a, b):
+        assert sk.paused == {} and sk.dead_lettered == []
+        assert sk.states[0].users_stream.n_users == 20
+        assert sk.metrics.registry.get_sample_value(
+            "streamdp_tracked_users", {"partition": "0"}) == 20.0
+        assert sk.metrics.registry.get_sample_value(
+            "streamdp_documents_skipped_total", {"reason": "user_not_admitted"}) > 0
+    change = _change(a.states[0], b.states[0])
+    bound = block_sensitivities(CLIP)
+    for k in BLOCKS + ("topic_word",):
+        assert change[k] <= bound[k], (k, change[k], bound[k])
+    # the attacker's half weight reaches half its binding block's bound (and more with the
+    # displaced user's contribution)
+    assert change["s3"] > 0.49 * CLIP.s3
 
 
 def test_a_restored_partition_keeps_its_bounding(tmp_path, monkeypatch):
@@ -342,10 +340,20 @@ def test_a_service_with_another_unit_bounding_or_partition_count_is_refused(tmp_
     for cfg, n, match in [(doc, None, "privacy_unit 'user'"),
                           (user, 3, "has 3 partitions"),
                           (user.replace(max_docs_per_user=7), 2, "max_docs_per_user"),
-                          (user.replace(user_weights="decaying"), 2, "user_weights")]:
+                          (user.replace(user_weights="decaying"), 2, "user_weights"),
+                          # the admission rule is fixed too (null = all users, K = first-K)
+                          (user.replace(max_users=50), 2, "'max_users'")]:
         for role in ("release", "sketcher"):
             with pytest.raises(ConfigError, match=match):
                 check_privacy_mode(cfg, store, role=role, document_partitions=n)
+    # a marker from before first-K admission (no max_users) reads as null: every user
+    old = _Store()
+    old.write("deployment/privacy", b"", meta={k: v for k, v in store.read_latest(
+        "deployment/privacy").meta.items() if k != "max_users"})
+    check_privacy_mode(user, old, role="release", document_partitions=2)
+    with pytest.raises(ConfigError, match="'max_users'"):
+        check_privacy_mode(user.replace(max_users=1_000_000), old, role="sketcher",
+                           document_partitions=2)
     # and the other way round: a document-level deployment refuses a user-level service
     store2 = _Store()
     check_privacy_mode(doc, store2, role="release")
@@ -373,6 +381,9 @@ def test_user_mode_configuration_is_validated_at_start_up(tmp_path):
     cfg = from_mapping({}, env={"STREAMDP_PRIVACY_UNIT": "user",
                                 "STREAMDP_MAX_DOCS_PER_USER_EPOCH": "3"})
     assert cfg.user_bounds == (3, 3) and cfg.user_bounding_report()["max_docs_per_user"] == 3
+    assert cfg.max_users is None and cfg.user_bounding_report()["user_admission"] == "all users"
+    cfg = from_mapping({}, env={"STREAMDP_PRIVACY_UNIT": "user", "STREAMDP_MAX_USERS": "1000"})
+    assert cfg.max_users == 1000 and "first-K" in cfg.user_bounding_report()["user_admission"]
 
 
 # ------------------------------------------------------------------ the pipeline, end to end

@@ -16,14 +16,21 @@ no other user's weights.
 
 State: per user, a keyed hash of the id (BLAKE2b-128 under a random key kept in the state), the
 number of kept documents and the kept counts of the user's open epochs. The state is as secret
-as the documents (it holds per-user counts). It is bounded by ``max_users`` distinct users:
-when one more user would be needed the bounder **fails closed** (:class:`UserCapacityExceeded`,
-nothing changed) instead of evicting, merging or approximating users. Evicting a user would
-reset its numbering to j = 1 (its weights could sum to more than 1); a shared approximate
-counter (count-min sketch) would let one user's documents change another user's counts, hence
-weights, which breaks the neighbouring argument. Per-epoch counts expire when the epoch closes
+as the documents (it holds per-user counts). Per-epoch counts expire when the epoch closes
 (:meth:`UserBounder.close_through`); lifetime counts never expire (a saturated user must stay
 saturated over the whole horizon).
+
+**Admission** (issue 23 item 2; docs/privacy.md, "Admission: all users or the first K"). By
+default (``max_users=None``) every user is admitted and the state grows with the distinct users
+(≈ 400 bytes each; operators watch ``streamdp_user_bounder_users``). A finite
+``max_users = K`` opts into **first-K admission**: a user's documents count iff the user was
+among the first K distinct users this bounder numbered; a later user's documents get weight 0
+and the user is not stored (never a halt, never an eviction: evicting would restart a user's
+numbering at j = 1). Adding one user then changes the sums by that user *and* at most one
+displaced user (the K-th, pushed out), so under first-K every weight — and the clip
+histogram's count — is multiplied by :data:`FIRST_K_SHARE` = 1/2: a user's total is ≤ 1/2, the
+pair's ≤ 1, and the planned sensitivities Δ_b stay valid unchanged (equivalent, in signal to
+noise, to doubling every Δ_b; done here so the rule lives in one place).
 """
 from __future__ import annotations
 
@@ -36,17 +43,19 @@ from typing import Iterable
 import numpy as np
 
 SCHEDULES = ("uniform", "decaying")
-#: distinct users kept in memory by default (≈ 400 bytes each in CPython, measured with one
-#: open epoch: ≈ 0.4 GB)
-DEFAULT_MAX_USERS = 1_000_000
+#: distinct users per bounder by default: None, every user is admitted (memory ≈ 400 bytes per
+#: user in CPython, measured with one open epoch); a finite K opts into first-K admission
+DEFAULT_MAX_USERS = None
+#: the factor on every weight (and clip-histogram count) under first-K admission: a user and the
+#: one user it can displace together move a sum by ≤ C_b (module docstring)
+FIRST_K_SHARE = 0.5
+ADMIT_ALL = "all"
+ADMIT_FIRST_K = "first-K"
 #: the epoch of every document when there are no epochs (one-shot streams, the warm-up)
 NO_EPOCH = 0
-_STATE_VERSION = 1
-
-
-class UserCapacityExceeded(RuntimeError):
-    """More distinct users than the configured ``max_users``: the bounder refuses (fails
-    closed) rather than forget or merge users, which could raise the sensitivity."""
+#: v2: ``max_users`` may be None and means the admission rule (v1: a fail-closed memory cap,
+#: every stored user admitted at full weight: read as admit-all)
+_STATE_VERSION = 2
 
 
 class MissingUser(ValueError):
@@ -57,6 +66,22 @@ def _check_int(name: str, v, minimum: int = 1) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
     return int(v)
+
+
+def check_max_users(v) -> int | None:
+    """``max_users``: None (admit every user) or an integer K >= 1 (first-K admission)."""
+    return None if v is None else _check_int("max_users", v)
+
+
+def admission(max_users: int | None) -> str:
+    """The admission rule of a ``max_users`` setting: :data:`ADMIT_ALL` or :data:`ADMIT_FIRST_K`."""
+    return ADMIT_ALL if check_max_users(max_users) is None else ADMIT_FIRST_K
+
+
+def admission_share(max_users: int | None) -> float:
+    """THE factor on every user weight: 1 when every user is admitted, :data:`FIRST_K_SHARE`
+    under first-K admission (a user plus one displaced user, docs/privacy.md)."""
+    return 1.0 if admission(max_users) == ADMIT_ALL else FIRST_K_SHARE
 
 
 def weight_schedule(schedule: str, max_docs: int) -> np.ndarray:
@@ -130,7 +155,7 @@ class UserBounder:
     max_docs : int             M: kept documents per user over the whole horizon; the schedule
                                has M weights summing to ≤ 1
     schedule : {"uniform", "decaying"}
-    max_users : int            memory cap on distinct users (fail closed beyond it)
+    max_users : int or None    None: admit every user; K: first-K admission (weights × 1/2)
     key : bytes, optional      key of the user-id hash (random by default; kept in the state)
     """
 
@@ -140,12 +165,26 @@ class UserBounder:
         self.max_docs = _check_int("max_docs", max_docs)
         self.schedule = schedule
         self.weights_table = weight_schedule(schedule, self.max_docs)
-        self.max_users = _check_int("max_users", max_users)
+        self.max_users = check_max_users(max_users)
         self.key = os.urandom(16) if key is None else bytes(key)
         if not 1 <= len(self.key) <= 64:
             raise ValueError("the user-hash key must be 1 to 64 bytes")
         # hash → [kept so far, {epoch: kept in that epoch}]
         self._users: dict[bytes, list] = {}
+        #: documents of users not admitted (first-K), since this object was made: operator
+        #: metrics only (not state, never in a snapshot)
+        self.not_admitted = 0
+        #: per document of the last :meth:`assign`: False where its user was not admitted
+        self.last_admitted = np.ones(0, dtype=bool)
+
+    @property
+    def admission(self) -> str:
+        return admission(self.max_users)
+
+    @property
+    def share(self) -> float:
+        """The factor on every weight (:func:`admission_share`)."""
+        return admission_share(self.max_users)
 
     @property
     def n_users(self) -> int:
@@ -155,7 +194,15 @@ class UserBounder:
         """The public part (what a privacy report states)."""
         return {"max_docs_per_user_epoch": self.max_docs_per_epoch,
                 "max_docs_per_user": self.max_docs, "weights": self.schedule,
-                "weight_sum": math.fsum(self.weights_table), "max_users": self.max_users}
+                "weight_sum": math.fsum(self.weights_table) * self.share,
+                "max_users": self.max_users, "user_admission": self.admission_text()}
+
+    def admission_text(self) -> str:
+        if self.admission == ADMIT_ALL:
+            return "all users"
+        return (f"first-K: the first {self.max_users} distinct users of each partition's "
+                f"sequence; weights x{FIRST_K_SHARE} (a user plus one displaced user move a sum "
+                "by <= C_b; equivalent to sensitivity x2)")
 
     def _hash(self, user: bytes) -> bytes:
         return hashlib.blake2b(user, digest_size=16, key=self.key).digest()
@@ -165,8 +212,9 @@ class UserBounder:
 
         ``users``: one id per document; ``epochs``: one epoch per document (None: all
         :data:`NO_EPOCH`). Returns ``(weights, ranks)``: rank j ≥ 1 is the document's number
-        among its user's kept documents, 0 for a document that gets weight 0.
-        Raises :class:`MissingUser` or :class:`UserCapacityExceeded` before changing anything.
+        among its user's kept documents, 0 for a document that gets weight 0 (over m or M, or
+        its user not admitted: first-K, :attr:`not_admitted` counts those). Weights include
+        :attr:`share`. Raises :class:`MissingUser` before changing anything.
         """
         hashes = [self._hash(_normalise_user(u)) for u in users]
         n = len(hashes)
@@ -176,13 +224,20 @@ class UserBounder:
             ep = np.asarray(epochs).astype(np.int64).ravel()
             if ep.shape[0] != n:
                 raise ValueError(f"{n} documents but {ep.shape[0]} epochs")
-        self._check_room(hashes)
         weights = np.zeros(n)
         ranks = np.zeros(n, dtype=np.int64)
-        m, M, table = self.max_docs_per_epoch, self.max_docs, self.weights_table
+        m, M, table = self.max_docs_per_epoch, self.max_docs, self.weights_table * self.share
+        cap = math.inf if self.max_users is None else self.max_users
+        admitted = np.ones(n, dtype=bool)
         for i, (h, e) in enumerate(zip(hashes, ep.tolist())):
             st = self._users.get(h)
             if st is None:
+                if len(self._users) >= cap:
+                    # first-K: admitted users are never forgotten, so the admitted set is the
+                    # first K distinct users of this sequence; nothing of this user is stored
+                    self.not_admitted += 1
+                    admitted[i] = False
+                    continue
                 st = self._users[h] = [0, {}]
             if st[0] >= M:
                 continue
@@ -193,21 +248,14 @@ class UserBounder:
             st[0] += 1
             ranks[i] = st[0]
             weights[i] = table[st[0] - 1]
+        self.last_admitted = admitted
         return weights, ranks
 
-    def _check_room(self, hashes) -> None:
-        new = {h for h in hashes if h not in self._users}
-        if len(self._users) + len(new) > self.max_users:
-            raise UserCapacityExceeded(
-                f"{len(self._users) + len(new)} distinct users would exceed max_users="
-                f"{self.max_users}: the user-level bounder fails closed (forgetting or merging "
-                "users could raise the sensitivity). Raise max_users (memory ≈ 400 bytes per "
-                "user) or start a new stream with a new budget")
-
-    def check_capacity(self, users: Iterable) -> None:
-        """Raise :class:`UserCapacityExceeded` (or :class:`MissingUser`) if :meth:`assign` of
-        ``users`` would; changes nothing. For callers that update several bounders at once."""
-        self._check_room([self._hash(_normalise_user(u)) for u in users])
+    def check_users(self, users: Iterable) -> None:
+        """Raise :class:`MissingUser` if :meth:`assign` of ``users`` would; changes nothing.
+        For callers that update several bounders at once."""
+        for u in users:
+            _normalise_user(u)
 
     def close_through(self, epoch: int) -> None:
         """Forget the per-epoch counts of epochs ≤ ``epoch`` (closed: no document of theirs is
@@ -228,11 +276,13 @@ class UserBounder:
 
     @classmethod
     def from_dict(cls, obj: dict) -> "UserBounder":
-        if obj.get("kind") != "user_bounder" or obj.get("v") != _STATE_VERSION:
-            raise ValueError(f"not a user bounder state (v{_STATE_VERSION}): "
+        if obj.get("kind") != "user_bounder" or obj.get("v") not in (1, _STATE_VERSION):
+            raise ValueError(f"not a user bounder state (v1 or v{_STATE_VERSION}): "
                              f"{obj.get('kind')!r} v{obj.get('v')!r}")
+        # v1's max_users was a fail-closed cap: every user it stored was admitted at full weight
         out = cls(max_docs_per_epoch=obj["max_docs_per_epoch"], max_docs=obj["max_docs"],
-                  schedule=obj["schedule"], max_users=obj["max_users"],
+                  schedule=obj["schedule"],
+                  max_users=obj["max_users"] if obj["v"] == _STATE_VERSION else None,
                   key=bytes.fromhex(obj["key"]))
         for h, total, per_epoch in obj["users"]:
             total = int(total)
@@ -243,15 +293,19 @@ class UserBounder:
                 raise ValueError(f"user bounder state: inconsistent counts for one user "
                                  f"({total}, {counts})")
             out._users[bytes.fromhex(h)] = [total, counts]
-        if len(out._users) > out.max_users:
+        if out.max_users is not None and len(out._users) > out.max_users:
             raise ValueError("user bounder state holds more users than its max_users")
         return out
 
-    def check_compatible(self, *, max_docs_per_epoch: int, max_docs: int, schedule: str) -> None:
-        """A restored state must be used with the configuration it was built under."""
-        if (max_docs_per_epoch, max_docs, schedule) != (self.max_docs_per_epoch, self.max_docs,
-                                                        self.schedule):
+    def check_compatible(self, *, max_docs_per_epoch: int, max_docs: int, schedule: str,
+                         max_users: int | None = None) -> None:
+        """A restored state must be used with the configuration it was built under (m, M, the
+        schedule and the admission rule with its K: changing K or switching between all and
+        first-K mid-stream would move users in or out of sums already partly released)."""
+        if (max_docs_per_epoch, max_docs, schedule, max_users) != (
+                self.max_docs_per_epoch, self.max_docs, self.schedule, self.max_users):
             raise ValueError(
                 f"the user bounder state was built with m={self.max_docs_per_epoch}, "
-                f"M={self.max_docs}, weights={self.schedule!r}; configured m={max_docs_per_epoch},"
-                f" M={max_docs}, weights={schedule!r}: the bounding cannot change mid-stream")
+                f"M={self.max_docs}, weights={self.schedule!r}, max_users={self.max_users!r}; "
+                f"configured m={max_docs_per_epoch}, M={max_docs}, weights={schedule!r}, "
+                f"max_users={max_users!r}: the bounding cannot change mid-stream")

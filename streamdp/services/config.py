@@ -114,7 +114,7 @@ class ServiceConfig:
     max_docs_per_user_epoch: int | None = None   # user: m, kept documents per user per epoch (5)
     max_docs_per_user: int | None = None         # user: M, kept documents per user in all (m)
     user_weights: str = "uniform"                # user: weight of the j-th kept doc: uniform|decaying
-    max_users: int = DEFAULT_MAX_USERS           # user: distinct users per partition (fail closed)
+    max_users: int | None = DEFAULT_MAX_USERS    # user: None = all users; K = first-K admission
     warmup_share: float = WARMUP_SHARE           # user: share of rho of the warm-up (sequential)
     kafka: dict = field(default_factory=dict)
 
@@ -251,11 +251,13 @@ class ServiceConfig:
             bad("user_weights", f"must be one of {', '.join(SCHEDULES)} (weight of a user's j-th "
                                 f"kept document: 1/M, or proportional to 1/j^2), got "
                                 f"{self.user_weights!r}")
-        if isinstance(self.max_users, bool) or not isinstance(self.max_users, int) \
-                or self.max_users < 1:
-            bad("max_users", f"must be an integer >= 1 (distinct users kept per partition; "
-                             f"about 400 bytes each; default {DEFAULT_MAX_USERS}), got "
-                             f"{self.max_users!r}")
+        if self.max_users is not None and (isinstance(self.max_users, bool)
+                                           or not isinstance(self.max_users, int)
+                                           or self.max_users < 1):
+            bad("max_users", f"must be null (default: every user admitted, about 400 bytes of "
+                             f"sketcher memory per distinct user) or an integer K >= 1 (first-K "
+                             f"admission: only the first K distinct users of each partition "
+                             f"count and every user weight is halved), got {self.max_users!r}")
         ws = self.warmup_share
         if isinstance(ws, bool) or not isinstance(ws, (int, float)) or not 0 < ws < 1:
             bad("warmup_share", f"must be a number in (0, 1): the share of rho spent on the "
@@ -565,7 +567,8 @@ def _privacy_marker(cfg: ServiceConfig, document_partitions: int | None) -> dict
             raise ValueError("user mode: the documents topic's partition count is required")
         m, M = cfg.user_bounds
         meta.update(document_partitions=int(document_partitions), max_docs_per_user_epoch=m,
-                    max_docs_per_user=M, user_weights=cfg.user_weights)
+                    max_docs_per_user=M, user_weights=cfg.user_weights,
+                    max_users=cfg.max_users)
     return meta
 
 
@@ -596,6 +599,17 @@ def check_unit(cfg: ServiceConfig, marker: dict, document_partitions: int | None
                 f"configuration field {name!r}: the deployment was started with {name} "
                 f"{marker.get(name)!r} ({store_name!r}), this service has {mine!r}; the user "
                 f"bounding cannot change mid-deployment: configure {marker.get(name)!r}")
+    # the admission rule (issue 23): markers before it have no max_users, and their deployments
+    # admitted every user they counted (the cap failed closed), so they read as null
+    had_k = marker.get("max_users")
+    if had_k != cfg.max_users:
+        raise ConfigError(
+            f"configuration field 'max_users': the deployment was started with max_users "
+            f"{had_k!r} ({store_name!r}; null = every user admitted), this service has "
+            f"{cfg.max_users!r}. The admission rule decides which users' documents are in sums "
+            f"already partly released, so it cannot change mid-deployment: configure "
+            f"max_users: {'null' if had_k is None else had_k}, or start a new deployment (new "
+            "topic_prefix and ledger)")
     n = marker.get("document_partitions")
     if document_partitions is not None and n != document_partitions:
         raise ConfigError(

@@ -240,7 +240,7 @@ class PartitionState:
     def bind_users(self, new_bounder, *, warmup_open: bool) -> None:
         """User mode: create this partition's bounders (``new_bounder()``: a fresh
         :class:`UserBounder` of the configuration) or check restored ones against the
-        configuration (ValueError if m, M or the schedule changed) and apply its ``max_users``.
+        configuration (ValueError if m, M, the schedule or ``max_users`` changed).
         ``warmup_open``: False once the warm-up is released (its counters are not needed)."""
         ref = new_bounder()
         for name in ("users_warmup", "users_stream"):
@@ -250,17 +250,14 @@ class PartitionState:
                     setattr(self, name, ref if name == "users_stream" else new_bounder())
                 continue
             b.check_compatible(max_docs_per_epoch=ref.max_docs_per_epoch, max_docs=ref.max_docs,
-                               schedule=ref.schedule)
-            if b.n_users > ref.max_users:
-                raise ValueError(f"partition {self.partition}: the checkpoint holds {b.n_users} "
-                                 f"users, more than max_users={ref.max_users}: raise max_users")
-            b.max_users = ref.max_users
+                               schedule=ref.schedule, max_users=ref.max_users)
         if not warmup_open:
             self.users_warmup = None
 
     def _user_weights(self, users, user_routes) -> tuple[np.ndarray, np.ndarray]:
         """(weights, in_histogram) of a batch, in log order, updating the counters; raises
-        UserCapacityExceeded before any counter changes.
+        MissingUser before any counter changes. ``in_histogram``: each user's first warm-up
+        document's clip-histogram count (the bounder's share: 1, or 1/2 under first-K).
 
         Numbered: every document that its *own* route (``user_routes``: :meth:`Routing.route`
         of its ts and record time, before anything decided by timing — a closed epoch, a
@@ -274,21 +271,28 @@ class PartitionState:
         if len(users) != n:
             raise ValueError(f"{n} documents but {len(users)} user ids")
         w = np.zeros(n)
-        first = np.zeros(n, dtype=bool)
+        first = np.zeros(n)
+        self.last_not_admitted = np.zeros(n, dtype=bool)
         warm = np.flatnonzero(own == WARMUP_EPOCH) if self.users_warmup is not None else np.zeros(0, int)
         stream = np.flatnonzero(own > self.users_expired_through)
         if self.users_stream is None:
             raise RuntimeError("user mode: bind_users() before adding documents")
-        # both capacity checks before either bounder changes (fail closed, nothing changed)
+        # both checks before either bounder changes (nothing changed on a missing id)
         if warm.size:
-            self.users_warmup.check_capacity([users[i] for i in warm])
-        self.users_stream.check_capacity([users[i] for i in stream])
+            self.users_warmup.check_users([users[i] for i in warm])
+        self.users_stream.check_users([users[i] for i in stream])
         if warm.size:
             ww, ranks = self.users_warmup.assign([users[i] for i in warm])
-            w[warm], first[warm] = ww, ranks == 1
+            w[warm], first[warm] = ww, (ranks == 1) * self.users_warmup.share
+            self.last_not_admitted[warm] = ~self.users_warmup.last_admitted
         if stream.size:
             w[stream], _ = self.users_stream.assign([users[i] for i in stream], own[stream])
+            self.last_not_admitted[stream] = ~self.users_stream.last_admitted
         return w, first
+
+    def users_tracked(self) -> int:
+        """Distinct users held by this partition's bounders (memory: ≈ 400 bytes each)."""
+        return sum(b.n_users for b in (self.users_warmup, self.users_stream) if b is not None)
 
     def expire_user_epochs(self, routing: "Routing") -> None:
         """Forget the per-user counts of the stream epochs whose close time this partition's
@@ -315,8 +319,8 @@ class PartitionState:
         :meth:`_user_weights`): the rows are weighted by this partition's bounders before
         anything is routed, and each weight multiplies the document's clipped contribution to
         every sum (the sketches' ``weights=``, as ``StreamingSpectralLDA``); the clip histogram
-        counts each user's first warm-up document only. Raises
-        :class:`~streamdp.privacy.user_bounding.UserCapacityExceeded` before anything changes.
+        counts each user's first warm-up document only. ``out["not_admitted"]``: rows of users
+        past the first ``max_users`` (first-K admission, weight 0; operator metrics only).
 
         ``refine_in_background``: fold each epoch's rows into its refinement sketch on a worker
         thread while this thread updates the epoch's whitened sketch (the fold-in kernel, the
@@ -345,10 +349,14 @@ class PartitionState:
             for r in np.unique(routes[routes > 0]):
                 models.model_for(int(r))
         w = first = None
+        excluded = np.zeros(routes.shape[0], dtype=bool)
         if users is not None:
             w, first = self._user_weights(users, routes if user_routes is None else user_routes)
-        out = {"warmup": 0, "stream": 0, "late": int(np.sum(routes == LATE)), "short": 0}
+            excluded = self.last_not_admitted
+        out = {"warmup": 0, "stream": 0, "late": int(np.sum(routes == LATE)), "short": 0,
+               "not_admitted": 0}
         short = (np.asarray(X.sum(axis=1)).ravel() < MIN_DOC_LENGTH) if X.shape[0] else np.zeros(0, bool)
+        short &= ~excluded       # each document counted under one reason
         for r in np.unique(routes):
             rows = np.flatnonzero(routes == r)
             if r == LATE:
@@ -365,6 +373,7 @@ class PartitionState:
                     self.warmup.update(X[rows], weights=w[rows], in_histogram=first[rows])
                 out["warmup"] += rows.size
                 out["short"] += int(short[rows].sum())
+                out["not_admitted"] += int(excluded[rows].sum())
                 continue
             if subspace is None:
                 raise RuntimeError("stream documents before the subspace exists (pause instead)")
@@ -395,6 +404,7 @@ class PartitionState:
                 rs.update(X[rows], model, **wkw)
             out["stream"] += rows.size
             out["short"] += int(short[rows].sum())
+            out["not_admitted"] += int(excluded[rows].sum())
         self.counters["late"] += out["late"]
         self.counters["warmup_documents"] += out["warmup"]
         self.counters["documents"] += out["stream"]

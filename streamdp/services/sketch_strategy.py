@@ -70,7 +70,6 @@ from streamdp.services import control, public_release
 from streamdp.services.state_auth import StateAuth, StateIntegrityError
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.config import ConfigError, ServiceConfig
-from streamdp.privacy.user_bounding import UserCapacityExceeded
 from streamdp.services.partition_state import (LATE, PRODUCER_TIMESTAMP, SELECTION, PartitionState,
                                                RecordTimeRejected, check_user, fencing_token,
                                                select_state, state_key)
@@ -606,18 +605,10 @@ class SketchStrategy:
 
         user_kw = {} if self.user_partitions is None else {
             "users": [db.user(int(i)) for i in cb.index[keep]], "user_routes": own_routes[keep]}
-        try:
-            counts = st.add(X, routes_k, self.subspace, self.clip, new_warmup, models=self.models,
-                            refine_in_background=self.cfg.refinement_thread, **user_kw)
-        except UserCapacityExceeded as exc:
-            # user mode, max_users reached: raised before anything changed. Fail closed: hold
-            # the partition at the batch's first record (never skipped, even if this error were
-            # taken for an outage), not ready, and stop loudly (OutageGuard re-raises it); a
-            # restart with a larger max_users re-reads the batch - nothing lost
-            self.io.hold(p, batch[0].offset(), "user_capacity", f"larger max_users ({exc})")
-            self.io.health.set_ready(False, f"partition {p}: {exc}")
-            log.error("%s: partition %d: %s", self.ctx.instance, p, exc)
-            raise
+        # user mode: users past the first max_users are not admitted (weight 0, counted on
+        # operator metrics); nothing here holds or stops on a user count (issue 23)
+        counts = st.add(X, routes_k, self.subspace, self.clip, new_warmup, models=self.models,
+                        refine_in_background=self.cfg.refinement_thread, **user_kw)
         for m, exc in bad:
             self.io.dead_letter(m, exc)
         st.counters["dlq"] += len(bad)
@@ -642,8 +633,13 @@ class SketchStrategy:
         self.dirty.add(p)
         # documents_total counts documents that entered a sketch; too-short and late
         # ones are counted under skipped_total{reason} instead (docs/metrics.md)
-        self.metrics.observe_batch(counts["stream"] + counts["warmup"] - counts["short"], n_tok, n_unk,
+        self.metrics.observe_batch(counts["stream"] + counts["warmup"] - counts["short"]
+                                   - counts["not_admitted"], n_tok, n_unk,
                                    time.perf_counter() - t0, partition=p)
+        if counts["not_admitted"]:
+            self.metrics.skipped("user_not_admitted", counts["not_admitted"])
+        if self.user_partitions is not None:
+            self.metrics.set_tracked_users(p, st.users_tracked())
         if counts["short"]:
             self.metrics.skipped("too_short", counts["short"])
         if counts["late"]:

@@ -139,9 +139,10 @@ class WarmupSketch:
     def update(self, X, weights=None, in_histogram=None) -> "WarmupSketch":
         """Add warm-up documents. User-level unit (:mod:`streamdp.privacy.user_bounding`):
         ``weights`` (n,) multiply each document's clip factor in the range sum (rows of
-        weight 0 are left out), and only rows with ``in_histogram`` true (each user's first
-        warm-up document) are counted in the clip histogram, so a user adds ≤ 1 to one bin
-        of each histogram and the counts stay integers."""
+        weight 0 are left out), and only rows with ``in_histogram`` > 0 (each user's first
+        warm-up document) are counted in the clip histogram, with that count (1, or 1/2 under
+        first-K admission), so a user adds ≤ 1 to one bin of each histogram and the counts
+        stay exact (multiples of 1/2)."""
         X = as_count_batch(X, self.d)
         lengths = np.asarray(X.sum(axis=1)).ravel()
         keep = lengths >= MIN_DOC_LENGTH
@@ -152,10 +153,12 @@ class WarmupSketch:
                 raise ValueError(f"{X.shape[0]} documents need {X.shape[0]} weights in [0, 1]")
             keep &= w > 0
         if in_histogram is not None:
-            in_histogram = np.asarray(in_histogram, dtype=bool).ravel()
-            if in_histogram.shape[0] != X.shape[0] or w is None or np.any(in_histogram & ~(w > 0)):
-                raise ValueError("in_histogram needs weights and one flag per document, true "
-                                 "only for documents of weight > 0")
+            in_histogram = np.asarray(in_histogram, dtype=np.float64).ravel()
+            if in_histogram.shape[0] != X.shape[0] or w is None \
+                    or not np.all((in_histogram >= 0) & (in_histogram <= 1)) \
+                    or np.any((in_histogram > 0) & ~(w > 0)):
+                raise ValueError("in_histogram needs weights and one count in [0, 1] per "
+                                 "document, > 0 only for documents of weight > 0")
         if not keep.all():
             X = X[keep]
             w = None if w is None else w[keep]
@@ -164,15 +167,17 @@ class WarmupSketch:
             return self
         lengths = np.asarray(X.sum(axis=1)).ravel()
         self.n_docs += X.shape[0]
-        # the norm histograms are integer counts (exact in any order): counted here, per batch
-        H = X if in_histogram is None else X[in_histogram]
-        hl = lengths if in_histogram is None else lengths[in_histogram]
+        # the norm histograms are counts in multiples of 1/2 (exact in any order): per batch
+        counted = None if in_histogram is None else in_histogram > 0
+        H = X if counted is None else X[counted]
+        hl = lengths if counted is None else lengths[counted]
+        hw = None if counted is None else in_histogram[counted]
         if H.shape[0]:
             norms = (np.sqrt(clipping.row_sums(H, H.data**2)) / hl,
                      clipping.e2_norm(H, hl), clipping.e3_norm(H, hl))
             for b, n in enumerate(norms):
                 self.norm_hist[b] += np.bincount(np.searchsorted(NORM_BIN_EDGES, n, side="right"),
-                                                 minlength=self.norm_hist.shape[1])
+                                                 weights=hw, minlength=self.norm_hist.shape[1])
         self.pending_weights = self.pending.feed_weighted(X, w, self.pending_weights,
                                                           self._update_chunk)
         return self
