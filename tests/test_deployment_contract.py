@@ -96,7 +96,7 @@ def test_every_contract_field_that_needs_no_other_setup_is_tested():
                         "vocabulary_candidates", "vocabulary_max_words_per_document",
                         "vocabulary_out_of_list", "selection_end", "non_private",
                         "max_docs_per_user_epoch", "max_docs_per_user", "user_weights",
-                        "warmup_share"}
+                        "warmup_share", "max_users"}
 
 
 @pytest.mark.parametrize("field", sorted(CHANGES))

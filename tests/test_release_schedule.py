@@ -264,3 +264,90 @@ def test_an_empty_warm_up_releases_on_schedule_like_its_neighbour(kafka_broker, 
     finally:
         for dep, _ in deps.values():
             dep.stop()
+
+
+def _run_pair(kafka_broker, tmp_path, feeds: dict, orders: list[tuple[int, float]],
+              produce_kw: dict | None = None, **config):
+    """Deployments A and B (feeds: name -> records), the same close orders at the same
+    instants ``(through, at)``; returns what an observer saw in each (epoch -> created_at)
+    once every ordered epoch is published in both, and the deployments' release services.
+    A dead service or ended releases fail the test."""
+    from service_helpers import fresh_topics, make_config, send_control, wait_for
+    from streamdp.services.produce import produce
+
+    bootstrap = kafka_broker.bootstrap
+    deps = {}
+    try:
+        for name, (corpus, records) in feeds.items():
+            names = fresh_topics(bootstrap)
+            cfg = make_config(tmp_path / name, bootstrap, names, corpus, **config)
+            deps[name] = (Deployment(cfg), names)
+            produce(bootstrap, names.documents, records, **(produce_kw or {}))
+
+        def probe():
+            for dep, _ in deps.values():
+                if dep.errors or dep.sketchers.errors:
+                    raise AssertionError(f"a service died: {dep.errors or dep.sketchers.errors}")
+            return {name: dep.observe() for name, (dep, _) in deps.items()}
+
+        def releasing():
+            probe()
+            ended = {n: dep.release.releases_ended for n, (dep, _) in deps.items()}
+            if any(ended.values()):
+                raise AssertionError(f"releases ended: {ended}")
+
+        for through, at in orders:
+            wait_for(lambda: time.time() >= at, 60, "the order's time", check=releasing)
+            for _, names in deps.values():
+                send_control(bootstrap, names, "close", through=through, at=at)
+            wait_for(lambda: all(through in s for s in probe().values()), 180,
+                     f"epoch {through} in both", check=releasing)
+        got = probe()
+        releasing()
+        return got, {n: dep.release for n, (dep, _) in deps.items()}
+    finally:
+        for dep, _ in deps.values():
+            dep.stop()
+
+
+def _users_on(partition: int, n: int, prefix: str, n_partitions: int = 2) -> list[str]:
+    from streamdp.privacy.user_bounding import partition_for_user
+    out, i = [], 0
+    while len(out) < n:
+        u = f"{prefix}{i}"
+        if partition_for_user(u, n_partitions) == partition:
+            out.append(u)
+        i += 1
+    return out
+
+
+@pytest.mark.slow
+def test_one_user_over_max_users_releases_on_schedule_like_its_neighbour(kafka_broker, tmp_path):
+    """Issue 23 item 2, the user over the cap: user unit with max_users = 3 per partition.
+    A has exactly 3 users on each of the 2 partitions; B adds one more user on partition 0,
+    whose documents come first in the stream (it is admitted and displaces the third user:
+    first-K admission). The same close orders at the same instants: both publish epochs 1 and
+    2 with the same created_at and go on releasing.
+
+    Before the fix (8fdd122): B's 4th user raised UserCapacityExceeded, the sketcher held the
+    partition and stopped, and B never published epoch 1 — a halt decided by a user count."""
+    from service_helpers import make_corpus
+
+    corpus = make_corpus(120, 240, 2, seed=13)
+    users = _users_on(0, 3, "a-") + _users_on(1, 3, "b-")
+    base = [{**corpus.record(i), "user": users[i % len(users)]} for i in range(len(corpus.texts))]
+    extra_user = _users_on(0, 1, "extra-")[0]
+    first_stream = float(corpus.ts[corpus.n_warm])
+    assert first_stream > corpus.stream_start + 1.0
+    extra = [{"id": f"extra-{j}", "ts": corpus.stream_start + 0.5 + j * 0.01,
+              "text": corpus.texts[corpus.n_warm + j], "user": extra_user} for j in range(5)]
+    b = sorted(base + extra, key=lambda r: r["ts"])
+    at = time.time() + 20.0
+    got, rel = _run_pair(kafka_broker, tmp_path, {"A": (corpus, base), "B": (corpus, b)},
+                         [(1, at), (2, at + 5.0)], produce_kw={"user_partitions": 2},
+                         epsilon=1.0, noise_seed=None, sampler="fast", non_production=True,
+                         refinement=False, privacy_unit="user", max_users=3)
+    assert got["A"] == got["B"] == {1: pytest.approx(at), 2: pytest.approx(at + 5.0)}, got
+    for r in rel.values():
+        ub = r.published[0].privacy["user_bounding"]
+        assert ub["max_users"] == 3 and "first-K" in ub["user_admission"]

@@ -160,7 +160,7 @@ class UserBounder:
     """
 
     def __init__(self, *, max_docs_per_epoch: int, max_docs: int, schedule: str = "uniform",
-                 max_users: int = DEFAULT_MAX_USERS, key: bytes | None = None) -> None:
+                 max_users: int | None = DEFAULT_MAX_USERS, key: bytes | None = None) -> None:
         self.max_docs_per_epoch = _check_int("max_docs_per_epoch", max_docs_per_epoch)
         self.max_docs = _check_int("max_docs", max_docs)
         self.schedule = schedule

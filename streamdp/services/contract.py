@@ -65,6 +65,7 @@ CONTRACT_FIELDS: dict[str, str] = {
     "max_docs_per_user_epoch": "the user-level sensitivity",
     "max_docs_per_user": "the user-level sensitivity",
     "user_weights": "the user-level sensitivity",
+    "max_users": "which users' documents count (first-K admission) and the user weights",
 }
 
 
@@ -85,7 +86,8 @@ def contract_of(cfg: ServiceConfig) -> dict:
                      "vocabulary_max_words_per_document", "vocabulary_out_of_list", "selection_end"):
             values[name] = None
     if cfg.privacy_unit != "user":      # the user bounds mean nothing for documents
-        for name in ("max_docs_per_user_epoch", "max_docs_per_user", "user_weights", "warmup_share"):
+        for name in ("max_docs_per_user_epoch", "max_docs_per_user", "user_weights", "warmup_share",
+                     "max_users"):
             values[name] = None
     else:
         values["max_docs_per_user_epoch"], values["max_docs_per_user"] = cfg.user_bounds
