@@ -101,7 +101,7 @@ def _config(a: argparse.Namespace):
     from streamdp.services.config import from_mapping, load_file
     values = load_file(a.config) if getattr(a, "config", None) else {}
     for field in ("bootstrap", "topic_prefix", "vocabulary", "ledger", "snapshot_dir",
-                  "metrics_port", "epsilon", "sampler"):
+                  "metrics_port", "epsilon", "sampler", "start", "public_start_file"):
         v = getattr(a, field, None)
         if v is not None:
             values[field] = v
@@ -253,6 +253,28 @@ def _read_documents(path: str, tokenizer) -> list[list[str]]:
             else:
                 docs.append(tokenizer.tokenize(line))
     return docs
+
+
+def _public_start(a) -> int:
+    """Fit the public start: topics without privacy on documents the operator declares public."""
+    from streamdp.public_start import PublicStart
+    from streamdp.start import save_public_start
+    from streamdp.text.tokenizer import Tokenizer
+    from streamdp.text.vocabulary import Vocabulary
+    tok = Tokenizer.from_config(a.tokenizer) if a.tokenizer else Tokenizer()
+    vocab = Vocabulary.load(a.vocabulary)
+    docs = _read_documents(a.input, tok)
+    X, _ = vocab.vectorize(docs)
+    keep = np.asarray(X.sum(axis=1)).ravel() >= 3          # the engine's MIN_DOC_LENGTH
+    if keep.sum() < 2 * a.topics:
+        raise SystemExit(f"{a.input}: {int(keep.sum())} documents with >= 3 vocabulary words; a "
+                         f"public start of {a.topics} topics needs more public documents")
+    start = PublicStart.fit(X[keep], a.topics, source=a.source, alpha0=a.alpha0, seed=a.seed)
+    save_public_start(start, a.out, vocab)
+    print(f"wrote {a.out}: {a.topics} topics on vocabulary {vocab.vocabulary_id}, fitted without "
+          f"privacy on {int(keep.sum())} documents of {a.input} (source: {a.source!r}); privacy "
+          f"cost: none - you declare these documents public (every snapshot's report says so)")
+    return 0
 
 
 def _vocab_private(a) -> int:
@@ -501,6 +523,12 @@ def _service_args(sp, *, deployment: bool = True) -> None:
     if deployment:
         sp.add_argument("--vocabulary", help="vocabulary file, one word per line (overrides the "
                                              "config's 'vocabulary')")
+        sp.add_argument("--start", choices=("auto", "tensor", "public"),
+                        help="the start of the refinement (overrides the config's 'start'; "
+                             "every service of a deployment must agree; docs/configuration.md)")
+        sp.add_argument("--public-start-file", dest="public_start_file",
+                        help="topics file of `streamdp public-start`: the public start (overrides "
+                             "the config's 'public_start_file')")
         sp.add_argument("--metrics-port", dest="metrics_port", type=port,
                         help="HTTP port for /metrics, /healthz, /readyz (release: also "
                              "/snapshot/latest); 0 = any free port, logged at start (config "
@@ -649,6 +677,27 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--sampler", choices=SAMPLER_KINDS,
                    help="noise sampler (overrides the config; docs/privacy_accounting.md)")
     r.set_defaults(func=_release)
+
+    ps = sub.add_parser("public-start", help="fit the public start: topics on documents you "
+                                             "declare public, no privacy, no budget",
+                        formatter_class=HelpFormatter,
+                        description="Fits topics without privacy (streamdp.fit, non-private) on "
+                                    "documents the operator declares public (e.g. its public help "
+                                    "pages) and writes the public start file that 'start: public' "
+                                    "(or auto) with 'public_start_file' reads. Costs no budget; "
+                                    "recorded in every snapshot's privacy report as public input.")
+    ps.add_argument("--in", dest="input", required=True,
+                    help="public documents: JSONL ({\"text\": ...} per line) or one document per line")
+    ps.add_argument("--vocabulary", required=True, help="the deployment's vocabulary file")
+    ps.add_argument("--topics", type=positive_int, required=True, help="n_topics of the deployment")
+    ps.add_argument("--source", required=True,
+                    help="what the public documents are (goes into every privacy report)")
+    ps.add_argument("--out", required=True, help="public start file to write (JSON)")
+    ps.add_argument("--alpha0", type=positive_float, default=1.0, help="Dirichlet concentration α0")
+    ps.add_argument("--seed", type=int, default=0, help="seed of the fit")
+    ps.add_argument("--tokenizer", type=json.loads, default=None,
+                    help="the deployment's 'tokenizer' settings as JSON (default: the default)")
+    ps.set_defaults(func=_public_start)
 
     pr = sub.add_parser("produce", help="load a JSONL or msgpack corpus into the documents topic",
                         formatter_class=HelpFormatter,

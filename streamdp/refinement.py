@@ -113,7 +113,11 @@ def check_model_lag(lag) -> int:
     return lag
 
 
-def model_epoch_for(epoch: int, lag: int) -> int | None:
+#: the epoch a public start's model is kept under (:func:`model_epoch_for`): the warm-up's
+PUBLIC_START_EPOCH = 0
+
+
+def model_epoch_for(epoch: int, lag: int, public_start: bool = False) -> int | None:
     """THE refinement-model rule (docs/privacy.md §The refinement model rule), used by the
     sketchers, the release service and the estimator's continual path.
 
@@ -124,17 +128,23 @@ def model_epoch_for(epoch: int, lag: int) -> int | None:
     snapshot is the one of epoch e − L. Returns e − L, or None when e − L < 1: no snapshot
     can ever qualify, the document has no refinement term (and the epoch is not refined).
 
+    ``public_start`` (the deployment's start is an operator-supplied public model, issue 22):
+    documents of epochs e ≤ L are folded into that model instead, kept as the model of epoch
+    :data:`PUBLIC_START_EPOCH` (0); so every epoch is refined from epoch 1 on.
+
     The choice depends on the document's own epoch and on public snapshots only, never on
     when the document arrived or on other documents. It is *decided* once epoch e − L is
     closed (:meth:`FoldInModels.decided`); before that a sketcher holds the document.
     """
     m = int(epoch) - check_model_lag(lag)
-    return m if m >= 1 else None
+    if m >= 1:
+        return m
+    return PUBLIC_START_EPOCH if public_start else None
 
 
-def epoch_refined(epoch: int, lag: int) -> bool:
+def epoch_refined(epoch: int, lag: int, public_start: bool = False) -> bool:
     """Whether stream epoch ``epoch``'s documents carry refinement terms (public: the rule)."""
-    return model_epoch_for(epoch, lag) is not None
+    return model_epoch_for(epoch, lag, public_start) is not None
 
 
 # ------------------------------------------------------------------------ per document
@@ -371,18 +381,31 @@ class FoldInModels:
     ones are dropped (:meth:`prune`). ``lag`` is L.
     """
 
-    def __init__(self, lag: int = DEFAULT_MODEL_LAG) -> None:
+    def __init__(self, lag: int = DEFAULT_MODEL_LAG, public_start: bool | None = False) -> None:
         self.lag = check_model_lag(lag)
         self.models: dict[int, RefinementModel] = {}
         self.closed_through = 0
+        # whether epochs e ≤ L are folded into a public start (model epoch 0); None: not known
+        # yet (``start: auto`` with a public start: the release service decides at the warm-up
+        # close and says so in the public release record), so those epochs are not decided
+        self.public_start = public_start
 
     def model_epoch(self, epoch: int) -> int | None:
-        return model_epoch_for(epoch, self.lag)
+        if self.public_start is None and int(epoch) - self.lag < 1:
+            raise ModelNotDecided(f"documents of epoch {epoch} are folded into the deployment's "
+                                  "start, not chosen yet (start: auto): hold them until it is")
+        return model_epoch_for(epoch, self.lag, bool(self.public_start))
 
     def decided(self, epoch: int) -> bool:
-        """Whether documents of stream epoch ``epoch`` can be folded now: no model (e − L < 1),
-        or epoch e − L is closed (its model can no longer change)."""
-        m = self.model_epoch(epoch)
+        """Whether documents of stream epoch ``epoch`` can be folded now: no model (e − L < 1,
+        tensor start), epoch e − L is closed (its model can no longer change), or the public
+        start's model (epoch 0) is loaded."""
+        try:
+            m = self.model_epoch(epoch)
+        except ModelNotDecided:
+            return False
+        if m == PUBLIC_START_EPOCH:
+            return m in self.models
         return m is None or m <= self.closed_through
 
     def model_for(self, epoch: int) -> RefinementModel | None:
@@ -393,6 +416,9 @@ class FoldInModels:
         m = self.model_epoch(epoch)
         if m is None:
             return None
+        if m == PUBLIC_START_EPOCH and m not in self.models:
+            raise ModelNotDecided(f"documents of epoch {epoch} are folded into the public start "
+                                  "(model epoch 0), not loaded yet: hold them until it is")
         if m > self.closed_through:
             raise ModelNotDecided(
                 f"documents of epoch {epoch} are folded into the snapshot of epoch {m} "

@@ -50,6 +50,28 @@ def choose_start(n_docs_noised: float, rho: float | None, k: int, k_prime: int) 
             "n_docs_noised": float(n_docs_noised), "index": idx if math.isfinite(idx) else None}
 
 
+def choose_service_start(n_docs_noised: float | None, rho: float | None, k: int, k_prime: int,
+                         *, public_available: bool) -> dict:
+    """THE start rule of the services (docs/privacy.md "The start rule"; issue 22): the rule
+    of :func:`choose_start` on the warm-up's noised document count (a released value: the
+    total of its noised clip histogram, no extra budget), where its "cluster" means the public
+    start if the operator configured one (the services have no clustering start), else the
+    tensor start. Non-private (``rho`` None): tensor, as :func:`choose_start`."""
+    got = choose_start(0.0 if n_docs_noised is None else n_docs_noised, rho, k, k_prime)
+    start = got["start"]
+    if start == "cluster":
+        start = "public" if public_available else "tensor"
+    return {**got, "start": start, "rule_choice": got["start"],
+            "count": "warm-up noised clip histogram total"}
+
+
+def warmup_noised_count(hist) -> float:
+    """The warm-up's noised document count: the mean total of its noised norm histograms
+    (each block's histogram counts every warm-up document once). Post-processing."""
+    h = np.asarray(hist, dtype=np.float64)
+    return float(np.mean(h.reshape(-1, h.shape[-1]).sum(axis=1))) if h.size else 0.0
+
+
 @dataclass(frozen=True, eq=False)
 class PublicStart:
     """Topics fitted without privacy on documents the operator declares public.
@@ -105,6 +127,67 @@ class PublicStart:
         """A snapshot fitted on public documents (e.g. a non-private ``fit``) as a start."""
         return cls(snap.topic_word, snap.alpha, source, int(round(float(snap.n_docs))),
                    {"release_id": snap.release_id})
+
+
+# ------------------------------------------------------------------ the public start file
+#: the services' start choices (docs/configuration.md): "cluster" is the estimator's only
+SERVICE_START_CHOICES = ("auto", "tensor", "cluster", "public")
+PUBLIC_START_KIND, PUBLIC_START_VERSION = "public_start", 1
+
+
+class PublicStartFileError(ValueError):
+    """A public start file is missing, unreadable or does not fit the deployment."""
+
+
+def save_public_start(start: PublicStart, path, vocabulary) -> None:
+    """Write ``start`` as a public start file (JSON) for ``vocabulary`` (its words are the
+    columns of ``topic_word``; the file records the vocabulary_id to be checked at start-up)."""
+    import json
+    if start.topic_word.shape[1] != len(vocabulary):
+        raise ValueError(f"the public start has {start.topic_word.shape[1]} words, the vocabulary "
+                         f"{len(vocabulary)}")
+    obj = {"kind": PUBLIC_START_KIND, "v": PUBLIC_START_VERSION, "source": start.source,
+           "n_public_docs": int(start.n_public_docs), "vocabulary_id": vocabulary.vocabulary_id,
+           "n_topics": start.n_topics,
+           "alpha": start.alpha.tolist(), "topic_word": start.topic_word.tolist()}
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh)
+
+
+def load_public_start(path, *, vocabulary_id: str | None, n_topics: int) -> PublicStart:
+    """Read a public start file and check it fits the deployment: its vocabulary_id (None: not
+    known yet, not checked) and its number of topics. PublicStartFileError says what to fix."""
+    import json
+    try:
+        with open(path, encoding="utf-8") as fh:
+            obj = json.load(fh)
+    except FileNotFoundError:
+        raise PublicStartFileError(f"no file at {str(path)!r}") from None
+    except (OSError, ValueError) as exc:
+        raise PublicStartFileError(f"cannot read {str(path)!r} as a public start file (JSON "
+                                   f"written by `streamdp public-start`): {exc}") from None
+    if not isinstance(obj, dict) or obj.get("kind") != PUBLIC_START_KIND:
+        raise PublicStartFileError(f"{str(path)!r} is not a public start file (kind "
+                                   f"{PUBLIC_START_KIND!r}); write one with `streamdp public-start`")
+    if obj.get("v") != PUBLIC_START_VERSION:
+        raise PublicStartFileError(f"{str(path)!r} has version {obj.get('v')!r}, this streamdp "
+                                   f"reads version {PUBLIC_START_VERSION}")
+    if vocabulary_id is not None and obj.get("vocabulary_id") != vocabulary_id:
+        raise PublicStartFileError(f"{str(path)!r} was fitted on vocabulary "
+                                   f"{obj.get('vocabulary_id')}, the deployment's vocabulary is "
+                                   f"{vocabulary_id}: fit it again on the deployment's vocabulary "
+                                   "(`streamdp public-start --vocabulary ...`)")
+    try:
+        start = PublicStart(np.asarray(obj["topic_word"], dtype=np.float64),
+                            np.asarray(obj["alpha"], dtype=np.float64), str(obj.get("source") or ""),
+                            int(obj.get("n_public_docs") or 0),
+                            {"vocabulary_id": obj.get("vocabulary_id")})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PublicStartFileError(f"{str(path)!r}: {exc}") from None
+    if start.n_topics != n_topics:
+        raise PublicStartFileError(f"{str(path)!r} has {start.n_topics} topics, the deployment's "
+                                   f"n_topics is {n_topics}: fit it again with --topics {n_topics}")
+    return start
 
 
 def check_start(start):

@@ -108,6 +108,11 @@ class ServiceConfig:
     refinement_share: float = 0.5
     refinement_model_lag: int = 2                # L: epoch e is refined against snapshot e − L
     refinement_thread: bool = False              # sketcher: the fold-in on a second thread
+    # the start of the refinement (issue 22; docs/configuration.md §The start): auto | tensor |
+    # public (cluster: the estimator's only, refused here); public_start_file: a topics file
+    # fitted without privacy on documents the operator declares public (`streamdp public-start`)
+    start: str = "auto"
+    public_start_file: str = ""
     max_documents_per_sum: int = 1_000_000_000   # rounding premise N_max (docs/privacy.md)
     # the unit of privacy (docs/privacy.md "The user-level unit"): document | user
     privacy_unit: str = "document"
@@ -225,6 +230,37 @@ class ServiceConfig:
             bad("metrics_port", f"must be a TCP port 0..65535 (0 = any free port), got {self.metrics_port!r}")
         self._check_refinement_lag(bad)      # after the time fields it relies on
         self._check_user_fields(bad)
+        self._check_start_fields(bad)
+
+    def _check_start_fields(self, bad) -> None:
+        from streamdp.start import SERVICE_START_CHOICES
+        if self.start not in SERVICE_START_CHOICES:
+            bad("start", f"must be one of {SERVICE_START_CHOICES}, got {self.start!r}")
+        if self.start == "cluster":
+            bad("start", "'cluster' (the private clustering start) runs in streamdp.fit / "
+                         "StreamingSpectralLDA only; the services do not have it yet "
+                         "(docs/services.md §The start): use 'tensor', 'public' with "
+                         "public_start_file, or 'auto'")
+        if not isinstance(self.public_start_file, str):
+            bad("public_start_file", f"must be the path of a public start file, got "
+                                     f"{self.public_start_file!r}")
+        if self.start == "public" and not self.public_start_file:
+            bad("public_start_file", "start: public needs public_start_file: a topics file fitted "
+                                     "without privacy on documents you declare public (write it "
+                                     "with `streamdp public-start`)")
+        if self.public_start_file:
+            if self.start == "tensor":
+                bad("public_start_file", "is set but start is 'tensor', which never reads it: "
+                                         "remove it, or set start: public or auto")
+            if not self.refinement:
+                bad("public_start_file", "a public start is the model the refinement folds "
+                                         "documents into: it needs refinement: true")
+            if self.vocabulary_mode == "private":
+                bad("public_start_file", "the private vocabulary is selected after the start, so no "
+                                         "topics file can be fitted on it beforehand: use "
+                                         "vocabulary_mode file or public with a public start")
+            if not Path(self.public_start_file).is_file():
+                bad("public_start_file", f"no file at {self.public_start_file!r}")
 
     _USER_FIELDS = ("max_docs_per_user_epoch", "max_docs_per_user", "user_weights", "max_users",
                     "warmup_share")
@@ -411,6 +447,25 @@ class ServiceConfig:
             out["privacy_mode"] += (" (INSECURE reproducible noise from a known seed: "
                                     "non-production only, no privacy guarantee)")
         return out
+
+    def start_rule(self) -> bool | None:
+        """Whether epochs 1…L are folded into the public start (streamdp.refinement
+        .model_epoch_for): True (start: public), False (tensor; auto without a public start,
+        since the services have no clustering start), None (auto with a public start: the
+        release service chooses at the warm-up close and publishes the choice)."""
+        if not self.refinement or self.start == "tensor" or not self.public_start_file:
+            return False
+        return True if self.start == "public" else None
+
+    def load_public_start(self, vocabulary_id: str | None):
+        """The public start of ``public_start_file``, checked against the deployment's
+        vocabulary (None: not known yet) and n_topics; ConfigError says what to fix."""
+        from streamdp.start import PublicStartFileError, load_public_start
+        try:
+            return load_public_start(self.public_start_file, vocabulary_id=vocabulary_id,
+                                     n_topics=self.n_topics)
+        except PublicStartFileError as exc:
+            raise ConfigError(f"configuration field 'public_start_file': {exc}") from None
 
     def refinement_config(self):
         """The engine's RefinementConfig of this deployment, or None (refinement off)."""

@@ -61,6 +61,8 @@ CONTRACT_FIELDS: dict[str, str] = {
     "refinement": "which sums are sketched and released",
     "refinement_share": "the budget split of each release",
     "refinement_model_lag": "which model each epoch is refined against",
+    "start": "which model epochs 1..refinement_model_lag are refined against (the start)",
+    "public_start_file": "the public start's topics (its content id), the model of the first epochs",
     "privacy_unit": "the unit every sum and ledger event is calibrated to",
     "max_docs_per_user_epoch": "the user-level sensitivity",
     "max_docs_per_user": "the user-level sensitivity",
@@ -85,6 +87,14 @@ def contract_of(cfg: ServiceConfig) -> dict:
         for name in ("vocabulary_size", "vocabulary_lang", "vocabulary_candidates",
                      "vocabulary_max_words_per_document", "vocabulary_out_of_list", "selection_end"):
             values[name] = None
+    # the start as it acts: "auto" without a public start IS the tensor start (the services
+    # have no clustering start), so switching between the two is harmless and accepted; a
+    # change to or from a public start is refused (epochs 1..L were folded into the start)
+    values["start"] = "tensor" if cfg.start_rule() is False else cfg.start
+    # the public start by content (start_id), not by path: a moved file is the same start
+    # (checked here, before any side effect: its k and, in file mode, its vocabulary)
+    values["public_start_file"] = (cfg.load_public_start(values["vocabulary"]).start_id
+                                   if cfg.public_start_file else None)
     if cfg.privacy_unit != "user":      # the user bounds mean nothing for documents
         for name in ("max_docs_per_user_epoch", "max_docs_per_user", "user_weights", "warmup_share",
                      "max_users"):

@@ -7,7 +7,12 @@ epoch whose draw is not durable — and re-written at start-up when it lags the 
 (a crash between the two writes). Payload (msgpack)::
 
     {"kind": "public_release", "v": 1, "epoch": t,
-     "models": [refinement model dicts (RefinementModel.to_dict) of the last L snapshots]}
+     "models": [refinement model dicts (RefinementModel.to_dict) of the last L snapshots],
+     "start": "tensor" | "public"}
+
+``start`` (issue 22) is the deployment's start, chosen at the warm-up close: with "public",
+the public start's model is among ``models`` as epoch 0, the model of epochs 1…L
+(:func:`streamdp.refinement.model_epoch_for`). Absent in records written before it: tensor.
 
 Everything in it is released: ``epoch`` is the last published epoch (public: a snapshot
 exists), each model is the topic-word matrix and α its snapshot published. What it does not
@@ -24,8 +29,18 @@ KIND = "public_release"
 VERSION = 1
 
 
-def encode(epoch: int, models: list[dict]) -> bytes:
-    return ser.dumps({"kind": KIND, "v": VERSION, "epoch": int(epoch), "models": list(models)})
+def encode(epoch: int, models: list[dict], start: str | None = None) -> bytes:
+    obj = {"kind": KIND, "v": VERSION, "epoch": int(epoch), "models": list(models)}
+    if start is not None:
+        obj["start"] = str(start)
+    return ser.dumps(obj)
+
+
+def decode_start(payload: bytes) -> str:
+    """The start a public release record announces ("tensor" when it predates the field)."""
+    obj = ser.loads(payload)
+    ser.check_header(obj, KIND, VERSION)
+    return str(obj.get("start") or "tensor")
 
 
 def decode(payload: bytes) -> tuple[int, list[dict]]:

@@ -84,7 +84,9 @@ from streamdp.privacy.rounding import DocumentCountExceeded
 from streamdp.privacy.tree import HorizonExceeded
 from streamdp.privacy.plan import BudgetSplit, warmup_plan
 from streamdp.release import DenoiseConfig
-from streamdp.refinement import FoldInModels, RefinementModel, model_epoch_for
+from streamdp.refinement import (PUBLIC_START_EPOCH, FoldInModels, RefinementModel,
+                                  model_epoch_for)
+from streamdp.start import choose_service_start, warmup_noised_count
 from streamdp.services import control
 from streamdp.services.contract import check_contract, record_contract
 from streamdp.kafka.connectivity import BrokerProbe, OutageGuard, check_bootstrap
@@ -218,6 +220,11 @@ class ReleaseService:
             # the public models of the last L snapshots (refinement_model_lag), persisted in the
             # release state: every model a sketcher can still need (streamdp.refinement.FoldInModels)
             self.fold_models = None if self.refinement is None else FoldInModels(self.refinement.model_lag)
+            # the start (issue 22; docs/services.md §The start): the public start of
+            # public_start_file (checked against the vocabulary once it is known) and the
+            # choice, made once at the warm-up close and persisted with the subspace
+            self.public_start = None
+            self.start_choice: dict | None = None
             self.exhausted: str | None = None
             self.releases_ended: str | None = None    # budget / horizon / other, once releases end
             self._public_epoch: int | None = None     # epoch of the public release record written
@@ -351,6 +358,9 @@ class ReleaseService:
 
     def _restore(self) -> None:
         self._restore_vocabulary()
+        if self.cfg.public_start_file and self.vocabulary is not None and self.public_start is None:
+            # wrong vocabulary or k: refused here, at start-up (ConfigError says what to fix)
+            self.public_start = self.cfg.load_public_start(self.vocabulary.id)
         self._state_snapshot = None
         persisted = None                         # the release state record's content, if any
         rec = self.store.read_latest(control.SUBSPACE_KEY)
@@ -379,8 +389,9 @@ class ReleaseService:
                                   f"{rec.meta.get('vocabulary_id')}, this service has "
                                   f"{self.vocabulary.id}: use the same vocabulary file")
             self._new_continual()
+            self._restore_start(rec.meta.get("start"))
             if self.refinement is not None:
-                self.fold_models = FoldInModels(self.refinement.model_lag)
+                self.fold_models = self._new_fold_models()
             state = self.store.read_latest(control.RELEASE_STATE_KEY)
             if state is not None:
                 obj = persisted = ser.loads(state.payload)
@@ -388,7 +399,11 @@ class ReleaseService:
                 self.continual.load_state(obj["continual"])
                 if self.refinement is not None:
                     for m in obj.get("refinement_models") or []:
-                        self.fold_models.released(RefinementModel.from_dict(m))
+                        model = RefinementModel.from_dict(m)
+                        if model.epoch == PUBLIC_START_EPOCH:
+                            self.fold_models.models[PUBLIC_START_EPOCH] = model
+                        else:
+                            self.fold_models.released(model)
                     # a pending draw's epoch gets its model when it is post-processed
                     self.fold_models.close_through(self.continual.epoch
                                                    - (self.continual.pending is not None))
@@ -418,6 +433,63 @@ class ReleaseService:
             self._send_control("epochs_closed", through=self.continual.epoch if self.continual else 0)
         if self.accountant is not None:
             self.metrics.set_budget_from_report(self.accountant.report())
+
+    # ------------------------------------------------------------ the start (issue 22)
+    @property
+    def public_start_chosen(self) -> bool:
+        return bool(self.start_choice) and self.start_choice.get("start") == "public"
+
+    def _new_fold_models(self) -> FoldInModels:
+        """The fold-in models with the start's: epochs 1…L are folded into the public start
+        (model epoch 0, streamdp.refinement.model_epoch_for) when it was chosen."""
+        models = FoldInModels(self.refinement.model_lag, public_start=self.public_start_chosen)
+        if self.public_start_chosen:
+            models.models[PUBLIC_START_EPOCH] = RefinementModel(
+                self.public_start.topic_word, self.public_start.alpha, self.public_start.start_id,
+                self.refinement.fold_in_iter, PUBLIC_START_EPOCH)
+        return models
+
+    def _choose_start(self, warmup_hist) -> dict:
+        """THE start rule of the services (streamdp.start.choose_service_start) at the warm-up
+        close, from public configuration and released values only: start: public / tensor as
+        configured; auto from the warm-up's noised count (its clip histogram, already released)."""
+        public_available = self.public_start is not None and self.refinement is not None
+        if self.cfg.start == "public":
+            return {"start": "public", "rule": "configured (start: public)"}
+        if self.cfg.start == "tensor" or not public_available:
+            return {"start": "tensor", "rule": f"configured (start: {self.cfg.start}"
+                    + ("" if self.cfg.start == "tensor" else ", no public start") + ")"}
+        n = None if warmup_hist is None else warmup_noised_count(warmup_hist)
+        return choose_service_start(n, self.plan.stream_rho, self.cfg.n_topics, self.k_prime,
+                                    public_available=True)
+
+    def _restore_start(self, recorded: dict | None) -> None:
+        """The choice persisted with the subspace (none before issue 22: tensor). A
+        configuration that contradicts it is refused: epochs 1…L were folded by it."""
+        self.start_choice = dict(recorded) if recorded else {"start": "tensor",
+                                                             "rule": "before the start choice"}
+        chosen = self.start_choice["start"]
+        if (self.cfg.start in ("public", "tensor") and chosen != self.cfg.start) or (
+                chosen == "public" and self.public_start is None):
+            raise ConfigError(
+                f"configuration fields 'start'/'public_start_file': this deployment's start is "
+                f"{chosen!r} (chosen at its warm-up close, {self.start_choice.get('rule')}), the "
+                f"configuration says start {self.cfg.start!r}"
+                + ("" if self.public_start is not None else " without a public start file")
+                + ": the first epochs were folded into that start, so it cannot change; restore "
+                  "the original setting, or start a new deployment")
+        if chosen == "public" and self.start_choice.get("start_id") != self.public_start.start_id:
+            raise ConfigError(
+                f"configuration field 'public_start_file': this deployment started from public "
+                f"start {self.start_choice.get('start_id')}, the file holds "
+                f"{self.public_start.start_id}: restore the original file, or start a new deployment")
+
+    def _start_report(self) -> dict:
+        """What every snapshot's privacy report says about the start: the public input (no
+        budget) or the tensor start, and the rule that chose it."""
+        if self.public_start_chosen:
+            return {"kind": "public", **self.public_start.report(), "choice": self.start_choice}
+        return {"kind": "tensor", "choice": self.start_choice}
 
     def _is_persisted(self, key: str) -> bool:
         """Whether the output reserved under ``key`` is in the restored, persisted state."""
@@ -743,21 +815,30 @@ class ReleaseService:
         the subspace. A function of noised values only: safe to repeat after a failure."""
         draw = self.warmup_draw
         clip, sub = draw.post_process(self.cfg.clip_quantile)
-        if self._publish_subspace(clip, sub, draw.n_docs, t0):
+        if self._publish_subspace(clip, sub, draw.n_docs, t0, warmup_hist=draw.hist):
             self.warmup_draw = None
 
     def _publish_subspace(self, clip: ClipBounds, sub: Subspace, n_docs: int,
-                          t0: float | None) -> bool:
+                          t0: float | None, warmup_hist=None) -> bool:
         t0 = time.perf_counter() if t0 is None else t0
+        # the start is chosen once, here, and persisted in the same write as the subspace
+        choice = self._choose_start(warmup_hist)
+        if choice["start"] == "public":
+            choice["start_id"] = self.public_start.start_id
         meta = {"clip": clip.to_dict(), "subspace_id": sub.id, "vocabulary_id": self.vocabulary.id,
-                "warmup_documents": int(n_docs), "writer_epoch": self.writer_epoch}
+                "warmup_documents": int(n_docs), "writer_epoch": self.writer_epoch,
+                "start": choice}
         if self.accountant is not None:
             meta["ledger"] = self.accountant.head()
         if not self._persist(control.SUBSPACE_KEY, sub.to_bytes(), meta):   # ... → persist → commit
             return False
+        self.start_choice = choice
         self.subspace, self.clip = sub, clip
         self._new_continual()
-        self._write_public()                 # epoch 0: the warm-up is released
+        if self.refinement is not None:
+            self.fold_models = self._new_fold_models()
+        log.info("start: %s (%s)", choice["start"], choice.get("rule"))
+        self._write_public()                 # epoch 0: the warm-up is released (and the start)
         self._send_control("subspace_ready", subspace_id=sub.id)
         self._send_control("epochs_closed", through=0)
         log.info("warm-up closed: %d documents, subspace %s (k'=%d) in %.1f s", n_docs,
@@ -784,7 +865,8 @@ class ReleaseService:
         sums = None if total is None else EpochSums(total, refine)
         # THE public rule (streamdp.refinement.model_epoch_for, as StreamingSpectralLDA.close_epochs):
         # refined iff the epoch's documents have a model, the snapshot of epoch − L
-        model_epoch = None if self.refinement is None else model_epoch_for(epoch, self.refinement.model_lag)
+        model_epoch = None if self.refinement is None else model_epoch_for(
+            epoch, self.refinement.model_lag, self.public_start_chosen)
         refined = model_epoch is not None
         try:
             self.continual.draw_epoch(sums, refined=refined)   # reserve → draw
@@ -811,7 +893,8 @@ class ReleaseService:
         publish. A function of noised values only: safe to repeat after a failure."""
         t0 = time.perf_counter() if t0 is None else t0
         epoch = self.continual.epoch
-        model_epoch = None if self.refinement is None else model_epoch_for(epoch, self.refinement.model_lag)
+        model_epoch = None if self.refinement is None else model_epoch_for(
+            epoch, self.refinement.model_lag, self.public_start_chosen)
         refined = model_epoch is not None
         snap = self.continual.post_process()
         privacy = add_budget_context(
@@ -827,6 +910,9 @@ class ReleaseService:
         if self.refinement is not None:
             privacy["refinement"] = {**(privacy.get("refinement") or {}), "model_epoch": model_epoch,
                                      "model_lag": self.refinement.model_lag, "refined": refined}
+        privacy["start"] = self._start_report()
+        if self.public_start_chosen:         # public input, no budget (PublicStart.report)
+            privacy["public_start"] = self.public_start.report()
         # keep stage, noise_to_signal, fold_in_topics, subspace_topics (replace, not rebuild)
         # created_at is the epoch's due time (THE schedule, release_policy): public inputs only,
         # never the moment the computation ended (that depends on data volume and load)
@@ -883,7 +969,8 @@ class ReleaseService:
         epoch = self._published_epoch()
         models = [] if self.fold_models is None else [
             self.fold_models.models[e].to_dict() for e in sorted(self.fold_models.models)]
-        payload = public_release.encode(epoch, models)
+        payload = public_release.encode(
+            epoch, models, None if self.start_choice is None else self.start_choice["start"])
         meta = StateAuth(self._control_key(), self.cfg.topic_prefix).sign(
             public_release.KEY, payload, {"epoch": epoch})
         self._public_epoch = -1             # until written: step() retries

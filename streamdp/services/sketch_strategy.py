@@ -138,7 +138,10 @@ class SketchContext:
         self.warmup_closed = False
         self.refinement = cfg.refinement_config()
         # the public models by snapshot epoch and the epoch the release state confirms closed
-        self.models = None if self.refinement is None else FoldInModels(self.refinement.model_lag)
+        # the start (issue 22): public → epochs 1…L fold into the public start (model epoch 0);
+        # None (auto with a public start) until the public release record says which
+        self.models = None if self.refinement is None else FoldInModels(
+            self.refinement.model_lag, public_start=cfg.start_rule())
         self.model_epoch: int | None = None            # the newest model loaded (its epoch)
         self.control_key = control_key
         # sketch state records are signed with it (docs/privacy.md §Trust boundary)
@@ -208,6 +211,10 @@ class SketchContext:
             self.reject_control("ignored the public release record: no valid MAC under this "
                                 "deployment's control key (a foreign writer on the state topic)")
             return None
+        if self.models is not None and self.models.public_start is None:
+            # start: auto with a public start: the release service's choice, made once at the
+            # warm-up close, is in the same record as the models (never changes afterwards)
+            self.models.public_start = public_release.decode_start(rec.payload) == "public"
         return public_release.decode(rec.payload)
 
     def refresh_model(self, public=None) -> None:

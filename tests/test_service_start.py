@@ -1,0 +1,251 @@
+"""The start in the services (issue 22 item 3) on the embedded broker: ``start: public`` with a
+public start file, the ``auto`` rule at the warm-up close, and restarts that keep the choice.
+
+The public start is fitted without privacy on documents drawn from the corpus's topics
+(standing in for documents the operator declares public, e.g. its help pages); it is not
+any of the stream's documents.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from streamdp.privacy.ledger import FileLedger
+from streamdp.services.config import ConfigError
+from streamdp.services.contract import CONTRACT_KEY
+from streamdp.services.produce import produce
+from streamdp.services.release import ReleaseService
+from streamdp.services.sketcher import Sketcher
+from streamdp import PublicStart
+from streamdp.start import load_public_start, save_public_start, warmup_noised_count
+
+from service_helpers import (Pipeline, fresh_topics, make_config, make_corpus, read_topic,
+                             send_control, wait_for)
+from test_service_refinement import run_by_epoch
+
+
+def public_documents(topics: np.ndarray, n: int, seed: int) -> sp.csr_matrix:
+    """LDA documents from ``topics`` (k × d) as count rows: the operator's public documents."""
+    rng = np.random.default_rng(seed)
+    k, d = topics.shape
+    theta = rng.dirichlet(np.full(k, 1.0 / k), size=n)
+    lengths = rng.poisson(40, size=n) + 3
+    rows = [rng.multinomial(l, th @ topics) for l, th in zip(lengths, theta)]
+    return sp.csr_matrix(np.asarray(rows, dtype=np.float64))
+
+
+def public_start_file(tmp_path, corpus, *, seed: int = 11, name: str = "public-start.json"):
+    start = PublicStart.fit(public_documents(corpus.topics, 3000, seed), corpus.topics.shape[0],
+                            source="test: help pages declared public", seed=0)
+    path = tmp_path / name
+    save_public_start(start, path, corpus.vocabulary)
+    # the start as every service reads it (the file round trip renormalises the rows)
+    return load_public_start(path, vocabulary_id=corpus.vocabulary.id,
+                             n_topics=corpus.topics.shape[0]), str(path)
+
+
+def matched_l1(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(k, k) L1 distances between the rows of a and b."""
+    return np.abs(a[:, None, :] - b[None, :, :]).sum(axis=2)
+
+
+def _reserve_labels(cfg) -> list[str]:
+    return [r.payload.get("label") for r in FileLedger(cfg.ledger).read() if r.kind == "reserve"]
+
+
+@pytest.mark.slow
+def test_public_start_end_to_end_and_restarts_keep_it(kafka_broker, tmp_path):
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(3000, 12_000, 3, seed=3)
+    start, path = public_start_file(tmp_path, corpus)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path / "dep", bootstrap, names, corpus, epsilon=4.0, sampler="fast",
+                      noise_seed=5, refinement=True, start="public", public_start_file=path)
+    k = corpus.topics.shape[0]
+    with Pipeline(cfg, sketchers=2) as pipe:
+        assert pipe.release.start_choice is None          # chosen at the warm-up close
+        snaps = run_by_epoch(pipe, bootstrap, names, corpus)
+        choice = dict(pipe.release.start_choice)
+    assert choice["start"] == "public" and choice["start_id"] == start.start_id
+
+    # every epoch is refined: epochs 1, 2 (<= L = 2) against the public start (model epoch 0)
+    assert [s.stage for s in snaps] == ["refined"] * 3
+    assert [s.privacy["refinement"]["model_epoch"] for s in snaps] == [0, 0, 1]
+
+    # the topics are the public fit's, topic i continuing public topic i, within the noise
+    # of the refinement (the true topics are as close: the public fit is good)
+    d_pub = matched_l1(snaps[0].topic_word, start.topic_word)
+    assert np.all(d_pub.argmin(axis=1) == np.arange(k)), d_pub.argmin(axis=1)
+    assert np.diag(d_pub).max() < 0.35, np.diag(d_pub)
+    for s in snaps[1:]:
+        assert np.all(matched_l1(s.topic_word, start.topic_word).argmin(axis=1) == np.arange(k))
+
+    # the report lists the public input; the start spent nothing: the only reservations are
+    # the warm-up's and the tree's (one per epoch), and the refinement sums get their share
+    for s in snaps:
+        pr = s.privacy
+        assert pr["start"]["kind"] == "public" and pr["start"]["public_input"] is True
+        assert pr["public_start"] == start.report()
+        assert pr["public_start"]["rho"] == 0.0
+        assert pr["public_start"]["source"] == "test: help pages declared public"
+        assert pr["start"]["choice"]["rule"] == "configured (start: public)"
+    labels = _reserve_labels(cfg)
+    assert [x for x in labels if not x.startswith("warmup")] == [f"tree:epoch={e}" for e in (1, 2, 3)]
+    acc = snaps[-1].privacy["accountant"]
+    assert acc["rho_worst_case"] == pytest.approx(acc["rho_budget"], rel=1e-6)
+
+    # --- a restart keeps the choice (read from the subspace record, not decided again) ...
+    again = ReleaseService(cfg)
+    try:
+        assert again.start_choice == choice and again.public_start_chosen
+        assert again.latest.release_id == snaps[-1].release_id
+    finally:
+        again.close()
+    # ... and a configuration that changes it is refused before anything is written
+    before = len(read_topic(bootstrap, names.state, timeout=5.0))
+    _, other = public_start_file(tmp_path, corpus, seed=12, name="other-start.json")
+    changes = {"tensor": dict(start="tensor", public_start_file=""),
+               "auto": dict(start="auto"),
+               "other file": dict(public_start_file=other)}
+    for what, change in changes.items():
+        changed = dataclasses.replace(cfg, **change, ledger=str(tmp_path / f"{what}.jsonl"))
+        for service in (ReleaseService, Sketcher):
+            with pytest.raises(ConfigError, match="start") as err:
+                service(changed)
+            assert CONTRACT_KEY in str(err.value), (what, str(err.value))
+    assert len(read_topic(bootstrap, names.state, timeout=5.0)) == before
+
+
+def _auto_choice(bootstrap, tmp_path, corpus, path, *, drop_one: bool, tag: str):
+    """A deployment with ``start: auto`` and a public start, closed through the warm-up only:
+    (its persisted choice, the warm-up's noised count from the persisted draw)."""
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path / tag, bootstrap, names, corpus, epsilon=4.0, sampler="fast",
+                      noise_seed=5, refinement=True, start="auto", public_start_file=path)
+    recs = corpus.records()[:corpus.n_warm]
+    if drop_one:                      # the neighbour: one warm-up document fewer
+        recs = recs[1:]
+    with Pipeline(cfg, sketchers=1) as pipe:
+        produce(bootstrap, names.documents, recs)
+        send_control(bootstrap, names, "close", through=0)
+        wait_for(lambda: pipe.release.subspace is not None, 90, "the warm-up close",
+                 check=pipe.check)
+        choice = dict(pipe.release.start_choice)
+        # the sketchers learn the choice from the public release record
+        wait_for(lambda: pipe.sketchers[0].context.models.public_start is not None, 30,
+                 "the sketcher reading the start", check=pipe.check)
+        assert pipe.sketchers[0].context.models.public_start == (choice["start"] == "public")
+    draw_payload = None
+    from streamdp.services import control
+    st = cfg.state_store()
+    try:
+        draw_payload = st.read_latest(control.WARMUP_DRAW_KEY)
+        sub = st.read_latest(control.SUBSPACE_KEY)
+    finally:
+        st.close()
+    assert sub.meta["start"] == choice                 # persisted with the subspace
+    from streamdp.whitening.warmup import WarmupDraw
+    released = warmup_noised_count(WarmupDraw.from_bytes(draw_payload.payload).hist)
+    # a restart reads the choice back; it does not decide again
+    again = ReleaseService(cfg)
+    try:
+        assert again.start_choice == choice
+    finally:
+        again.close()
+    return choice, released
+
+
+@pytest.mark.slow
+def test_auto_start_reads_released_values_only_and_a_neighbour_gets_the_same(kafka_broker, tmp_path):
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(1500, 10, 1, seed=4)
+    _, path = public_start_file(tmp_path, corpus)
+    a, n_a = _auto_choice(bootstrap, tmp_path, corpus, path, drop_one=False, tag="a")
+    b, n_b = _auto_choice(bootstrap, tmp_path, corpus, path, drop_one=True, tag="b")
+    # the rule's input is the released (noised) warm-up count, nothing else of the data
+    assert a["n_docs_noised"] == pytest.approx(n_a) and b["n_docs_noised"] == pytest.approx(n_b)
+    assert abs(a["n_docs_noised"] - corpus.n_warm) > 1e-6          # noised, not the raw count
+    # a few thousand documents at eps = 4 with k = 6: the tensor index is below 15, so the
+    # public start; the neighbouring deployment chooses the same
+    assert a["start"] == b["start"] == "public", (a, b)
+    assert a["rule_choice"] == "cluster" and a["index"] < 15
+
+
+# ------------------------------------------------------------------ start-up refusals (no broker)
+def _cfg(tmp_path, corpus, **changes):
+    from streamdp.kafka.topics import TopicNames as Names
+    names = Names.from_prefix("test.start-config")
+    return make_config(tmp_path, "127.0.0.1:1", names, corpus,
+                       **{"epsilon": 4.0, "sampler": "fast", "noise_seed": 5, "refinement": True,
+                          **changes})
+
+
+def test_start_configuration_is_validated_with_a_message_that_says_what_to_fix(tmp_path):
+    from streamdp.services.contract import contract_of
+    from streamdp.text.vocabulary import Vocabulary
+    corpus = make_corpus(30, 30, 1, seed=1)
+    with pytest.raises(ConfigError, match="'start'.*one of"):
+        _cfg(tmp_path, corpus, start="spectral")
+    with pytest.raises(ConfigError, match="'cluster'.*StreamingSpectralLDA only"):
+        _cfg(tmp_path, corpus, start="cluster")
+    with pytest.raises(ConfigError, match="public_start_file.*streamdp public-start"):
+        _cfg(tmp_path, corpus, start="public")
+    with pytest.raises(ConfigError, match="public_start_file.*no file at"):
+        _cfg(tmp_path, corpus, start="public", public_start_file=str(tmp_path / "missing.json"))
+    start, path = public_start_file(tmp_path, corpus)
+    with pytest.raises(ConfigError, match="start is 'tensor'"):
+        _cfg(tmp_path, corpus, start="tensor", public_start_file=path)
+    with pytest.raises(ConfigError, match="needs refinement"):
+        _cfg(tmp_path, corpus, start="public", public_start_file=path, refinement=False)
+    ok = _cfg(tmp_path, corpus, start="public", public_start_file=path)
+    assert contract_of(ok)["public_start_file"] == start.start_id
+    assert contract_of(ok)["start"] == "public"
+    # auto without a public start acts as the tensor start: the contract says so
+    assert contract_of(_cfg(tmp_path, corpus, start="auto"))["start"] == "tensor"
+    # wrong number of topics, wrong vocabulary: refused when the contract is computed, which
+    # every service does at start-up before writing anything
+    wrong_k = tmp_path / "k.json"
+    save_public_start(PublicStart(start.topic_word[:-1], start.alpha[:-1], "x"), wrong_k,
+                      corpus.vocabulary)
+    with pytest.raises(ConfigError, match=r"5 topics.*n_topics is 6.*--topics 6"):
+        contract_of(_cfg(tmp_path, corpus, start="public", public_start_file=str(wrong_k)))
+    other_words = Vocabulary([f"w{i}" for i in range(len(corpus.vocabulary))])
+    wrong_v = tmp_path / "v.json"
+    save_public_start(start, wrong_v, other_words)
+    with pytest.raises(ConfigError, match="fitted on vocabulary .* the deployment's vocabulary is"):
+        contract_of(_cfg(tmp_path, corpus, start="public", public_start_file=str(wrong_v)))
+    not_json = tmp_path / "bad.json"
+    not_json.write_text("topics")
+    with pytest.raises(ConfigError, match="cannot read .* as a public start file"):
+        contract_of(_cfg(tmp_path, corpus, start="public", public_start_file=str(not_json)))
+
+
+def test_cli_public_start_writes_a_file_the_services_accept(tmp_path):
+    """`streamdp public-start` fits on public documents (JSONL) and writes the file that
+    'public_start_file' reads, for the deployment's vocabulary and n_topics."""
+    import json
+    import subprocess
+    import sys
+    corpus = make_corpus(30, 30, 1, seed=2)
+    vocab = tmp_path / "vocabulary.txt"
+    corpus.vocabulary.save(vocab)
+    from streamdp.services.demo_corpus import sample_texts
+    texts, _, _ = sample_texts(600, seed=2)       # the same topics, other documents
+    src = tmp_path / "public.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "start.json"
+    run = subprocess.run([sys.executable, "-m", "streamdp", "public-start", "--in", str(src),
+                          "--vocabulary", str(vocab), "--topics", "6", "--source", "help pages",
+                          "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "privacy cost: none" in run.stdout
+    start = load_public_start(out, vocabulary_id=corpus.vocabulary.id, n_topics=6)
+    assert start.source == "help pages" and start.n_public_docs == 600
+    # each fitted topic is one of the corpus's topics (a good public fit, in some order)
+    d = matched_l1(start.topic_word, corpus.topics)
+    assert sorted(d.argmin(axis=1).tolist()) == list(range(6)), d.round(2)
+    cfg = _cfg(tmp_path, corpus, start="public", public_start_file=str(out))
+    assert cfg.load_public_start(corpus.vocabulary.id).start_id == start.start_id
