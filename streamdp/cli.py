@@ -357,19 +357,22 @@ def _topics(a) -> int:
     from pathlib import Path
     from streamdp import snapshots
     from streamdp.text.vocabulary import Vocabulary
+    # the folder first: a missing folder is the mistake to name, not its missing vocabulary
+    if not Path(a.snapshot_dir).is_dir():
+        raise ValueError(f"no snapshot folder at {a.snapshot_dir!r}: pass --snapshot-dir DIR, the "
+                         "release service's snapshot_dir")
     if a.vocabulary is None:        # the release service keeps a copy next to the snapshots
         a.vocabulary = str(Path(a.snapshot_dir) / "vocabulary.txt")
+    snap = snapshots.latest(a.snapshot_dir)     # the newest release (largest epoch)
+    if snap is None:
+        raise ValueError(f"no snapshots in {a.snapshot_dir} (the release service writes epoch-*.msgpack)")
+    if a.trends:
+        return _print_trends(a, snapshots)
     if not Path(a.vocabulary).is_file():
         raise ValueError(f"no vocabulary file at {a.vocabulary!r}: pass --vocabulary FILE, the "
                          "vocabulary the snapshots were released with (the release service "
                          "writes it to <snapshot_dir>/vocabulary.txt; the demo to "
                          "<workdir>/vocabulary.txt)")
-    if not Path(a.snapshot_dir).is_dir():
-        raise ValueError(f"no snapshot folder at {a.snapshot_dir!r}: pass --snapshot-dir DIR, the "
-                         "release service's snapshot_dir")
-    snap = snapshots.latest(a.snapshot_dir)     # the newest release (largest epoch)
-    if snap is None:
-        raise ValueError(f"no snapshots in {a.snapshot_dir} (the release service writes epoch-*.msgpack)")
     try:
         vocab = Vocabulary.load(a.vocabulary)
     except (OSError, UnicodeDecodeError) as exc:
@@ -404,6 +407,30 @@ def _topics(a) -> int:
     return 0
 
 
+def _print_trends(a, snapshots) -> int:
+    """``topics --trends``: each topic's share per release with its interval, and the
+    significant changes (streamdp.trends)."""
+    from pathlib import Path
+    from streamdp import trends as T
+    from streamdp.text.vocabulary import Vocabulary
+    tr = snapshots.trends(a.snapshot_dir)
+    if a.json:
+        print(json.dumps(tr.to_dict(), indent=1, allow_nan=False))
+        return 0
+    labels = None
+    latest = snapshots.latest(a.snapshot_dir)
+    if Path(a.vocabulary).is_file():       # topic names from their top words, when we can
+        vocab = Vocabulary.load(a.vocabulary)
+        if latest.vocabulary_id in (None, vocab.id):
+            labels = [f"{i}:{top[0][0]}" for i, top in enumerate(latest.top_words(vocab, 1))]
+    print(T.format_table(tr, labels))
+    sig = tr.significant
+    print(f"{len(sig)} significant change(s)" + (": " + "; ".join(
+        f"epoch {c.epoch} topic {c.topic} {100 * c.before:.1f}% -> {100 * c.after:.1f}%"
+        for c in sig) if sig else ""))
+    return 0
+
+
 def _report(a) -> int:
     from streamdp.report import write_report
     from streamdp.report.load import load_snapshots, load_vocabulary, open_source
@@ -423,7 +450,10 @@ def _report(a) -> int:
     if vocab is None:
         vocab = load_vocabulary(None, src)
     out = write_report(snaps, vocab, a.out, source=where, n_words=a.n, last=a.last)
-    print(f"wrote {out} ({len(snaps)} release(s) read from {where}); open it in a browser: "
+    shown = len(snaps) if a.last is None else min(a.last, len(snaps))
+    count = (f"{len(snaps)} release(s)" if shown == len(snaps)
+             else f"the last {shown} of {len(snaps)} release(s)")
+    print(f"wrote {out} ({count} read from {where}); open it in a browser: "
           f"{out.resolve().as_uri()}")
     return 0
 
@@ -727,7 +757,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_control)
 
     t = sub.add_parser("topics", help="print the latest snapshot's topics for a person",
-                       formatter_class=HelpFormatter)
+                       formatter_class=HelpFormatter,
+                       description="Print the newest released snapshot's topics (top words, α, "
+                                   "whether each can be told apart, the privacy guarantee), or "
+                                   "with --trends each topic's share per release with its error "
+                                   "bar and the significant changes (docs/consumers.md).")
     t.add_argument("--snapshot-dir", dest="snapshot_dir", default="snapshots",
                    help="the release service's snapshot_dir (epoch-*.msgpack files)")
     t.add_argument("--vocabulary", help="the snapshots' vocabulary file (default: "
@@ -735,6 +769,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("-n", type=positive_int, default=10, help="words per topic")
     t.add_argument("--json", action="store_true",
                    help="print the snapshot's summary as JSON (stable keys, docs/consumers.md)")
+    t.add_argument("--trends", action="store_true",
+                   help="topic shares per release with 95%% intervals and significant changes "
+                        "(with --json: the trends as JSON)")
     t.set_defaults(func=_topics)
     _report_parser(sub)
     return p

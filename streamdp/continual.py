@@ -518,7 +518,11 @@ class ContinualRelease:
                              mechanism=self.aggregator if private else "none",
                              subspace_id=self.subspace.id, epoch=t, subspace_topics=U,
                              noise_to_signal=nts, fold_in_topics=fold_in, stage=stage,
-                             topic_change=change)
+                             topic_change=change,
+                             # each topic's noised mass (row sums of the released refinement
+                             # prefix): post-processing, what topic trends are computed from
+                             topic_mass=(None if released.refine is None
+                                         else np.asarray(released.refine).sum(axis=1)))
         # last: a post-processing that raised leaves the alignment state as it was (a retry
         # of the pending draw aligns to the same published topics, issue 23 item 4)
         self.published_topics = np.asarray(topic_word, dtype=np.float64)

@@ -712,7 +712,8 @@ class StreamingSpectralLDA:
         snap = TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=np.zeros(k),
                              n_docs=float(sketch.n_docs) if self.rho_ is None else float(counts.sum()),
                              privacy=privacy, mechanism="cluster", subspace_id=self.subspace_.id,
-                             stage="refined", noise_to_signal=nts, fold_in_topics=fold_in_topics)
+                             stage="refined", noise_to_signal=nts, fold_in_topics=fold_in_topics,
+                             topic_mass=T.sum(axis=1))
         return self._finish_snapshot(snap, events)
 
     def public_start(self, start: PublicStart) -> TopicSnapshot:
@@ -822,7 +823,8 @@ class StreamingSpectralLDA:
         snap = TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=prev.eigenvalues,
                              n_docs=prev.n_docs, privacy=privacy, mechanism=prev.mechanism,
                              subspace_id=prev.subspace_id, epoch=prev.epoch, stage="refined",
-                             noise_to_signal=nts, fold_in_topics=fold_in_topics)
+                             noise_to_signal=nts, fold_in_topics=fold_in_topics,
+                             topic_mass=T.sum(axis=1))
         return self._finish_snapshot(snap, events)
 
     def _finish_snapshot(self, snap: TopicSnapshot, new_events=None) -> TopicSnapshot:

@@ -53,6 +53,14 @@ class TopicSnapshot:
                                    ``NEW_TOPIC_MOVE`` (½) the topic is marked *new*
                                    (:attr:`new_topics`): the index did not swap (docs/consumers.md
                                    §Following a topic over time), the topic itself changed
+    topic_mass : (k,) ndarray or None
+                                   refined / refinement-carrying releases: the row sums of the
+                                   released (noised) refinement sums T, i.e. each topic's
+                                   noised mass over the epochs covered (post-processing of a
+                                   released value, no budget; each entry of T carries noise of
+                                   sd ``privacy["noise_sd"]["topic_word"]``). What topic
+                                   trends and their error bars are computed from
+                                   (:mod:`streamdp.trends`)
     """
 
     topic_word: np.ndarray
@@ -71,6 +79,7 @@ class TopicSnapshot:
     fold_in_topics: np.ndarray | None = None
     stage: str = "spectral"
     topic_change: np.ndarray | None = None
+    topic_mass: np.ndarray | None = None
 
     @property
     def new_topics(self) -> list[int]:
@@ -193,6 +202,8 @@ class TopicSnapshot:
                 "quality_note": self.quality_note,
                 "topic_change": (None if self.topic_change is None
                                  else ser.pack_array(np.asarray(self.topic_change, dtype=np.float64))),
+                "topic_mass": (None if self.topic_mass is None
+                               else ser.pack_array(np.asarray(self.topic_mass, dtype=np.float64))),
                 # derived from topic_word and alpha (ignored when read back): for readers
                 "topic_flags": [f.to_dict() for f in self.topic_flags]}
 
@@ -217,6 +228,8 @@ class TopicSnapshot:
                                     ser.unpack_array(obj["noise_to_signal"], name="noise_to_signal")),
                    topic_change=(None if obj.get("topic_change") is None else
                                  ser.unpack_array(obj["topic_change"], name="topic_change")),
+                   topic_mass=(None if obj.get("topic_mass") is None else
+                               ser.unpack_array(obj["topic_mass"], name="topic_mass")),
                    fold_in_topics=(None if obj.get("fold_in_topics") is None else
                                    ser.unpack_array(obj["fold_in_topics"], name="fold_in_topics")
                                    .astype(np.float64)))

@@ -564,6 +564,26 @@ def vocabulary(source: Source | str | os.PathLike):
     return open_source(source).vocabulary()
 
 
+def trends(source: Source | str | os.PathLike | Iterable[Snapshot], *,
+           level: float | None = None, alpha: float | None = None):
+    """Topic shares per release with error bars, and significant share changes
+    (:class:`streamdp.trends.Trends`), from every release the source holds (or from snapshots
+    given in release order). Released values only: each refined release's ``topic_mass`` and
+    the known noise of the continual mechanism (docs/consumers.md §Topic trends). Over HTTP
+    (the latest release only) there is one point."""
+    from streamdp import trends as _trends
+    if isinstance(source, (Source, str, os.PathLike)):
+        snaps = list(releases(source))
+    else:
+        snaps = sorted({s.release_id: s for s in source}.values(), key=_order)
+    kw = {}
+    if level is not None:
+        kw["level"] = level
+    if alpha is not None:
+        kw["alpha"] = alpha
+    return _trends.trends(snaps, **kw)
+
+
 __all__ = ["Snapshot", "SnapshotError", "SourceError", "Source", "DirectorySource", "HttpSource",
            "KafkaSource", "open_source", "read", "latest", "releases", "follow", "vocabulary",
-           "summary", "privacy_summary", "SUMMARY_VERSION"]
+           "summary", "privacy_summary", "trends", "SUMMARY_VERSION"]

@@ -150,6 +150,16 @@ def test_report_renders_in_headless_chromium_with_no_network(sync_playwright, pr
             assert min(w for _, w in traces) > 300, traces
             # across releases: drift (from epoch 2), α and noise-to-signal per topic
             assert count("document.querySelectorAll('#topics-across-releases .scatterlayer .trace').length") == 3 * K
+            # topic trends (issue 27): per topic a band and a line with a point per refined
+            # release (epochs 2 … EPOCHS: epoch 1 is not refined)
+            lines = count("""Array.from(document.querySelectorAll('#topic-trends .scatterlayer .trace'))
+                .map(t => t.querySelectorAll('.points .point').length)""")
+            assert lines.count(EPOCHS - 1) >= K, lines
+            bands = count("""Array.from(document.querySelectorAll('#topic-trends .scatterlayer .trace path.js-fill'))
+                .filter(p => p.getBBox().width > 0).length""")
+            assert bands >= K, bands
+            assert "Bonferroni" in page.inner_text("#trends + p")
+            trends_png = page.locator("#topic-trends").screenshot()
             # the plain-words privacy report
             text = page.inner_text("dl.plain")
             for needle in ("Guarantee", "(2, 1e-06)-differential privacy", "Unit of privacy",
@@ -162,6 +172,7 @@ def test_report_renders_in_headless_chromium_with_no_network(sync_playwright, pr
         finally:
             b.close()
     (artifacts_dir() / "report.png").write_bytes(png)
+    (artifacts_dir() / "report-trends.png").write_bytes(trends_png)
     assert not errors, errors
     assert requests == [page_url], [u for u in requests if u != page_url]
 

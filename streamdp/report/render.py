@@ -102,6 +102,41 @@ def drift_figure(histories) -> go.Figure | None:
     return _layout(fig, 180 * rows + 60, top=30, legend=dict(orientation="h", y=-0.12))
 
 
+def trends_figure(tr, histories) -> go.Figure | None:
+    """Each topic's share of the epochs a release added, with its interval as a band;
+    significant changes (streamdp.trends) as open circles. None when no release has a share."""
+    pts = [p for p in tr.points if p.valid and p.epoch is not None]
+    if not pts:
+        return None
+    names = {h.topic: f"topic {h.topic}: " + " ".join(w for w, _ in h.steps[-1].top_words[:3])
+             for h in histories}
+    sig = {(c.epoch, c.topic) for c in tr.significant}
+    fig = go.Figure()
+    xs = [p.epoch for p in pts]
+    for i in range(pts[-1].share.shape[0]):
+        colour = PALETTE[i % len(PALETTE)]
+        name = names.get(i, f"topic {i}")
+        lo = [round(float(p.lower[i]), 4) for p in pts]
+        hi = [round(float(p.upper[i]), 4) for p in pts]
+        fig.add_trace(go.Scatter(x=xs + xs[::-1], y=hi + lo[::-1], fill="toself", mode="lines",
+                                 line=dict(width=0), fillcolor=colour, opacity=0.2,
+                                 legendgroup=name, showlegend=False, hoverinfo="skip"))
+        fig.add_trace(go.Scatter(
+            x=xs, y=[round(float(p.share[i]), 4) for p in pts], name=name, legendgroup=name,
+            mode="lines+markers", line=dict(color=colour), customdata=list(zip(lo, hi)),
+            hovertemplate="epoch %{x}: %{y:.1%} (%{customdata[0]:.1%}–%{customdata[1]:.1%})"
+                          "<extra>" + name + "</extra>"))
+        marks = [p for p in pts if (p.epoch, i) in sig]
+        if marks:
+            fig.add_trace(go.Scatter(
+                x=[p.epoch for p in marks], y=[round(float(p.share[i]), 4) for p in marks],
+                mode="markers", legendgroup=name, showlegend=False, hoverinfo="skip",
+                marker=dict(symbol="circle-open", size=16, color=colour, line=dict(width=2))))
+    fig.update_yaxes(tickformat=".0%", rangemode="tozero", title_text="share of the epoch")
+    fig.update_xaxes(title_text="epoch", dtick=1)
+    return _layout(fig, 380, top=10, legend=dict(orientation="h", y=-0.2))
+
+
 def budget_figure(points) -> go.Figure | None:
     """ρ spent per group of documents and ε of the most-charged document, per release, against
     the budget. None without an accountant report (non-private snapshots)."""
@@ -201,6 +236,9 @@ def render_report(snapshots: list[TopicSnapshot], vocabulary, *, source: str, n_
     # distinct topics first (issue 22): what a reader can tell apart, then the rest
     topics.sort(key=lambda t: (t["flag"] != "distinct", t["index"]))
     drift = drift_figure(histories)
+    from streamdp import trends as _trends
+    tr = _trends.trends(releases)
+    trend_fig = trends_figure(tr, histories)
     budget = budget_figure(points)
     privacy = latest.privacy if isinstance(latest.privacy, dict) else {}
     page = _env.get_template("report.html.j2").render(
@@ -223,6 +261,10 @@ def render_report(snapshots: list[TopicSnapshot], vocabulary, *, source: str, n_
         identity=_identity_summary(links), releases=[release_label(s, i) for i, s in enumerate(releases)],
         drift_div=None if drift is None else _div(drift, "topics-across-releases"),
         budget_div=None if budget is None else _div(budget, "privacy-budget"),
+        trends_div=None if trend_fig is None else _div(trend_fig, "topic-trends"),
+        trend_level=tr.level, trend_alpha=tr.alpha,
+        trend_changes=[{"epoch": c.epoch, "topic": c.topic, "before": c.before, "after": c.after,
+                        "z": c.z} for c in tr.significant],
         budget_last=points[-1] if points else None,
         plain_words=describe(privacy, n_docs=latest.n_docs),
         privacy_json=json.dumps(privacy, indent=1, default=_json_default, ensure_ascii=False))
