@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("streamdp", "streamdp.release", "streamdp.continual", "streamdp.estimator",
                 "streamdp.refinement", "streamdp.cluster_start", "streamdp.public_start",
                 "streamdp.whitening.warmup", "streamdp.tensor.private",
-                "streamdp.text.vocab_selection")),
+                "streamdp.text.vocab_selection", "streamdp.trends")),
     # messages, Kafka, HTTP metrics/health, packaged corpora
     ("io", ("streamdp.messages", "streamdp.kafka.*", "streamdp.observability",
             "streamdp.evaluation.corpora")),
