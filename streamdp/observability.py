@@ -16,10 +16,10 @@ Three pieces, each usable alone (DESIGN §6 "Conventions"):
     readiness = a flag the service sets (partitions assigned and state
     restored) with a human-readable reason.
 :class:`ObservabilityServer`
-    A threaded HTTP server in a daemon thread: ``/metrics`` (Prometheus text
-    format, or OpenMetrics if the scraper asks for it), ``/healthz``,
-    ``/readyz`` and JSON routes registered by the service (e.g. the release
-    service's ``/snapshot/latest``).
+    prometheus_client's WSGI app and thread-per-request WSGI server in a daemon
+    thread: ``/metrics`` (Prometheus text format, or OpenMetrics if the scraper
+    asks for it), ``/healthz``, ``/readyz`` and JSON routes registered by the
+    service (e.g. the release service's ``/snapshot/latest``).
 
 This module deliberately does not import ``confluent_kafka``: consumer lag is
 read from librdkafka's statistics JSON string (``stats_cb``), see
@@ -36,13 +36,13 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http import HTTPStatus
 from importlib import metadata
 from typing import Any, Callable, Mapping
-from urllib.parse import urlsplit
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import choose_encoder
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder
 
 __all__ = [
     "ROLES", "SKETCHER", "RELEASE", "MetricSpec", "METRIC_SPECS", "METRIC_NAMES",
@@ -806,85 +806,30 @@ def _encode_json(obj: Any) -> bytes:
                       separators=(",", ":")).encode()
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    owner: "ObservabilityServer"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
+class _Handler(WSGIRequestHandler):
     timeout = 10  # a stuck client cannot hold a handler thread forever
     server_version = "streamdp-observability"
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         log.debug("%s - %s", self.address_string(), format % args)
 
-    def _send(self, status: int, body: bytes, content_type: str, head: bool = False) -> None:
-        if "gzip" in (self.headers.get("Accept-Encoding") or "") and len(body) > 1024:
-            body = gzip.compress(body)
-            gz = True
-        else:
-            gz = False
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        if gz:
-            self.send_header("Content-Encoding", "gzip")
-        self.end_headers()
-        if not head:
-            self.wfile.write(body)
 
-    def _json(self, status: int, obj: Any, head: bool) -> None:
-        self._send(status, _encode_json(obj), "application/json", head)
+class _Server(ThreadingWSGIServer):
+    """prometheus_client's thread-per-request WSGI server (daemon threads: a slow client never
+    delays shutdown), quiet about clients that time out or hang up."""
 
-    def do_HEAD(self) -> None:  # noqa: N802
-        self._dispatch(head=True)
+    allow_reuse_address = True
+    # socketserver's default listen backlog is 5: a burst of connections (many scrapers, slow
+    # clients) then waits for SYN retransmits (1 s each) before its thread is even started
+    request_queue_size = 256
 
-    def do_GET(self) -> None:  # noqa: N802
-        self._dispatch(head=False)
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("observability request from %s failed", client_address, exc_info=True)
 
-    def _dispatch(self, head: bool) -> None:
-        owner = self.server.owner
-        path = urlsplit(self.path).path
-        if len(path) > 1:
-            path = path.rstrip("/")
-        try:
-            if path == "/metrics":
-                body, ctype = owner.metrics.exposition(self.headers.get("Accept", ""))
-                self._send(200, body, ctype, head)
-            elif path == "/healthz":
-                ok, info = owner.health.liveness()
-                self._json(200 if ok else 503, info, head)
-            elif path == "/readyz":
-                ok, info = owner.health.readiness()
-                self._json(200 if ok else 503, info, head)
-            elif path in owner._raw_routes:
-                fn, ctype = owner._raw_routes[path]
-                body = fn()
-                if body is None:
-                    self._json(404, {"error": "not found", "path": path}, head)
-                else:
-                    self._send(200, body, ctype, head)
-            elif path in owner._routes:
-                obj = owner._routes[path]()
-                if obj is None:
-                    self._json(404, {"error": "not found", "path": path}, head)
-                else:
-                    self._json(200, obj, head)
-            else:
-                self._json(404, {"error": "not found", "path": path,
-                                 "routes": owner.routes()}, head)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        except Exception as exc:  # a failing route must not kill the server
-            log.exception("error serving %s", path)
-            try:
-                self._json(500, {"error": type(exc).__name__, "detail": str(exc)}, head)
-            except OSError:
-                pass
+
+def _routed_path(environ: Mapping[str, Any]) -> str:
+    path = environ.get("PATH_INFO") or "/"
+    return path.rstrip("/") if len(path) > 1 else path
 
 
 class ObservabilityServer:
@@ -906,11 +851,12 @@ class ObservabilityServer:
             metrics.bind_health(health)
         self._routes: dict[str, Callable[[], Any]] = {}
         self._raw_routes: dict[str, tuple[Callable[[], bytes | None], str]] = {}
+        self._metrics_app = make_wsgi_app(metrics.registry)
         server_cls = _Server
         if ":" in host:
             server_cls = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
-        self._httpd = server_cls((host, port), _Handler)
-        self._httpd.owner = self
+        self._httpd = make_server(host, port, self._app, server_class=server_cls,
+                                  handler_class=_Handler)
         self.host = host
         self.port: int = self._httpd.server_address[1]
         self._closed = False
@@ -918,6 +864,56 @@ class ObservabilityServer:
             target=self._httpd.serve_forever, kwargs={"poll_interval": poll_interval},
             name=f"streamdp-observability-{self.port}", daemon=True)
         self._thread.start()
+
+    # ---------------------------------------------------------------- WSGI
+    def _app(self, environ: dict, start_response: Callable) -> list[bytes]:
+        """/metrics through prometheus_client's WSGI app, /healthz, /readyz and the routes the
+        service added; HEAD answers as GET without a body; a failing route gives a 500."""
+        path = _routed_path(environ)
+        method = environ.get("REQUEST_METHOD", "GET")
+        head = method == "HEAD"
+
+        def send(status: int, body: bytes, headers: list[tuple[str, str]]) -> list[bytes]:
+            gzip_ok = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
+            if gzip_ok and len(body) > 1024 and not any(k == "Content-Encoding" for k, _ in headers):
+                body = gzip.compress(body)
+                headers = [*headers, ("Content-Encoding", "gzip")]
+            start_response(f"{status} {HTTPStatus(status).phrase}",
+                           [*headers, ("Content-Length", str(len(body))),
+                            ("Cache-Control", "no-store")])
+            return [] if head else [body]
+
+        def send_json(status: int, obj: Any) -> list[bytes]:
+            return send(status, _encode_json(obj), [("Content-Type", "application/json")])
+
+        if method not in ("GET", "HEAD"):
+            return send(405, b"", [("Allow", "GET, HEAD"), ("Content-Type", "text/plain")])
+        try:
+            if path == "/metrics":
+                reply: dict[str, Any] = {}
+                body = b"".join(self._metrics_app(
+                    {**environ, "REQUEST_METHOD": "GET"},
+                    lambda status, headers: reply.update(status=status, headers=headers)))
+                return send(int(reply["status"].split()[0]), body, list(reply["headers"]))
+            if path in ("/healthz", "/readyz"):
+                ok, info = (self.health.liveness() if path == "/healthz"
+                            else self.health.readiness())
+                return send_json(200 if ok else 503, info)
+            if path in self._raw_routes:
+                fn, ctype = self._raw_routes[path]
+                raw = fn()
+                if raw is None:
+                    return send_json(404, {"error": "not found", "path": path})
+                return send(200, raw, [("Content-Type", ctype)])
+            if path in self._routes:
+                obj = self._routes[path]()
+                if obj is None:
+                    return send_json(404, {"error": "not found", "path": path})
+                return send_json(200, obj)
+            return send_json(404, {"error": "not found", "path": path, "routes": self.routes()})
+        except Exception as exc:  # a failing route must not kill the server
+            log.exception("error serving %s", path)
+            return send_json(500, {"error": type(exc).__name__, "detail": str(exc)})
 
     @property
     def url(self) -> str:

@@ -590,3 +590,42 @@ def test_exact_counts_switch_reaches_the_sketcher(kafka_broker, kafka_topics, tm
         assert b"streamdp_documents_total" not in body and b"streamdp_checkpoints_total" in body
     finally:
         sk.close()
+
+
+def test_slow_clients_do_not_block_scrapes_or_shutdown():
+    """200 clients that open a connection and send half a request line (a slow or hostile
+    scraper) hold a thread each, not the server: their connections are accepted at once (a
+    listen backlog of 5 made every few wait for a 1 s SYN retransmit: 33 s for 200), health
+    and metrics still answer, and close() stays prompt (daemon handler threads with a socket
+    timeout). The bounds are loose: the fast path takes well under a second."""
+    m, h = ServiceMetrics("sketcher"), HealthState(liveness_timeout=3600)
+    server = ObservabilityServer(m, h)
+    slow = []
+    try:
+        t0 = time.monotonic()
+        for _ in range(200):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            s.sendall(b"GET /metr")
+            slow.append(s)
+        assert get(server.url + "/healthz")[0] == 200
+        families, _ = scrape(server)
+        assert "streamdp_build_info" in families
+        assert time.monotonic() - t0 < 15.0
+    finally:
+        t0 = time.monotonic()
+        server.close()
+        assert time.monotonic() - t0 < 2.0
+        for s in slow:
+            s.close()
+
+
+def test_head_answers_like_get_without_a_body():
+    m, h = ServiceMetrics("release"), HealthState()
+    with ObservabilityServer(m, h) as server:
+        server.add_json_route("/snapshot/latest", lambda: {"epoch": 1})
+        for path in ("/metrics", "/healthz", "/snapshot/latest"):
+            req = urllib.request.Request(server.url + path, method="HEAD")
+            with urllib.request.urlopen(req, timeout=5) as r:
+                assert r.status == 200 and r.read() == b""
+                assert int(r.headers["Content-Length"]) > 0
+                assert r.headers["Cache-Control"] == "no-store"
