@@ -28,7 +28,7 @@ PACKAGE = "streamdp"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # pure numerics and data types: no noise draws, no I/O. privacy.rounding is here because
     # the sketches' compensated sums and its proven rounding bound are numerics the sketches use
-    ("core", ("streamdp.errors", "streamdp.serialization", "streamdp.documents",
+    ("core", ("streamdp.errors", "streamdp.backoff", "streamdp.serialization", "streamdp.documents",
               "streamdp._counts_decode_kernel", "streamdp._fold_in_kernel", "streamdp._sum2_kernel",
               "streamdp.moments.*", "streamdp.whitening", "streamdp.whitening.subspace",
               "streamdp.tensor", "streamdp.tensor.power_method", "streamdp.privacy.rounding",

@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from confluent_kafka import KafkaError, KafkaException
 
+from streamdp.backoff import exponential_delays
 from streamdp.errors import ConfigError, StateStoreError
 
 log = logging.getLogger("streamdp.kafka")
@@ -284,7 +285,7 @@ class OutageGuard:
         self.episodes = 0
         self.failures = 0
         self._since = 0.0
-        self._backoff = self.initial_backoff
+        self._delays = exponential_delays(self.initial_backoff, self.max_backoff)
         self._saved_ready: tuple[bool, str] = (True, "serving")
         self._admin = None
 
@@ -335,7 +336,7 @@ class OutageGuard:
         self.in_outage = True
         self.episodes += 1
         self._since = time.monotonic()
-        self._backoff = self.initial_backoff
+        self._delays = exponential_delays(self.initial_backoff, self.max_backoff)
         self._saved_ready = self.health.ready_flag()      # the flag, not the gates of the moment
         self.health.set_ready(False, f"Kafka unreachable at {self.bootstrap}; retrying")
         self.log.warning("%s: Kafka unreachable at bootstrap=%s (%s); not ready, retrying with "
@@ -357,8 +358,7 @@ class OutageGuard:
         self.health.set_ready(*self._saved_ready)
 
     def _backoff_wait(self) -> None:
-        deadline = time.monotonic() + self._backoff
-        self._backoff = min(self.max_backoff, self._backoff * 2)
+        deadline = time.monotonic() + next(self._delays)
         while not self.stop.is_set():
             self.health.beat()
             left = deadline - time.monotonic()

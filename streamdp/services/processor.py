@@ -65,6 +65,7 @@ from typing import Protocol
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from streamdp import messages
+from streamdp.backoff import exponential_delays
 
 log = logging.getLogger("streamdp.sketcher")
 
@@ -163,7 +164,7 @@ class ProcessingStrategy(Protocol):
 
 
 #: back-off before each retry of refused dead letters (bounded: ~3.5 s, then the sketcher stops)
-DLQ_RETRY_SECONDS = (0.5, 1.0, 2.0)
+DLQ_RETRY_SECONDS = tuple(exponential_delays(0.5, attempts=3))
 
 
 class DeadLetterUndelivered(RuntimeError):

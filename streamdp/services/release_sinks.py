@@ -27,6 +27,7 @@ from typing import Callable
 
 from confluent_kafka import KafkaException, Producer
 
+from streamdp.backoff import exponential_delays
 from streamdp.services import control
 from streamdp.snapshot import TopicSnapshot
 from streamdp.snapshot_summary import summary as snapshot_summary
@@ -35,7 +36,7 @@ from streamdp.snapshot_summary import summary as snapshot_summary
 log = logging.getLogger("streamdp.release")
 
 #: back-off before each retry of a refused snapshot / control record (then the release stops)
-DELIVERY_RETRY_SECONDS = (0.5, 1.0, 2.0)
+DELIVERY_RETRY_SECONDS = tuple(exponential_delays(0.5, attempts=3))
 
 
 class DeliveryFailed(RuntimeError):
