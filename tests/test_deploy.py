@@ -64,6 +64,7 @@ CRD_SCHEMAS = {
 #: Metrics used by the rules that streamdp does not export, with who does.
 EXTERNAL_METRICS = {
     "kube_pod_container_status_restarts_total": "kube-state-metrics",
+    "kube_pod_container_resource_limits": "kube-state-metrics",
 }
 #: Labels Prometheus adds to every scraped series (PodMonitor target labels).
 TARGET_LABELS = {"namespace", "pod", "container", "job", "instance", "endpoint",
