@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from streamdp import serialization as ser
+
 MIN_DOC_LENGTH = 3
 
 
@@ -141,7 +143,6 @@ class PendingRows:
         return sum(p.data.nbytes + p.indices.nbytes + p.indptr.nbytes for p in self._pieces)
 
     def to_dict(self) -> dict:
-        from streamdp import serialization as ser
         X = self.rows()
         return {"n": self.n, "data": ser.pack_array(X.data),
                 "indices": ser.pack_array(X.indices.astype(np.int64)),
@@ -150,7 +151,6 @@ class PendingRows:
     @classmethod
     def from_dict(cls, obj: dict | None, d: int, chunk: int) -> "PendingRows":
         """Pending rows of a checkpoint (``None``: a checkpoint written before they existed)."""
-        from streamdp import serialization as ser
         out = cls(d, chunk)
         if not obj or not int(obj.get("n", 0)):
             return out

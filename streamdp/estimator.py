@@ -9,33 +9,39 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 
-from streamdp.cluster_start import ClusterStartConfig
-from streamdp.continual import ContinualRelease, EpochSketches
+from streamdp.cluster_start import (Assignment, ClusterMappingModel, ClusterStartConfig,
+                                    cluster_sums, plan_iteration)
+from streamdp.continual import AGGREGATORS, ContinualRelease, EpochSketches
 from streamdp.documents import as_count_batch
 from streamdp.moments.clipping import WARMUP_NORMALISING_CLIP, ClipBounds
 from streamdp.moments.sketch import WhitenedSketch
+from streamdp.privacy.accountant import Accountant
 from streamdp.privacy.conversions import zcdp_rho
+from streamdp.privacy.epochs import EpochClock
 from streamdp.privacy.events import (STREAM, WARMUP, BudgetSpender, EventLog, GaussianEvent,
                                      sigma_for_rho)
-from streamdp.privacy.epochs import EpochClock
+from streamdp.privacy.kept_draws import KeptDraws, PendingDraw  # noqa: F401 (re-exported)
+from streamdp.privacy.memory_ledger import MemoryLedger
 from streamdp.privacy.noise import (DEFAULT_SAMPLER, GaussianSampler, make_sampler,
                                    require_production_sampler)
+from streamdp.privacy.plan import MECHANISMS, WARMUP_SHARE, BudgetSplit, warmup_plan
 from streamdp.privacy.report import add_budget_context, release_report
 from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, check_max_documents,
                                        require_within_premise, warn_not_covered)
-from streamdp.privacy.kept_draws import KeptDraws, PendingDraw  # noqa: F401 (re-exported)
-from streamdp.privacy.spend import UnitSpender, spend
+from streamdp.privacy.sensitivity import block_sensitivities
+from streamdp.privacy.spend import SpendSession, UnitSpender, output_store_for, spend
+from streamdp.privacy.tree import HorizonExceeded
 from streamdp.privacy.user_bounding import (DEFAULT_MAX_USERS, SCHEDULES, UserBounder,
                                             bounding_report, check_max_users)
-from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch, epoch_refined,
                                  plan_refinement, refined_topics)
-from streamdp.privacy.plan import MECHANISMS, WARMUP_SHARE, BudgetSplit, warmup_plan
-from streamdp.privacy.sensitivity import block_sensitivities
+from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.release import DenoiseConfig, release_topics
 from streamdp.snapshot import TopicSnapshot
 from streamdp.start import AUTO_COUNT_SHARE, PublicStart, check_start, choose_start
 from streamdp.tensor.power_method import PowerMethodConfig
+from streamdp.text.vocab_selection import (SelectionConfig, default_candidates, document_key,
+                                           in_selection_slice, select_from_documents)
 from streamdp.whitening.warmup import (WarmupSketch, clip_bounds_from_histogram,
                                        subspace_from_draw)
 
@@ -264,7 +270,6 @@ class StreamingSpectralLDA:
             raise ValueError(f"epochs must be a streamdp EpochClock, got {type(epochs).__name__}")
         if epochs is not None and mechanism != "tensor":
             raise ValueError("continual release noises tree nodes once: use mechanism='tensor'")
-        from streamdp.continual import AGGREGATORS
         if continual_aggregator not in AGGREGATORS:
             raise ValueError(f"continual_aggregator must be one of {AGGREGATORS}, "
                              f"got {continual_aggregator!r}")
@@ -297,8 +302,6 @@ class StreamingSpectralLDA:
         self.continual_ = None
         self._epoch_sketches = None
         if accountant is None and self.epsilon is not None:
-            from streamdp.privacy.accountant import Accountant
-            from streamdp.privacy.memory_ledger import MemoryLedger
             accountant = Accountant(self.epsilon, self.delta, MemoryLedger(),
                                     unit=self.privacy_unit)
         if (self.privacy_unit == "user" and accountant is not None
@@ -363,8 +366,6 @@ class StreamingSpectralLDA:
     @staticmethod
     def _spend_session(accountant, run_id, unit: str = "document"):
         """The spender every draw goes through: a keyed session on an Accountant."""
-        from streamdp.privacy.accountant import Accountant
-        from streamdp.privacy.spend import SpendSession, output_store_for
         if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()
                                    or run_id.startswith("refuse:")):
             raise ValueError(f"run_id must be a non-empty string, got {run_id!r}")
@@ -548,7 +549,6 @@ class StreamingSpectralLDA:
         if self._stream_users is not None:
             self._stream_users.close_through(target)
         if self.epochs.closable_through(watermark) > limit:
-            from streamdp.privacy.tree import HorizonExceeded
             raise HorizonExceeded(f"watermark {watermark} is past the horizon of T={self.horizon} "
                                   f"epochs; {len(snaps)} epoch(s) were closed before it")
         return snaps
@@ -659,8 +659,6 @@ class StreamingSpectralLDA:
             return self._cluster_start(X, budget_fraction, kept)
 
     def _cluster_start(self, X, budget_fraction: float, kept: KeptDraws) -> TopicSnapshot:
-        from streamdp.cluster_start import (ClusterMappingModel, Assignment, cluster_sums,
-                                            plan_iteration)
         cfg = self.cluster_start_config
         batches = [X] if (sp.issparse(X) or isinstance(X, np.ndarray)) else list(X)
         Q = self.subspace_.Q
@@ -980,10 +978,6 @@ def fit(counts, n_topics: int, *, alpha0: float = 1.0, epsilon: float | None = N
 def _fit_selecting_vocabulary(documents, n_topics, config, candidates, *, epsilon, delta,
                               warmup_docs, timestamps, stream_start, **kwargs) -> TopicSnapshot:
     """:func:`fit` with a privately selected vocabulary (see its docstring)."""
-    from streamdp.privacy.accountant import Accountant
-    from streamdp.privacy.memory_ledger import MemoryLedger
-    from streamdp.text.vocab_selection import (SelectionConfig, default_candidates, document_key,
-                                               in_selection_slice, select_from_documents)
     if epsilon is None:
         raise ValueError("vocabulary_selection needs a private fit (epsilon=...): without "
                          "privacy, build the vocabulary with Vocabulary.build")
@@ -1009,7 +1003,6 @@ def _fit_selecting_vocabulary(documents, n_topics, config, candidates, *, epsilo
         accountant = Accountant(float(epsilon), float(delta), MemoryLedger())
     sampler = kwargs.get("sampler", DEFAULT_SAMPLER)
     noise_seed = kwargs.get("noise_seed")
-    from streamdp.privacy.noise import make_sampler
     # a reproducible (test) seed must not make the selection's noise a copy of the model's
     sel_sampler = sampler if not isinstance(sampler, str) else make_sampler(
         sampler, None if noise_seed is None else int(noise_seed) + 7919)

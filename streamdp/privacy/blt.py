@@ -47,6 +47,7 @@ from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
 
 import numpy as np
 
+from streamdp import serialization as ser
 from streamdp.privacy import rounding
 from streamdp.privacy.events import ROUNDING_SLACK, STREAM, BudgetSpender, EventLog, GaussianEvent
 from streamdp.privacy.spend import Codec, spend
@@ -623,7 +624,6 @@ class BLTAggregator(Generic[V]):
         """msgpack-friendly checkpoint (``encode`` is unused: values are kept as flat vectors).
         The raw buffers are SECRET (exponentially weighted raw sums): protect checkpoints like
         raw data."""
-        from streamdp import serialization as ser
 
         def pack(a):
             return None if a is None else ser.pack_array(a)
@@ -642,7 +642,6 @@ class BLTAggregator(Generic[V]):
                    spender: BudgetSpender | None = None, *,
                    codec: Codec | None = None) -> "BLTAggregator[V]":
         """Restore a checkpoint (``decode`` is unused, kept for the tree's signature)."""
-        from streamdp import serialization as ser
         if state.get("kind") != cls.kind:
             raise ValueError(f"not a {cls.kind} state: {state.get('kind')!r}")
         if state.get("v") != SCHEMA_VERSION:

@@ -29,6 +29,7 @@ import numpy as np
 
 from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy.sensitivity import block_sensitivities
+from streamdp.refinement import refinement_sensitivity
 
 #: relative slack on every bound (the norm's own float64 rounding; documents are never this close)
 SLACK = 1e-6
@@ -88,7 +89,6 @@ def check_epoch_sums(sums, clip: ClipBounds, max_documents: int, Q=None) -> str 
 
 def check_refine_sums(sums: np.ndarray, n_docs, max_documents: int) -> str | None:
     """A partition's refinement sums (k × d) of one epoch over ``n_docs`` documents."""
-    from streamdp.refinement import refinement_sensitivity
     n, why = _rows(n_docs, "refinement sums")
     if why:
         return why

@@ -40,10 +40,14 @@ from typing import Any
 
 import numpy as np
 
+from streamdp.privacy.accountant import Accountant
 from streamdp.privacy.conversions import zcdp_epsilon, zcdp_rho
 from streamdp.privacy.events import VOCABULARY, BudgetSpender, GaussianEvent, sigma_for_rho
+from streamdp.privacy.memory_ledger import MemoryLedger
 from streamdp.privacy.noise import GaussianSampler
+from streamdp.privacy.noise import make_sampler
 from streamdp.privacy.spend import spend
+from streamdp.text.public_vocab import public_vocabulary
 from streamdp.text.vocabulary import Vocabulary
 
 BLOCK_CANDIDATES = "vocabulary"
@@ -467,7 +471,6 @@ DEFAULT_CANDIDATES = 100_000
 
 def default_candidates(tokenizer=None, *, lang: str = "en", size: int = DEFAULT_CANDIDATES) -> Vocabulary:
     """The public candidate list: the ``size`` most frequent wordfreq words (public_vocab)."""
-    from streamdp.text.public_vocab import public_vocabulary
     return public_vocabulary(lang, size=size, tokenizer=tokenizer)[0]
 
 
@@ -481,9 +484,6 @@ def select_from_documents(documents: Iterable[Sequence[str]], *, epsilon: float,
     ``spender`` defaults to a fresh in-memory :class:`~streamdp.privacy.Accountant` with
     (ε, δ); ``sampler`` to OpenDP's; ``candidates`` to :func:`default_candidates`.
     """
-    from streamdp.privacy.accountant import Accountant
-    from streamdp.privacy.memory_ledger import MemoryLedger
-    from streamdp.privacy.noise import make_sampler
     cfg = config if config is not None else SelectionConfig()
     cands = candidates if candidates is not None else default_candidates()
     hist = CandidateHistogram.for_config(cands, cfg).add_documents(documents)

@@ -23,6 +23,7 @@ from streamdp import serialization as ser
 from streamdp.documents import MIN_DOC_LENGTH, PendingRows, as_count_batch
 from streamdp.moments import clipping
 from streamdp.moments.clipping import ClipBounds
+from streamdp.moments.sketch import _pending_weights_from
 from streamdp.privacy import rounding
 from streamdp.privacy.events import WARMUP, BudgetSpender, EventLog, GaussianEvent, sigma_for_rho
 from streamdp.privacy.noise import GaussianSampler
@@ -374,7 +375,6 @@ class WarmupSketch:
         out.n_docs, out._n_clipped = int(obj["n_docs"]), int(obj["n_clipped"])
         # states written before pending rows existed have none
         out.pending = PendingRows.from_dict(obj.get("pending"), out.d, rounding.BATCH_ROWS_MAX)
-        from streamdp.moments.sketch import _pending_weights_from
         out.pending_weights = _pending_weights_from(obj.get("pending_weights"), out.pending.n)
         return out
 
