@@ -143,6 +143,10 @@ TREE_EPOCH = "streamdp_tree_epoch"
 TREE_HORIZON = "streamdp_tree_horizon"
 RELEASES_ENDED = "streamdp_releases_ended"
 STATE_REFUSED_TOTAL = "streamdp_state_records_refused_total"
+TOPIC_SHARE = "streamdp_topic_share"
+TOPIC_SHARE_LOWER = "streamdp_topic_share_lower"
+TOPIC_SHARE_UPPER = "streamdp_topic_share_upper"
+TOPIC_SHARE_CHANGES_TOTAL = "streamdp_topic_share_changes_total"
 # both
 BUILD_INFO = "streamdp_build_info"
 LAST_PROGRESS_TIMESTAMP_SECONDS = "streamdp_last_progress_timestamp_seconds"
@@ -271,6 +275,22 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
                "under the deployment key; implausible: sums beyond n_docs times the clip bounds, "
                "left out of the release before any noise). Any increase is an incident.",
                ("reason",), _RE),
+    MetricSpec(TOPIC_SHARE, GAUGE,
+               "Each topic's share of the documents of the epoch(s) the latest release added "
+               "(streamdp.trends: released topic masses; NaN until a refined release). One series "
+               "per topic index (at most k).",
+               ("topic",), _RE),
+    MetricSpec(TOPIC_SHARE_LOWER, GAUGE,
+               "Lower end of the 95% interval of streamdp_topic_share (the release's known noise).",
+               ("topic",), _RE),
+    MetricSpec(TOPIC_SHARE_UPPER, GAUGE,
+               "Upper end of the 95% interval of streamdp_topic_share.",
+               ("topic",), _RE),
+    MetricSpec(TOPIC_SHARE_CHANGES_TOTAL, COUNTER,
+               "Significant changes of a topic's share between consecutive releases (two-sided "
+               "test at 1%/k per topic, Bonferroni over the k topics: a stationary stream "
+               "reports one in at most 1% of releases). Alert StreamdpTopicShareChange.",
+               ("topic",), _RE),
     # ---- both
     MetricSpec(BUILD_INFO, GAUGE,
                "Constant 1, labelled with the streamdp version and the service role.",
@@ -700,6 +720,20 @@ class ServiceMetrics:
         if reason not in STATE_REFUSED_REASONS:
             raise ValueError(f"reason must be one of {STATE_REFUSED_REASONS}, got {reason!r}")
         self._m(STATE_REFUSED_TOTAL).labels(reason=reason).inc(n)
+
+    def set_topic_trend(self, point, changes=()) -> None:
+        """The latest release's topic shares and interval (a ``streamdp.trends.TrendPoint``;
+        NaN where it has none) and its significant changes (``ShareChange``). Topic labels are
+        the indices 0 … k−1 (bounded by k)."""
+        for i in range(len(point.share)):
+            t = str(int(i))
+            self._m(TOPIC_SHARE).labels(topic=t).set(float(point.share[i]))
+            self._m(TOPIC_SHARE_LOWER).labels(topic=t).set(float(point.lower[i]))
+            self._m(TOPIC_SHARE_UPPER).labels(topic=t).set(float(point.upper[i]))
+            self._m(TOPIC_SHARE_CHANGES_TOTAL).labels(topic=t)      # the series exists at 0
+        for c in changes:
+            if c.significant:
+                self._m(TOPIC_SHARE_CHANGES_TOTAL).labels(topic=str(int(c.topic))).inc()
 
     def set_tree(self, epoch: int, horizon: int) -> None:
         """Tree position, e.g. after restoring the release state."""

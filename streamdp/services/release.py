@@ -73,6 +73,7 @@ from confluent_kafka import Producer
 
 from streamdp import serialization as ser
 from streamdp.continual import ContinualRelease, EpochSums
+from streamdp.trends import TrendTracker
 from streamdp.moments.clipping import ClipBounds
 from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
 from streamdp.kafka.state_store import WriterFenced, WriterReinitialised
@@ -216,6 +217,8 @@ class ReleaseService:
             # a published one: it is set after the state write, before the publication, and
             # only the sinks say what was published (ReleaseService.latest).
             self._state_snapshot: TopicSnapshot | None = None
+            # topic shares and share changes of consecutive releases (public values only)
+            self.trends = TrendTracker()
             self.refinement = cfg.refinement_config()
             # the public models of the last L snapshots (refinement_model_lag), persisted in the
             # release state: every model a sketcher can still need (streamdp.refinement.FoldInModels)
@@ -313,6 +316,23 @@ class ReleaseService:
     def _publish(self, snap: TopicSnapshot, republish: bool = False) -> None:
         self.sinks.publish(snap)
 
+    def _observe_trend(self, snap: TopicSnapshot) -> None:
+        """Topic shares on /metrics and the significant-change counter (streamdp.trends):
+        post-processing of the published release and the one before; never stops a release."""
+        try:
+            seen = self.trends.observe(snap)
+        except Exception:                     # noqa: BLE001 - monitoring only
+            log.exception("topic trends of release %s", snap.release_id)
+            return
+        if seen is not None:
+            point, changes = seen
+            self.metrics.set_topic_trend(point, changes)
+            for c in changes:
+                if c.significant:
+                    log.warning("topic %d share changed significantly at epoch %s: %.1f%% -> "
+                                "%.1f%% (z = %.1f)", c.topic, c.epoch, 100 * c.before,
+                                100 * c.after, c.z)
+
     def _send_control(self, type_: str, **fields) -> None:
         self.sinks.announce(type_, **fields)
 
@@ -409,6 +429,7 @@ class ReleaseService:
                                                    - (self.continual.pending is not None))
                 if obj.get("last_snapshot"):
                     snap = self._state_snapshot = TopicSnapshot.from_bytes(obj["last_snapshot"])
+                    self.trends.seed(snap)          # the next release gets a point, no test
                     if self.refinement is not None and not self.fold_models.models:
                         # a state written before the model rule kept only the last snapshot
                         self.fold_models.add_snapshot(snap)
@@ -923,6 +944,7 @@ class ReleaseService:
         if not self._write_state(drawn):                 # → persist the snapshot
             return False                                 # (drawn never leaves the process)
         self._publish(drawn)                             # only after persist
+        self._observe_trend(drawn)
         self._write_public()                             # the sketchers' models, after persist
         self._send_control("epochs_closed", through=epoch)
         seconds = time.perf_counter() - t0
