@@ -496,7 +496,8 @@ def _demo(a) -> int:
              stream_docs=a.stream_docs, epochs=a.epochs, sketchers=a.sketchers,
              bootstrap=a.bootstrap, workdir=a.workdir, sampler=a.sampler, seed=a.seed,
              vocabulary=a.vocabulary, selection_docs=a.selection_docs,
-             privacy_unit=a.privacy_unit, max_docs_per_user_epoch=a.max_docs_per_user_epoch)
+             privacy_unit=a.privacy_unit, max_docs_per_user_epoch=a.max_docs_per_user_epoch,
+             start=a.start, public_docs=a.public_docs)
     return 0
 
 
@@ -643,6 +644,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="document: add/remove one document; user: add/remove every document of "
                         "one user (the demo's documents get authors, documents per user from a "
                         "Zipf law; each user's documents bounded and weighted; docs/privacy.md)")
+    d.add_argument("--start", choices=("auto", "tensor", "public"), default="auto",
+                   help="the start of the refinement: public fits topics without privacy on "
+                        "--public-docs other documents declared public (needs --vocabulary public "
+                        "or corpus); docs/services.md 'The start'")
+    d.add_argument("--public-docs", dest="public_docs", type=positive_int, default=5_000,
+                   help="documents of the public start (--start public)")
     d.add_argument("--max-docs-per-user-epoch", type=positive_int, default=None,
                    help="user unit: m, a user's documents kept per epoch (default 5)")
     progress_flag(d)

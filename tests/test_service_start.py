@@ -249,3 +249,39 @@ def test_cli_public_start_writes_a_file_the_services_accept(tmp_path):
     assert sorted(d.argmin(axis=1).tolist()) == list(range(6)), d.round(2)
     cfg = _cfg(tmp_path, corpus, start="public", public_start_file=str(out))
     assert cfg.load_public_start(corpus.vocabulary.id).start_id == start.start_id
+
+
+def test_the_model_rule_with_a_public_start_holds_until_the_start_is_known_and_loaded():
+    """The one rule (refinement.model_epoch_for / FoldInModels) with a public start: epochs
+    1..L fold into model epoch 0, and only once it is loaded; with start auto not yet chosen
+    (public_start None) they are not decided at all."""
+    from streamdp.refinement import (FoldInModels, ModelNotDecided, RefinementModel,
+                                     epoch_refined, model_epoch_for)
+    assert [model_epoch_for(e, 2) for e in (1, 2, 3)] == [None, None, 1]
+    assert [model_epoch_for(e, 2, public_start=True) for e in (1, 2, 3)] == [0, 0, 1]
+    assert epoch_refined(1, 2, True) and not epoch_refined(1, 2)
+    m0 = RefinementModel(np.full((3, 5), 0.2), np.ones(3), "public", 5, 0)
+    unknown = FoldInModels(2, public_start=None)
+    assert not unknown.decided(1) and not unknown.decided(2) and not unknown.decided(3)
+    with pytest.raises(ModelNotDecided, match="not chosen yet"):
+        unknown.model_for(1)
+    public = FoldInModels(2, public_start=True)
+    assert not public.decided(1)                  # the start's model is not loaded yet
+    with pytest.raises(ModelNotDecided, match="not loaded yet"):
+        public.model_for(2)
+    public.models[0] = m0
+    assert public.decided(1) and public.model_for(2) is m0
+    assert not public.decided(3)                  # epoch 1 not closed yet
+    for e in (1, 2):                              # epochs 1, 2 released: model 0 no longer needed
+        public.released(RefinementModel(np.full((3, 5), 0.2), np.ones(3), f"r{e}", 5, e))
+    assert 0 not in public.models and public.model_for(3).model_id == "r1"
+    tensor = FoldInModels(2)
+    assert tensor.decided(1) and tensor.model_for(1) is None
+
+
+def test_demo_refuses_a_public_start_without_a_vocabulary_known_beforehand():
+    from streamdp.services.demo import run_demo
+    with pytest.raises(ValueError, match="--start public needs a vocabulary"):
+        run_demo(start="public", vocabulary="private", out=lambda *_: None)
+    with pytest.raises(ValueError, match="start must be"):
+        run_demo(start="cluster", out=lambda *_: None)

@@ -69,12 +69,38 @@ def align_topics(topics: np.ndarray, words: list[str], vocabulary) -> np.ndarray
     return out / np.maximum(out.sum(axis=1, keepdims=True), 1e-300)
 
 
+def _demo_public_start(work: Path, vocab_fields: dict, k: int, n_docs: int, seed: int, out) -> str:
+    """The demo's public start file: ``n_docs`` other documents about the same themes (another
+    seed of the generator: the same six topics, other word weights), standing in for documents
+    an operator declares public, fitted without privacy on the deployment's vocabulary."""
+    from streamdp import PublicStart
+    from streamdp.services import vocabulary as vocab_mod
+    from streamdp.services.config import ServiceConfig as Cfg
+    from streamdp.start import save_public_start
+    from streamdp.text.tokenizer import Tokenizer
+    if vocab_fields.get("vocabulary_mode") == "public":    # the one the release service builds
+        vocab, _ = vocab_mod.public_vocabulary(Cfg(**vocab_fields))
+    else:
+        vocab = Vocabulary.load(vocab_fields["vocabulary"])
+    texts, _, _ = sample_texts(n_docs, seed=seed + 1000)
+    tok = Tokenizer()
+    X, _ = vocab.vectorize([tok.tokenize(t) for t in texts])
+    start = PublicStart.fit(X, k, source=f"demo: {n_docs:,} public documents (generator seed "
+                                         f"{seed + 1000})", seed=seed)
+    path = work / "public-start.json"
+    save_public_start(start, path, vocab)
+    out(f"public start: {k} topics fitted without privacy on {n_docs:,} documents declared "
+        f"public ({path}); no budget, named in every privacy report")
+    return str(path)
+
+
 def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_docs: int = 60_000,
              epochs: int = 4, sketchers: int = 2, bootstrap: str | None = None,
              workdir: str | None = None, sampler: str = DEFAULT_SAMPLER, seed: int = 0,
              timeout: float = 600.0, out=print, vocabulary: str | None = None,
              selection_docs: int = 10_000, privacy_unit: str = "document",
-             max_docs_per_user_epoch: int | None = None) -> dict:
+             max_docs_per_user_epoch: int | None = None, start: str = "auto",
+             public_docs: int = 5_000) -> dict:
     from streamdp.kafka.broker import EmbeddedBroker
     from streamdp.services.release import ReleaseService
     from streamdp.services.sketcher import Sketcher
@@ -96,6 +122,11 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
     if privacy_unit == "user" and vocabulary == "private":
         raise ValueError("--privacy-unit user: a user-level vocabulary selection is not "
                          "implemented; use --vocabulary public or corpus")
+    if start not in ("auto", "tensor", "public"):
+        raise ValueError(f"start must be auto, tensor or public, got {start!r}")
+    if start == "public" and vocabulary in (None, "private"):
+        raise ValueError("--start public needs a vocabulary known before the start (a public "
+                         "start is fitted on it): add --vocabulary public or corpus")
     if privacy_unit == "document" and max_docs_per_user_epoch is not None:
         raise ValueError("--max-docs-per-user-epoch bounds users: add --privacy-unit user")
     for name, n in (("warmup_docs", warmup_docs), ("stream_docs", stream_docs), ("epochs", epochs),
@@ -167,8 +198,12 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
                             vocabulary_max_words_per_document=16)
         out(f"vocabulary: selected privately from the {selection_docs:,} documents before "
             "selection_end, out of wordfreq's 50,000 most frequent English words")
+    start_fields: dict = {"start": start}
+    if start == "public":
+        start_fields["public_start_file"] = _demo_public_start(
+            work, vocab_fields, topics.shape[0], public_docs, seed, out)
     cfg = ServiceConfig(bootstrap=bootstrap, topic_prefix=prefix, group_id=f"{prefix}-sketchers",
-                        **vocab_fields, n_topics=topics.shape[0],
+                        **vocab_fields, **start_fields, n_topics=topics.shape[0],
                         alpha0=1.0, epsilon=epsilon, non_private=epsilon is None, delta=1e-6,
                         horizon=epochs,
                         sampler=sampler, stream_start=stream_start, epoch_seconds=epoch_seconds,
@@ -294,6 +329,9 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
                     f"per epoch and {ub['max_docs_per_user']} in all, {ub['weights']} weights "
                     f"summing to ≤ 1 per user; the warm-up takes {ub['warmup_share']:.0%} of the "
                     "budget, charged with the stream (a user may write on both sides)")
+            st = pr.get("start") or {}
+            out(f"  start: {st.get('kind', 'tensor')} ({(st.get('choice') or {}).get('rule', '')})"
+                + (f"; public input {st.get('source')!r}, no budget" if st.get("public_input") else ""))
             out(f"  spent so far: ε {acc['epsilon_worst_case']:.2f} of {pr['epsilon']:.2f} at "
                 f"δ {pr['delta']:g}, {100 * spent / budget:.0f}% of the budget (counted as zCDP "
                 f"ρ, which adds up across releases where ε does not: ρ {spent:.4g} of {budget:.4g})")
