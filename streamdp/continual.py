@@ -234,13 +234,122 @@ class _NoDraw:
 _NO_DRAW = _NoDraw()
 
 
-AGGREGATORS = ("blt", "tree")
-
-
 # an epoch's noised tree nodes, as a spend session's output store keeps them
 NODES_CODEC = Codec(lambda nodes: [n.to_dict() for n in nodes],
                     lambda data: [EpochSums.from_dict(d) for d in data])
 # (a BLT epoch's draw is y_t, a flat public array: the default array codec)
+
+
+class _BLTKind:
+    """The BLT factorization (:mod:`streamdp.privacy.blt`) as a continual release drives it.
+
+    Each aggregator kind answers the same questions (the continual release asks them without
+    knowing which kind it runs): its state kind, its unit ρ and aggregator, the last epoch it
+    may close, its noise multiplier, the largest raw sum a close would noise, its report
+    fields and how it is restored."""
+
+    state_kind = BLTAggregator.kind
+
+    def depth(self, horizon: int) -> None:
+        return None
+
+    def default_params(self, horizon: int) -> BLTParams:
+        return default_params(horizon)
+
+    def unit_rho(self, cr: "ContinualRelease", share: float | None) -> float:
+        # ρ_unit ≤ ρ/W, W ≥ Σ_{j<T_max}(c_j + ε)² (ε: the BLT's rounding term; the
+        # sensitivities Δ_b, hence ε, do not depend on ρ_node), shrunk until T_max epochs are
+        # charged ≤ ρ with the samplers' rounding term (calibrate_unit_rho)
+        def aggregator_for(rho_unit: float) -> BLTAggregator:
+            return BLTAggregator(cr.blt_params, SketchNodeMechanism(
+                cr.subspace, cr.clip, cr.split, rho_unit, cr.sampler, share,
+                max_documents=cr.max_documents))
+        return calibrate_unit_rho(cr.rho, aggregator_for)
+
+    def make(self, cr: "ContinualRelease", spender) -> BLTAggregator:
+        return BLTAggregator(cr.blt_params, cr.mechanism, spender, label=cr.label)
+
+    def epoch_limit(self, cr: "ContinualRelease") -> float:
+        return cr.tree.max_epochs if cr.tree else math.inf
+
+    def noise_multiplier(self, cr: "ContinualRelease") -> float:
+        return cr.tree.noise_multiplier()
+
+    def largest_raw_sum(self, cr: "ContinualRelease", sums: EpochSums) -> int:
+        return int(sums.sketch.n_docs)          # the epoch's own sum is what is noised
+
+    def report_fields(self, cr: "ContinualRelease", t: int) -> dict:
+        return {
+            "blt": {**cr.blt_params.to_dict(), "nbuf": cr.blt_params.nbuf,
+                    "column_norm_squared": cr.blt_params.sensitivity_squared(),
+                    "rounding_ratio": cr.tree.rounding_ratio(),
+                    "charge_weight": cr.tree.charge_weight(),
+                    "max_epochs": cr.tree.max_epochs,
+                    "noise_multiplier": cr.noise_multiplier()},
+            # the unit plan (sensitivity Δ_b, Σρ = rho_node = ρ/charge_weight), named as the
+            # tree's node plan; epoch t reserved it at sensitivity Δ_b·(c_{t−1} + ε)
+            "node_events": [e.to_dict() for e in cr.tree.unit_events()],
+            "rho_spent_per_document": cr.tree.rho_per_document(t),
+            "rho_per_document": cr.tree.rho_per_document()}
+
+    def restore(self, cr: "ContinualRelease", state: dict) -> BLTAggregator:
+        # the running mechanism's (θ, ω) fix σ and every future reservation: keep them, even if
+        # this version would optimise slightly different ones for the horizon
+        stored = BLTParams.from_dict(state["params"])
+        if stored != cr.blt_params:
+            cr.blt_params = stored
+            cr._build(cr.tree.spender)
+        return BLTAggregator.from_state(state, EpochSums.from_dict, cr.mechanism, cr.tree.spender)
+
+
+class _TreeKind:
+    """The binary tree mechanism (:mod:`streamdp.privacy.tree`) as a continual release drives
+    it (the questions: :class:`_BLTKind`)."""
+
+    state_kind = "tree_aggregator"
+
+    def depth(self, horizon: int) -> int:
+        return tree_depth(horizon)
+
+    def default_params(self, horizon: int) -> None:
+        return None
+
+    def unit_rho(self, cr: "ContinualRelease", share: float | None) -> float:
+        return cr.rho / cr.depth                 # each document is in one node per level
+
+    def make(self, cr: "ContinualRelease", spender) -> TreeAggregator:
+        return TreeAggregator(cr.horizon, cr.mechanism, spender, label=cr.label, codec=NODES_CODEC)
+
+    def epoch_limit(self, cr: "ContinualRelease") -> float:
+        return cr.horizon
+
+    def noise_multiplier(self, cr: "ContinualRelease") -> float:
+        return math.sqrt(len(covering_levels(cr.tree.epoch)))
+
+    def largest_raw_sum(self, cr: "ContinualRelease", sums: EpochSums) -> int:
+        """The largest tree node completing now: its raw partial plus this epoch."""
+        n = int(sums.sketch.n_docs)
+        t = cr.tree.epoch + 1
+        largest = n
+        for level in completing_levels(t, cr.horizon):
+            part = cr.tree._raw.get(level) if level >= 1 else None
+            if part is not None:
+                largest = max(largest, n + int(part.sketch.n_docs))
+        return largest
+
+    def report_fields(self, cr: "ContinualRelease", t: int) -> dict:
+        return {"tree_depth": cr.depth,
+                "nodes_summed": [list(r) for r in cr.tree.covering_nodes(t)],
+                "rho_per_document": cr.depth * cr.rho_node,
+                "node_events": [e.to_dict() for e in cr.tree.node_events(1, 1)]}
+
+    def restore(self, cr: "ContinualRelease", state: dict) -> TreeAggregator:
+        return TreeAggregator.from_state(state, EpochSums.from_dict, cr.mechanism,
+                                         cr.tree.spender, codec=NODES_CODEC)
+
+
+_KINDS = {"blt": _BLTKind(), "tree": _TreeKind()}
+AGGREGATORS = tuple(_KINDS)
 
 
 class ContinualRelease:
@@ -283,10 +392,11 @@ class ContinualRelease:
         if aggregator not in AGGREGATORS:
             raise ValueError(f"aggregator must be one of {AGGREGATORS}, got {aggregator!r}")
         self.aggregator = aggregator
+        self._kind = _KINDS[aggregator]
         self.subspace, self.clip = subspace, clip
         self.n_topics, self.alpha0 = int(n_topics), float(alpha0)
         self.horizon = int(horizon)
-        self.depth = tree_depth(horizon) if aggregator == "tree" else None
+        self.depth = self._kind.depth(horizon)
         self.label = label
         self.blt_params = blt_params
         self.split, self.power, self.denoise = split, power, denoise
@@ -313,8 +423,8 @@ class ContinualRelease:
                 raise ValueError(f"rho must be a finite number > 0 or None, got {rho!r}")
             if sampler is None:
                 raise ValueError("a private continual release needs a noise sampler")
-            if aggregator == "blt" and self.blt_params is None:
-                self.blt_params = default_params(self.horizon)
+            if self.blt_params is None:
+                self.blt_params = self._kind.default_params(self.horizon)
             self._build(spender)
         else:
             self.rho_node, self.mechanism, self.tree = None, None, None
@@ -324,34 +434,18 @@ class ContinualRelease:
     def _build(self, spender) -> None:
         """The node/noise mechanism and the aggregator (again after loading other BLT params)."""
         share = None if self.refinement is None else self.refinement.share
-        if self.aggregator == "tree":
-            self.rho_node = self.rho / self.depth
-        else:
-            # ρ_unit ≤ ρ/W, W ≥ Σ_{j<T_max}(c_j + ε)² (ε: the BLT's rounding term; the
-            # sensitivities Δ_b, hence ε, do not depend on ρ_node), shrunk until T_max epochs are
-            # charged ≤ ρ with the samplers' rounding term (calibrate_unit_rho)
-            def aggregator_for(rho_unit: float) -> BLTAggregator:
-                return BLTAggregator(self.blt_params, SketchNodeMechanism(
-                    self.subspace, self.clip, self.split, rho_unit, self.sampler, share,
-                    max_documents=self.max_documents))
-            self.rho_node = calibrate_unit_rho(self.rho, aggregator_for)
+        self.rho_node = self._kind.unit_rho(self, share)
         self.mechanism = SketchNodeMechanism(self.subspace, self.clip, self.split, self.rho_node,
                                              self.sampler, share, max_documents=self.max_documents)
-        if self.aggregator == "tree":
-            self.tree = TreeAggregator(self.horizon, self.mechanism, spender, label=self.label,
-                                       codec=NODES_CODEC)
-        else:
-            self.tree = BLTAggregator(self.blt_params, self.mechanism, spender, label=self.label)
+        self.tree = self._kind.make(self, spender)
 
     @property
     def epoch_limit(self) -> float:
-        return self.horizon if self.aggregator == "tree" else self.tree.max_epochs if self.tree else math.inf
+        return self._kind.epoch_limit(self)
 
     def noise_multiplier(self) -> float:
         """sd of the current release's noise / σ of one draw (tree: √nodes summed)."""
-        if self.aggregator == "tree":
-            return math.sqrt(len(covering_levels(self.tree.epoch)))
-        return self.tree.noise_multiplier()
+        return self._kind.noise_multiplier(self)
 
     @property
     def epoch(self) -> int:
@@ -442,16 +536,7 @@ class ContinualRelease:
     def _largest_raw_sum(self, sums: EpochSums) -> int:
         """Documents in the largest raw sum closing this epoch would noise: the epoch's own sum
         (BLT), or the largest tree node completing now (its raw partial plus this epoch)."""
-        n = int(sums.sketch.n_docs)
-        if self.aggregator != "tree":
-            return n
-        t = self.tree.epoch + 1
-        largest = n
-        for level in completing_levels(t, self.horizon):
-            part = self.tree._raw.get(level) if level >= 1 else None
-            if part is not None:
-                largest = max(largest, n + int(part.sketch.n_docs))
-        return largest
+        return self._kind.largest_raw_sum(self, sums)
 
     def _snapshot(self, released: EpochSums, sd: dict | None) -> TopicSnapshot:
         t = self.epoch
@@ -461,11 +546,6 @@ class ContinualRelease:
             noise_sd=spectral_sd, power=self.power, denoise=self.denoise,
             return_subspace_topics=True)
         private = self.tree is not None
-        blt = private and self.aggregator == "blt"
-        if blt:
-            node_events = self.tree.unit_events()
-        else:
-            node_events = self.tree.node_events(1, 1) if private else []
         stage, nts, fold_in = "spectral", None, None
         if self.refined_epochs > 0:
             stage = "refined"
@@ -483,25 +563,9 @@ class ContinualRelease:
         change = (None if self.published_topics is None
                   or self.published_topics.shape != np.shape(topic_word) else
                   0.5 * np.abs(np.asarray(topic_word) - self.published_topics).sum(axis=1))
-        if blt:
-            aggregator_fields = {
-                "blt": {**self.blt_params.to_dict(), "nbuf": self.blt_params.nbuf,
-                        "column_norm_squared": self.blt_params.sensitivity_squared(),
-                        "rounding_ratio": self.tree.rounding_ratio(),
-                        "charge_weight": self.tree.charge_weight(),
-                        "max_epochs": self.tree.max_epochs,
-                        "noise_multiplier": self.noise_multiplier()},
-                # the unit plan (sensitivity Δ_b, Σρ = rho_node = ρ/charge_weight), named as the
-                # tree's node plan; epoch t reserved it at sensitivity Δ_b·(c_{t−1} + ε)
-                "node_events": [e.to_dict() for e in node_events],
-                "rho_spent_per_document": self.tree.rho_per_document(t),
-                "rho_per_document": self.tree.rho_per_document()}
-        else:
-            aggregator_fields = {
-                "tree_depth": self.depth,
-                "nodes_summed": [list(r) for r in self.tree.covering_nodes(t)] if private else [],
-                "rho_per_document": (self.depth * self.rho_node) if private else 0.0,
-                "node_events": [e.to_dict() for e in node_events]}
+        aggregator_fields = (self._kind.report_fields(self, t) if private else
+                             {"tree_depth": self.depth, "nodes_summed": [],
+                              "rho_per_document": 0.0, "node_events": []})
         privacy = release_report(
             mechanism=self.aggregator, events=(), noise_sd=sd, clip=self.clip,
             split=self.split if private else None, sampler=self.sampler if private else None,
@@ -563,7 +627,7 @@ class ContinualRelease:
             self._exact = None if state["sums"] is None else EpochSums.from_dict(state["sums"])
             return self
         kind = state.get("kind")
-        expected = {"tree": "tree_aggregator", "blt": BLTAggregator.kind}[self.aggregator]
+        expected = self._kind.state_kind
         if kind != expected:
             raise ValueError(f"the persisted continual state is a {kind!r}, but the configured "
                              f"aggregator is {self.aggregator!r} ({expected!r}): an aggregator "
@@ -572,18 +636,7 @@ class ContinualRelease:
             raise ValueError(f"{self.aggregator} state has horizon {state.get('horizon')}, "
                              f"configured {self.horizon}: the accounting of a continual release "
                              "cannot change mid-way")
-        if self.aggregator == "tree":
-            self.tree = TreeAggregator.from_state(state, EpochSums.from_dict, self.mechanism,
-                                                  self.tree.spender, codec=NODES_CODEC)
-            return self
-        # the running mechanism's (θ, ω) fix σ and every future reservation: keep them, even if
-        # this version would optimise slightly different ones for the horizon
-        stored = BLTParams.from_dict(state["params"])
-        if stored != self.blt_params:
-            self.blt_params = stored
-            self._build(self.tree.spender)
-        self.tree = BLTAggregator.from_state(state, EpochSums.from_dict, self.mechanism,
-                                             self.tree.spender)
+        self.tree = self._kind.restore(self, state)
         return self
 
 
