@@ -60,6 +60,8 @@ ERROR_CLASSES = (MALFORMED_MSGPACK, UNSUPPORTED_VERSION, MISSING_FIELD, WRONG_TY
 MISSING_USER = "missing_user"                      # no ``user`` field in user mode
 USER_PARTITION_MISMATCH = "user_partition_mismatch"  # not on partition_for_user(user, n)
 USER_ERROR_CLASSES = (MISSING_USER, USER_PARTITION_MISMATCH)
+# A valid document whose id this partition already counted (streamdp.services.dedup):
+DUPLICATE_ID = "duplicate_id"
 
 # Dead-letter record headers (values are UTF-8 bytes; partition and offset in decimal).
 HEADER_ERROR_CLASS = "streamdp.error.class"
@@ -92,6 +94,14 @@ class InvalidMessage(ser.SchemaError):
         exc = cls.__new__(cls)
         ser.SchemaError.__init__(exc, error_class, message)
         exc.error_class, exc.message = error_class, message
+        return exc
+
+    @classmethod
+    def duplicate(cls, message: str) -> "InvalidMessage":
+        """A valid document refused because its id was already counted (``duplicate_id``)."""
+        exc = cls.__new__(cls)
+        ser.SchemaError.__init__(exc, DUPLICATE_ID, message)
+        exc.error_class, exc.message = DUPLICATE_ID, message
         return exc
 
     def __repr__(self) -> str:

@@ -80,7 +80,7 @@ REBALANCE_KINDS = ("assign", "revoke", "lost")
 #: past ``max_users`` a user is not admitted, issue 23.)
 PAUSE_REASONS = ("vocabulary", "subspace", "model", "restoring")
 #: ``streamdp_documents_skipped_total{reason}`` values pre-initialised to 0.
-KNOWN_SKIP_REASONS = ("too_short",)
+KNOWN_SKIP_REASONS = ("too_short", "duplicate_id")
 #: Distinct values accepted for an open-ended label (error_class, reason,
 #: partition) before further values are folded into ``"other"``: a flood of
 #: odd exception names must not explode the series count.
@@ -121,6 +121,7 @@ BATCH_DURATION_SECONDS = "streamdp_batch_duration_seconds"
 BATCH_SIZE_DOCUMENTS = "streamdp_batch_size_documents"
 CONSUMER_LAG_MESSAGES = "streamdp_consumer_lag_messages"
 TRACKED_USERS = "streamdp_tracked_users"
+DEDUP_IDS = "streamdp_dedup_ids"
 CHECKPOINT_AGE_SECONDS = "streamdp_checkpoint_age_seconds"
 CHECKPOINTS_TOTAL = "streamdp_checkpoints_total"
 CHECKPOINT_BYTES = "streamdp_checkpoint_bytes"
@@ -164,7 +165,8 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
                ("partition",), _SK, "documents"),
     MetricSpec(DOCUMENTS_SKIPPED_TOTAL, COUNTER,
                "Well-formed documents not added to the sketch, by reason "
-               "(too_short: fewer in-vocabulary tokens than the moment estimators need).",
+               "(too_short: fewer in-vocabulary tokens than the moment estimators need; "
+               "duplicate_id: a document id this partition already counted, dead-lettered).",
                ("reason",), _SK),
     MetricSpec(TOKENS_TOTAL, COUNTER,
                "Tokens read from processed documents, unknown tokens included.",
@@ -200,6 +202,10 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
                "User unit: distinct users held by the user bounders (warm-up and stream "
                "sides) per assigned partition, about 400 bytes of memory each; with "
                "max_users: null it grows with the users (size the memory limit by it).",
+               ("partition",), _SK),
+    MetricSpec(DEDUP_IDS, GAUGE,
+               "Document ids remembered for deduplication per assigned partition, 8 bytes of "
+               "memory and of each checkpoint each; it only grows (size the memory limit by it).",
                ("partition",), _SK),
     MetricSpec(CHECKPOINT_AGE_SECONDS, GAUGE,
                "Seconds since the last completed checkpoint (since start if none yet), "
@@ -310,7 +316,7 @@ METRIC_NAMES: tuple[str, ...] = tuple(s.name for s in METRIC_SPECS)
 EXACT_COUNT_METRICS: tuple[str, ...] = (
     DOCUMENTS_TOTAL, DOCUMENTS_SKIPPED_TOTAL, TOKENS_TOTAL, UNKNOWN_TOKENS_TOTAL,
     BATCH_SIZE_DOCUMENTS, CONSUMER_LAG_MESSAGES, DLQ_MESSAGES_TOTAL, DLQ_DROPPED_TOTAL,
-    TRACKED_USERS,
+    TRACKED_USERS, DEDUP_IDS,
 )
 
 
@@ -589,6 +595,11 @@ class ServiceMetrics:
         """User unit: distinct users held by ``partition``'s bounders (operator-only)."""
         self._m(TRACKED_USERS).labels(
             partition=self._bounded(TRACKED_USERS, partition)).set(_count(n, "users"))
+
+    def set_dedup_ids(self, partition: int, n: int) -> None:
+        """Document ids ``partition`` remembers for deduplication (operator-only)."""
+        self._m(DEDUP_IDS).labels(
+            partition=self._bounded(DEDUP_IDS, partition)).set(_count(n, "ids"))
 
     def set_assigned_partitions(self, n: int) -> None:
         self._m(ASSIGNED_PARTITIONS).set(_count(n, "assigned partitions"))

@@ -57,6 +57,7 @@ from streamdp.moments.sketch import WhitenedSketch
 from streamdp.privacy.epochs import WARMUP_EPOCH, EpochClock
 from streamdp.privacy.user_bounding import UserBounder, partition_for_user
 from streamdp.refinement import FoldInModels, RefinementSketch
+from streamdp.services.dedup import SeenIds
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch
 
@@ -213,6 +214,10 @@ class PartitionState:
     users_expired_through : int  stream epochs whose per-user counts expired (the partition's
                           progress passed their close time: no document on time for them can
                           follow in this partition's log)
+    seen_ids : SeenIds    keyed hashes of the ids of every document accepted so far
+                          (:mod:`streamdp.services.dedup`: a later record with one of them is a
+                          duplicate); checkpointed with the sketches, so a re-read after a crash
+                          deduplicates exactly as the lost run did
     """
 
     topic: str
@@ -231,6 +236,7 @@ class PartitionState:
     users_warmup: UserBounder | None = None
     users_stream: UserBounder | None = None
     users_expired_through: int = 0
+    seen_ids: SeenIds = field(default_factory=SeenIds)
 
     @property
     def key(self) -> str:
@@ -449,6 +455,8 @@ class PartitionState:
             "refine": [[e, rs.to_dict()] for e, rs in sorted(self.refine.items())],
             "closed_through": self.closed_through, "counters": self.counters,
             "fence": self.fence,
+            # 8 bytes per accepted document id (streamdp.services.dedup), sorted
+            "seen_ids": self.seen_ids.to_bytes(),
             # user mode: the bounders (secret: per-user counts), so a re-read after a crash or
             # a rebalance numbers every user's documents exactly as the lost run did
             **({} if self.users_stream is None and self.users_warmup is None else {
@@ -478,7 +486,9 @@ class PartitionState:
                    fence=int(obj.get("fence", 0)),
                    users_warmup=_bounder(obj.get("users_warmup")),
                    users_stream=_bounder(obj.get("users_stream")),
-                   users_expired_through=int(obj.get("users_expired_through", 0)))
+                   users_expired_through=int(obj.get("users_expired_through", 0)),
+                   # a state written before deduplication remembers no id (docs/privacy.md)
+                   seen_ids=SeenIds.from_bytes(obj.get("seen_ids") or b""))
 
     def meta(self) -> dict:
         """Small manifest metadata: lets the release service check progress cheaply."""

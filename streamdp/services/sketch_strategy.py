@@ -70,6 +70,7 @@ from streamdp.services import control, public_release
 from streamdp.services.state_auth import StateAuth, StateIntegrityError
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.config import ConfigError, ServiceConfig
+from streamdp.services.dedup import IdHasher
 from streamdp.services.partition_state import (LATE, PRODUCER_TIMESTAMP, SELECTION, PartitionState,
                                                RecordTimeRejected, check_user, fencing_token,
                                                select_state, state_key)
@@ -146,6 +147,8 @@ class SketchContext:
         self.control_key = control_key
         # sketch state records are signed with it (docs/privacy.md §Trust boundary)
         self.state_auth = StateAuth(control_key, cfg.topic_prefix)
+        # keyed hashes of document ids for deduplication (secret key: no crafted collisions)
+        self.id_hasher = IdHasher(control_key)
         self.control_rejected = 0           # unauthenticated / unconfirmed control messages
         self.broker_time = cfg.broker_time_required
         self.store = store
@@ -572,6 +575,9 @@ class SketchStrategy:
                     db.reject(i, exc)
         cb = db.to_counts(self.tokenizer)
         bad = [(batch[i], exc) for i, exc in cb.errors]
+        # deduplication by document id (streamdp.services.dedup: the one rule), last of the checks
+        cb, id_hashes, dups = self._without_duplicates(st, batch, cb, db)
+        bad = sorted(bad + dups, key=lambda me: me[0].offset())
         rt_good = t_recs[cb.index]
         routes = self.routing.route(cb.timestamps, rt_good, now) if cb.n_docs else np.zeros(0, np.int64)
         own_routes = routes           # by each document's own times: what user numbering follows
@@ -616,9 +622,14 @@ class SketchStrategy:
         # operator metrics); nothing here holds or stops on a user count (issue 23)
         counts = st.add(X, routes_k, self.subspace, self.clip, new_warmup, models=self.models,
                         refine_in_background=self.cfg.refinement_thread, **user_kw)
+        st.seen_ids.add(id_hashes[keep])
         for m, exc in bad:
             self.io.dead_letter(m, exc)
         st.counters["dlq"] += len(bad)
+        n_dup = sum(exc.error_class == messages.DUPLICATE_ID for _, exc in bad)
+        if n_dup:
+            st.counters["duplicates"] = st.counters.get("duplicates", 0) + n_dup
+            self.metrics.skipped(messages.DUPLICATE_ID, n_dup)
         n_tok = int(cb.n_tokens[keep].sum()) if keep.size else 0
         n_unk = int(cb.n_unknown[keep].sum()) if keep.size else 0
         st.counters["tokens"] += n_tok
@@ -647,10 +658,41 @@ class SketchStrategy:
             self.metrics.skipped("user_not_admitted", counts["not_admitted"])
         if self.user_partitions is not None:
             self.metrics.set_tracked_users(p, st.users_tracked())
+        self.metrics.set_dedup_ids(p, len(st.seen_ids))
         if counts["short"]:
             self.metrics.skipped("too_short", counts["short"])
         if counts["late"]:
             self.metrics.skipped("late", counts["late"])
+
+    def _dedup_keys(self, ids, users) -> list[str]:
+        """What is deduplicated: the document id; under ``privacy_unit: user`` the pair (user,
+        id), so one user's records never decide whether another user's document counts."""
+        if self.user_partitions is None:
+            return list(ids)
+        return [f"{u}\x00{i}" for u, i in zip(users, ids)]
+
+    def _without_duplicates(self, st: PartitionState, batch: list, cb: messages.CountBatch, db):
+        """(the batch without its duplicates, the id hashes of its rows, the duplicates as
+        (message, error)). A row is a duplicate when its id's keyed hash is among the
+        partition's accepted ids or equals an earlier row's (streamdp.services.dedup)."""
+        users = None if self.user_partitions is None else [db.user(int(i)) for i in cb.index]
+        h = self.ctx.id_hasher.hashes(self._dedup_keys(cb.doc_ids, users))
+        dup = st.seen_ids.duplicates(h)
+        if not dup.any():
+            return cb, h, []
+        out = []
+        for r in np.flatnonzero(dup).tolist():
+            m = batch[int(cb.index[r])]
+            out.append((m, messages.InvalidMessage.duplicate(
+                f"a document with this id was already counted from partition {m.partition()} "
+                "(ids are deduplicated per partition for the life of the deployment; "
+                "docs/privacy.md \"The unit is a document id\")")))
+        keep = np.flatnonzero(~dup)
+        cb = messages.CountBatch(
+            counts=cb.counts[keep], timestamps=cb.timestamps[keep],
+            doc_ids=tuple(cb.doc_ids[i] for i in keep.tolist()), index=cb.index[keep],
+            n_tokens=cb.n_tokens[keep], n_unknown=cb.n_unknown[keep], errors=cb.errors)
+        return cb, h[keep], out
 
     def process_before_vocabulary(self, p: int, batch: list) -> None:
         """Before the deployment's vocabulary exists (vocabulary_mode public/private):
@@ -662,6 +704,7 @@ class SketchStrategy:
         st = self.states[p]
         now = time.time()
         token_lists, bad, rts = [], [], []
+        new_ids: list[int] = []                 # id hashes of the documents accepted here
         n_late = n_tok = 0
         cut = None                              # (offset, record time) of the first blocked doc
         for m in batch:
@@ -672,6 +715,11 @@ class SketchStrategy:
                 if route >= 0:                  # warm-up or stream: needs the vocabulary
                     cut = (m.offset(), t_rec)
                     break
+                h = self.ctx.id_hasher.hashes(self._dedup_keys([doc.id], [doc.user]))
+                if st.seen_ids.duplicates(h)[0] or int(h[0]) in new_ids:
+                    raise messages.InvalidMessage.duplicate(
+                        "a document with this id was already counted from partition "
+                        f"{m.partition()} (docs/privacy.md \"The unit is a document id\")")
                 toks = None
                 if route == SELECTION:
                     toks = self._selection_tokens(doc)
@@ -680,18 +728,24 @@ class SketchStrategy:
                 rts.append(math.nan if rt is None else rt)
                 continue
             rts.append(math.nan if rt is None else rt)
+            new_ids.append(int(h[0]))
             if route == SELECTION:
                 token_lists.append(toks)
                 n_tok += len(toks)
             else:
                 n_late += 1
         # --- everything validated: now the one state update
+        st.seen_ids.add(new_ids)
         if token_lists:
             st.add_selection(token_lists, lambda: vocab_mod.SelectionHistogram.for_config(
                 self.cfg, self.candidates), self.candidates)
         for m, exc in bad:
             self.io.dead_letter(m, exc)
         st.counters["dlq"] += len(bad)
+        n_dup = sum(exc.error_class == messages.DUPLICATE_ID for _, exc in bad)
+        if n_dup:
+            st.counters["duplicates"] = st.counters.get("duplicates", 0) + n_dup
+            self.metrics.skipped(messages.DUPLICATE_ID, n_dup)
         st.counters["late"] += n_late
         st.counters["tokens"] += n_tok
         if rts:

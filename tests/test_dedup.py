@@ -1,0 +1,193 @@
+"""Deduplication by document id (issue 25 item 3; streamdp.services.dedup, docs/privacy.md "The
+unit is a document id").
+
+Before: ``streamdp produce`` run twice on one file released its 500 documents as 1,000 (ε ≈ 2.11
+for them). Now a sketcher counts each id once per partition, dead-letters the copies with class
+``duplicate_id``, and keeps the accepted ids in the partition's checkpoint, so a crash and a
+re-read deduplicate exactly as a clean run.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from streamdp import messages
+from streamdp.services.dedup import IdHasher, SeenIds
+from streamdp.services.processor import StreamProcessor
+from streamdp.whitening.subspace import Subspace
+
+from sketcher_harness import World, checkpoint_payload, epoch_start, make_config, make_sketcher
+
+WORDS = [f"w{i}" for i in range(12)]
+
+
+# ------------------------------------------------------------------ the id set
+def test_seen_ids_flags_earlier_and_within_batch_copies_and_round_trips():
+    h = IdHasher(b"k" * 32)
+    a = h.hashes([f"id-{i}" for i in range(10_000)])
+    assert a.dtype == np.uint64 and len(set(a.tolist())) == 10_000
+    seen = SeenIds()
+    first = a[:6000]
+    assert not seen.duplicates(first).any()
+    seen.add(first)                             # > 4096 new: merged into the sorted array
+    seen.add(a[6000:6100])                      # kept as recent
+    assert len(seen) == 6100
+    # 10 merged, 10 recent, 10 new, then one new id twice
+    batch = np.concatenate([a[5990:6000], a[6090:6100], a[6100:6110], a[7000:7001], a[7000:7001]])
+    dup = seen.duplicates(batch)
+    assert dup.tolist() == [True] * 20 + [False] * 10 + [False, True]
+    back = SeenIds.from_bytes(seen.to_bytes())
+    assert len(back) == 6100
+    assert (back.duplicates(batch) == dup).all()
+    # another key gives other hashes: the set says nothing about ids without the key
+    assert not np.isin(IdHasher(b"x" * 32).hashes(["id-1"]), a).any()
+
+
+# ------------------------------------------------------------------ the sketcher (fake Kafka)
+def _docs(n: int, start: int = 0) -> list[tuple[str, bytes, float]]:
+    rng = np.random.default_rng(start)
+    ts = np.sort(epoch_start(1) + 1.0 + rng.random(n) * 3000.0)
+    return [(f"doc-{start + i}", messages.encode_document(
+        f"doc-{start + i}", float(ts[i]), tokens=rng.choice(WORDS, size=6).tolist()), float(ts[i]))
+        for i in range(n)]
+
+
+def _with_copies(docs):
+    """The documents with copies: re-sent in the same poll batch, in the next batches and at
+    the end (a second ``produce`` of the first 40), each copy at a later record time."""
+    out, last = [], 0.0
+    for i, (did, raw, ts) in enumerate(docs):
+        out.append((raw, ts))
+        last = ts
+        if i % 7 == 3:
+            out.append((raw, ts + 0.5))         # the same poll batch or the next
+        if i % 11 == 5 and i > 20:
+            out.append((docs[i - 20][1], ts + 0.5))   # a copy of an older one
+    out += [(raw, last + 1.0) for _, raw, _ in docs[:40]]
+    return out
+
+
+def _world(tmp_path, records):
+    sub = Subspace(np.linalg.qr(np.random.default_rng(0).standard_normal((len(WORDS), 3)))[0])
+    cfg = make_config(tmp_path, WORDS, 2, refinement=False, batch_size=7)
+    world = World(cfg, sub)
+    world.add_documents(records)
+    return world
+
+
+def _run(sk, world, *, until: int | None = None):
+    while sk.consumer.pos < (len(world.messages) if until is None else until):
+        sk.step()
+    sk.step()
+
+
+def _letters(monkeypatch):
+    got = []
+    orig = StreamProcessor.dead_letter
+
+    def dead_letter(self, m, exc):
+        got.append((m.offset(), exc.error_class))
+        return orig(self, m, exc)
+    monkeypatch.setattr(StreamProcessor, "dead_letter", dead_letter)
+    return got
+
+
+def test_copies_are_dead_lettered_and_the_sketch_is_the_unique_documents(tmp_path, monkeypatch):
+    docs = _docs(120)
+    letters = _letters(monkeypatch)
+    world = _world(tmp_path / "dup", _with_copies(docs))
+    sk = make_sketcher(world, monkeypatch)
+    _run(sk, world)
+    st = sk.states[0]
+    n_copies = len(world.messages) - len(docs)
+    assert n_copies > 50
+    assert st.counters["documents"] == len(docs)
+    assert st.counters["duplicates"] == n_copies == len(letters)
+    assert {c for _, c in letters} == {messages.DUPLICATE_ID}
+    # the dead-lettered records are exactly the later copies, by offset
+    first_seen, copies = set(), []
+    for m in world.messages:
+        did = messages.decode_document(m.value()).id
+        (copies.append(m.offset()) if did in first_seen else first_seen.add(did))
+    assert sorted(o for o, _ in letters) == copies
+
+    # the same sums as a run of the unique documents alone
+    once = _world(tmp_path / "once", [(raw, ts) for _, raw, ts in docs])
+    sk1 = make_sketcher(once, monkeypatch)
+    _run(sk1, once)
+    a, b = st.epochs[1], sk1.states[0].epochs[1]
+    assert a.to_bytes() == b.to_bytes()
+
+
+def test_crash_and_reread_deduplicates_as_a_clean_run(tmp_path, monkeypatch):
+    """A checkpoint mid-stream, more work lost in a crash, a restart from the checkpoint that
+    re-reads the lost records: the final state (sketches, counters, id set) is the clean run's."""
+    records = _with_copies(_docs(150))
+    world = _world(tmp_path / "clean", records)
+    clean = make_sketcher(world, monkeypatch)
+    _run(clean, world)
+    want = checkpoint_payload(clean)
+
+    world2 = _world(tmp_path / "crash", records)
+    sk = make_sketcher(world2, monkeypatch)
+    _run(sk, world2, until=len(records) // 2)
+    saved = checkpoint_payload(sk)              # the last checkpoint before the crash
+    _run(sk, world2, until=len(records) * 3 // 4)   # work lost in the crash
+    restarted = make_sketcher(world2, monkeypatch, restore=saved)
+    assert restarted.consumer.pos < len(records) * 3 // 4
+    _run(restarted, world2)
+    assert checkpoint_payload(restarted) == want
+
+
+def test_state_written_before_deduplication_restores_with_no_ids(tmp_path, monkeypatch):
+    from streamdp import serialization as ser
+    from streamdp.services.partition_state import PartitionState
+    world = _world(tmp_path, [(raw, ts) for _, raw, ts in _docs(10)])
+    sk = make_sketcher(world, monkeypatch)
+    _run(sk, world)
+    obj = ser.loads(checkpoint_payload(sk))
+    del obj["seen_ids"]
+    st = PartitionState.from_bytes(ser.dumps(obj), world.subspace)
+    assert len(st.seen_ids) == 0 and len(sk.states[0].seen_ids) == 10
+
+
+# ------------------------------------------------------------------ on the broker: the attack
+def test_the_same_file_produced_twice_is_released_as_once(kafka_broker, tmp_path):
+    """Attack (careless operator): `streamdp produce` re-run on the same file. Before: the
+    released snapshot covered every document twice (500 as 1,000). Now: the released count is
+    a single send's, each copy is in the DLQ once with class duplicate_id, and counted."""
+    from streamdp.services.produce import Rejections, encoded_records, produce
+    from service_helpers import (Pipeline, fresh_topics, make_config as svc_config, make_corpus,
+                                 metric, read_topic, scrape, send_control, wait_for)
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(600, 500, 1, seed=5)
+    names = fresh_topics(bootstrap)
+    cfg = svc_config(tmp_path, bootstrap, names, corpus, epsilon=None)
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in corpus.records()))
+    pipe = Pipeline(cfg, sketchers=2)
+    try:
+        pipe.start()
+        for _ in range(2):                      # the same file, twice
+            rej = Rejections()
+            assert produce(bootstrap, names.documents, encoded_records(path, rej)) == 1100
+            assert rej.count == 0
+        send_control(bootstrap, names, "flush", through=1)
+        last = pipe.wait_released(1, timeout=120)
+        wait_for(lambda: all(s.server is not None for s in pipe.sketchers), 10, "metrics servers")
+        samples = [scrape(s.server.url) for s in pipe.sketchers]
+    finally:
+        pipe.stop()
+    assert last.n_docs == corpus.n_stream == 500
+    dlq = read_topic(bootstrap, names.dlq)
+    assert len(dlq) == 1100
+    assert {r.headers["streamdp.error.class"] for r in dlq} == {b"duplicate_id"}
+    assert sorted(r.key for r in dlq) == sorted(f"doc-{i}".encode() for i in range(1100))
+    assert sum(metric(s, "streamdp_documents_skipped_total", reason="duplicate_id")
+               for s in samples) == 1100
+    assert sum(metric(s, "streamdp_documents_total") for s in samples) == 1100
+    # each partition's id set (a partition that moved keeps its last value on its old owner)
+    assert sum(max(metric(s, "streamdp_dedup_ids", partition=p) for s in samples)
+               for p in (0, 1)) == 1100
