@@ -169,7 +169,15 @@ def _produce(a) -> int:
     cfg = _config(a)
     _reachable(cfg)
     if a.create_topics:
-        ensure_topics(cfg.bootstrap, cfg.topics, partitions=a.partitions)
+        from streamdp.services import record_limits
+        # max.message.bytes from the largest record each topic can get (issue 25 item 2)
+        try:
+            d = record_limits.vocabulary_size(cfg) if cfg.vocabulary or cfg.vocabulary_mode != "file" \
+                else None
+        except ValueError:
+            d = None                    # no readable vocabulary here: the clients' limit
+        ensure_topics(cfg.bootstrap, cfg.topics, partitions=a.partitions,
+                      extra_config=record_limits.creation_configs(cfg, d))
     rejected = Rejections(report=lambda m: progress.message(f"streamdp: rejected {m}"))
     user_partitions = _user_partitions(cfg)
     stats: dict = {}

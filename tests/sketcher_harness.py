@@ -220,6 +220,7 @@ def make_sketcher(world: World, monkeypatch, restore: bytes | None = None):
         return c
 
     monkeypatch.setattr(mod, "check_bootstrap", lambda *a, **k: None)
+    monkeypatch.setattr(mod, "check_limits", lambda *a, **k: None)     # no broker to describe
     monkeypatch.setattr(mod, "check_privacy_mode", lambda *a, **k: None)
     monkeypatch.setattr(mod, "Producer", FakeProducer)
     monkeypatch.setattr(mod, "Consumer", consumer)

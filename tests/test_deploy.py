@@ -347,6 +347,32 @@ def test_topics_follow_the_services_rules(renders, target):
     assert cfg.bootstrap.startswith(_one(docs, "Kafka")["metadata"]["name"] + "-kafka-bootstrap:")
 
 
+#: the largest vocabulary the base manifests must carry at their n_topics (an overlay supplies
+#: the vocabulary; docs/operations.md "Topic message limits" gives the bound)
+BASE_MAX_VOCABULARY = 50_000
+
+
+@pytest.mark.parametrize("target", ["base", "dev", "dev+keda"])
+def test_every_topic_limit_holds_the_largest_record(renders, target):
+    """Issue 25 item 2: each KafkaTopic's max.message.bytes (Kafka's default where unset) is at
+    least the largest record the deployment writes there (streamdp.services.record_limits):
+    the refined snapshot at the configuration's n_topics and the overlay's vocabulary (the
+    base: BASE_MAX_VOCABULARY words), a dead letter of the largest document record, a state
+    chunk. Before: the DLQ allowed 2 MiB, as much as the documents topic, without the headers."""
+    from streamdp.services.record_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, needed_limits
+    docs = renders[target]
+    cfg, cms = _effective_config(docs)
+    limits = {d["spec"]["topicName"]: int(d["spec"].get("config", {}).get(
+        "max.message.bytes", KAFKA_DEFAULT_MAX_MESSAGE_BYTES)) for d in _all(docs, "KafkaTopic")}
+    vocab = next((c for name, c in cms.items() if name.startswith("streamdp-vocabulary")), None)
+    d = (len([w for w in vocab["data"]["vocabulary.txt"].splitlines() if w and not w.startswith("#")])
+         if vocab is not None else BASE_MAX_VOCABULARY)
+    need = needed_limits(cfg, d, documents_limit=limits[cfg.topics.documents])
+    short = {t: (limits[t], n) for t, n in need.items() if limits[t] < n}
+    assert not short, f"topic limits below the largest record (limit, needed) at d={d}: {short}"
+    assert max(need.values()) <= MESSAGE_MAX_BYTES
+
+
 @pytest.mark.parametrize("target", ["base", "dev", "dev+keda"])
 def test_sketchers_fit_the_partitions(renders, target):
     docs = renders[target]

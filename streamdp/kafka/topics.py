@@ -149,8 +149,8 @@ def client_config(bootstrap: str, role: str | None = None, /, **overrides: Any) 
 
 
 def _admin(bootstrap_or_admin: str | AdminClient) -> AdminClient:
-    if isinstance(bootstrap_or_admin, AdminClient):
-        return bootstrap_or_admin
+    if isinstance(bootstrap_or_admin, AdminClient) or hasattr(bootstrap_or_admin, "describe_configs"):
+        return bootstrap_or_admin           # an admin client (or one that answers as one)
     return AdminClient(client_config(bootstrap_or_admin, "admin"))
 
 

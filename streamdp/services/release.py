@@ -90,6 +90,7 @@ from streamdp.refinement import (PUBLIC_START_EPOCH, FoldInModels, RefinementMod
 from streamdp.start import choose_service_start, warmup_noised_count
 from streamdp.services import control
 from streamdp.services.contract import check_contract, record_contract
+from streamdp.services.record_limits import check_limits, vocabulary_size
 from streamdp.kafka.connectivity import BrokerProbe, OutageGuard, check_bootstrap
 from streamdp.services.config import (ConfigError, ServiceConfig, check_privacy_mode,
                                       check_stream_start, documents_partition_count)
@@ -159,6 +160,8 @@ class ReleaseService:
                                document_partitions=(documents_partition_count(cfg)
                                                     if cfg.privacy_unit == "user" else None))
             contract, record = check_contract(cfg, reader, role="release service")
+            check_limits(cfg, vocabulary_size(cfg, self.vocabulary),
+                         [cfg.topics.snapshots, cfg.topics.state, cfg.topics.control])
         finally:
             reader.close()
         self.lease = ReleaseLease(cfg.ledger)

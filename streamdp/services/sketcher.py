@@ -31,6 +31,7 @@ from streamdp.kafka.topics import TopicConfigError, check_broker_time
 from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
 from streamdp.services import control
 from streamdp.services.contract import check_contract, record_contract
+from streamdp.services.record_limits import check_limits, vocabulary_size
 from streamdp.services.config import (ConfigError, ServiceConfig, check_privacy_mode,
                                       documents_partition_count)
 from streamdp.services.processor import StreamProcessor, consumer_settings
@@ -87,6 +88,7 @@ class Sketcher:
         check_privacy_mode(cfg, store, role="sketcher", record=False,   # read-only checks
                            document_partitions=user_partitions)
         contract, record = check_contract(cfg, store, role="sketcher")
+        check_limits(cfg, vocabulary_size(cfg, vocabulary), [cfg.topics.dlq, cfg.topics.state])
         check_privacy_mode(cfg, store, role="sketcher",   # never private -> non-private;
                            document_partitions=user_partitions)   # the unit never changes
         if record:                               # the first service of the deployment
