@@ -161,10 +161,42 @@ def _user_partitions(cfg) -> int | None:
     return n
 
 
+def _given_fields(a) -> set[str]:
+    """The configuration fields set explicitly: the config file's keys, non-blank
+    ``STREAMDP_<FIELD>`` variables and the command's flags."""
+    import dataclasses
+    import os
+    from streamdp.services.config import ServiceConfig, load_file
+    given = set(load_file(a.config)) if getattr(a, "config", None) else set()
+    for f in dataclasses.fields(ServiceConfig):
+        if os.environ.get(f"STREAMDP_{f.name.upper()}", "").strip():
+            given.add(f.name)
+        if getattr(a, f.name, None) is not None:
+            given.add(f.name)
+    return given
+
+
+def _check_producer_contract(a, cfg) -> None:
+    """Refuse to produce when a given field disagrees with the recorded deployment contract."""
+    from streamdp.kafka.state_store import StateTopicMissing
+    from streamdp.services.contract import check_producer_arguments
+    try:
+        store = cfg.state_store()
+    except StateTopicMissing:
+        return                  # no deployment yet: nothing recorded
+    try:
+        check_producer_arguments(cfg, store, _given_fields(a))
+    except StateTopicMissing:
+        return
+    finally:
+        store.close()
+
+
 def _produce(a) -> int:
     from streamdp.kafka.topics import ensure_topics
     from streamdp import progress
-    from streamdp.services.produce import Rejections, count_lines, encoded_records, produce
+    from streamdp.services.produce import (Rejections, SentIds, count_lines, encoded_records,
+                                           produce)
     progress.apply_flag(a)
     cfg = _config(a)
     _reachable(cfg)
@@ -178,18 +210,24 @@ def _produce(a) -> int:
             d = None                    # no readable vocabulary here: the clients' limit
         ensure_topics(cfg.bootstrap, cfg.topics, partitions=a.partitions,
                       extra_config=record_limits.creation_configs(cfg, d))
+    _check_producer_contract(a, cfg)        # before anything is sent (issue 25)
     rejected = Rejections(report=lambda m: progress.message(f"streamdp: rejected {m}"))
     user_partitions = _user_partitions(cfg)
     stats: dict = {}
     bar = progress.bar(total=count_lines(a.corpus) if progress.enabled() else None,
                        desc="documents sent", unit="doc")
+    sent = SentIds(a.dedup_state, user_mode=user_partitions is not None)
     try:
         produce(cfg.bootstrap, cfg.topics.documents,
-                encoded_records(a.corpus, rejected, require_user=user_partitions is not None),
+                sent.filter(encoded_records(a.corpus, rejected,
+                                            require_user=user_partitions is not None)),
                 producer_config=cfg.client("producer"), stats=stats, progress=bar.update,
                 user_partitions=user_partitions)
+        sent.save()                 # only once every document was acknowledged
     finally:        # also after an error: say what was sent
         bar.close()
+        for w in sent.warnings():
+            print(f"streamdp: warning: {w}", file=sys.stderr)
         if stats:
             print(f"delivered {stats['delivered']:,} of {stats['queued']:,} documents to "
                   f"{cfg.topics.documents}"
@@ -756,6 +794,11 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--create-topics", action="store_true", help="create the streamdp topics first")
     pr.add_argument("--partitions", type=positive_int, default=2,
                     help="documents partitions when creating")
+    pr.add_argument("--dedup-state", dest="dedup_state", metavar="FILE",
+                    help="hashes of the ids already sent (created if missing, updated after a run "
+                         "whose documents were all acknowledged): documents with those ids are "
+                         "not sent again. Without it, repeats within the file are only reported "
+                         "(the sketchers dead-letter them as duplicate_id)")
     progress_flag(pr)
     pr.set_defaults(func=_produce)
 

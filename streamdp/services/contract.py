@@ -71,11 +71,13 @@ CONTRACT_FIELDS: dict[str, str] = {
 }
 
 
-def contract_of(cfg: ServiceConfig) -> dict:
-    """The contract ``cfg`` would record (plain JSON values, comparable after a round trip)."""
+def contract_of(cfg: ServiceConfig, *, load_vocabulary: bool = True) -> dict:
+    """The contract ``cfg`` would record (plain JSON values, comparable after a round trip).
+    ``load_vocabulary=False``: ``vocabulary`` is None instead of the file's id (a client that
+    has no vocabulary file, e.g. ``streamdp produce``)."""
     values = {name: getattr(cfg, name) for name in CONTRACT_FIELDS}
     values["tokenizer"] = cfg.tokenizer_().config()
-    if cfg.vocabulary_mode == "file":
+    if cfg.vocabulary_mode == "file" and load_vocabulary:
         vocab, _ = cfg.load_vocabulary_file()
         values["vocabulary"] = vocab.vocabulary_id
     else:
@@ -139,6 +141,30 @@ def check_contract(cfg: ServiceConfig, store, *, role: str) -> tuple[dict, bool]
             "deployment: configure the recorded values, or start a new deployment (new "
             "topic_prefix and ledger; docs/operations.md \"The deployment contract\")")
     return mine, any(name not in recorded for name in CONTRACT_FIELDS)
+
+
+def check_producer_arguments(cfg: ServiceConfig, store, given: set[str]) -> None:
+    """``streamdp produce``: refuse (ConfigError) before sending anything when a contract field
+    the producer was *given* (``given``: the names set in its config file, its ``STREAMDP_*``
+    environment or its flags) differs from the deployment's recorded contract — the producer
+    then believes in another stream_start, epoch length, tokenizer, document limits, ... than
+    the services that will count its documents. Fields it was not given are not compared (a
+    producer needs only bootstrap and topic_prefix). Nothing recorded yet: nothing to check."""
+    rec = store.read_latest(CONTRACT_KEY)
+    if rec is None:
+        return
+    recorded = dict(rec.meta.get("fields") or {})
+    asked = {name: recorded[name] for name in CONTRACT_FIELDS if name in given and name in recorded}
+    if not asked:
+        return
+    mine = contract_of(cfg, load_vocabulary="vocabulary" in asked)
+    diffs = contract_differences(asked, mine)
+    if diffs:
+        raise ConfigError(
+            f"streamdp produce: this configuration disagrees with the deployment contract "
+            f"recorded on {store_name(cfg)}: " + "; ".join(diffs) + ". Nothing was sent. Use the "
+            "deployment's configuration file (or leave those fields out: produce needs only "
+            "bootstrap and topic_prefix), or produce to another deployment (topic_prefix)")
 
 
 def record_contract(cfg: ServiceConfig, store, contract: dict, *, role: str) -> None:
