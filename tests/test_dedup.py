@@ -191,3 +191,29 @@ def test_the_same_file_produced_twice_is_released_as_once(kafka_broker, tmp_path
     # each partition's id set (a partition that moved keeps its last value on its old owner)
     assert sum(max(metric(s, "streamdp_dedup_ids", partition=p) for s in samples)
                for p in (0, 1)) == 1100
+
+
+def test_produce_warns_of_repeats_and_skips_ids_in_its_dedup_state(kafka_broker, kafka_topics,
+                                                                   tmp_path):
+    """`streamdp produce --dedup-state FILE` run twice on one file: the first run sends every
+    line and warns of the repeat inside the file; the second sends nothing and says why."""
+    from service_helpers import read_topic
+    from test_first_run import run_cli
+    prefix = kafka_topics.documents.rsplit(".", 1)[0]
+    lines = [{"id": f"d{i}", "ts": 1000.0 + i, "text": "apples and pears"} for i in range(12)]
+    lines.append({"id": "d3", "ts": 1100.0, "text": "apples again"})
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    state = tmp_path / "sent.ids"
+    args = ("produce", "--bootstrap", kafka_broker.bootstrap, "--topic-prefix", prefix,
+            "--dedup-state", str(state), str(corpus))
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "delivered 13 of 13" in r.stdout
+    assert "1 document(s) repeat an id sent earlier in this run" in r.stderr
+    assert state.stat().st_size == 12 * 8
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "delivered 0 of 0" in r.stdout
+    assert "13 document(s) were not sent: their ids were sent before" in r.stderr
+    assert len(read_topic(kafka_broker.bootstrap, kafka_topics.documents)) == 13

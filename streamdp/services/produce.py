@@ -159,6 +159,74 @@ def encoded_records(path: str | Path, rejections: Rejections, *, require_user: b
             rejections.add(where, str(exc))
 
 
+class SentIds:
+    """What ``streamdp produce`` knows about ids it already sent (issue 25 item 3).
+
+    Without a state file: only repeats within this run (the later copies are sent, and the
+    sketchers dead-letter them as ``duplicate_id``; produce warns). With ``--dedup-state FILE``:
+    the ids of earlier runs too, and a document whose id is in the file is *not sent* again
+    (counted and reported). The file holds 8-byte hashes of the ids (streamdp.services.dedup's
+    format, under a fixed public key: anyone who can read it can test guessed ids against it;
+    keep it where the corpus is). It is updated only after every document of a run was
+    acknowledged: a failed run re-sends, and the sketchers deduplicate what arrives twice.
+    The key is the id, or (user, id) for a ``privacy_unit: user`` deployment (as the sketchers)."""
+
+    KEY = b"streamdp produce --dedup-state"
+
+    def __init__(self, path: str | Path | None = None, *, user_mode: bool = False) -> None:
+        from streamdp.services.dedup import IdHasher, SeenIds
+        self.path = None if path is None else Path(path)
+        self.user_mode = user_mode
+        self.hasher = IdHasher(self.KEY)
+        data = self.path.read_bytes() if self.path is not None and self.path.is_file() else b""
+        try:
+            self.before = SeenIds.from_bytes(data)
+        except ValueError as exc:
+            raise ValueError(f"--dedup-state {str(self.path)!r} is not a produce dedup-state "
+                             f"file ({exc})") from None
+        self.this_run = SeenIds()
+        self.skipped = 0            # in the state file: not sent
+        self.repeated = 0           # repeated within this run: sent, dead-lettered by sketchers
+
+    def filter(self, records):
+        """The records of ``encoded_records`` minus those the state file says were sent."""
+        for rec in records:
+            doc_id, user = rec[0], rec[4] if len(rec) > 4 else None
+            h = self.hasher.hashes([f"{user}\x00{doc_id}" if self.user_mode and user else doc_id])
+            if self.path is not None and self.before.duplicates(h)[0]:
+                self.skipped += 1
+                continue
+            if self.this_run.duplicates(h)[0]:
+                self.repeated += 1
+            else:
+                self.this_run.add(h)
+            yield rec
+
+    def save(self) -> None:
+        """Add this run's ids to the state file (atomically: write, fsync, rename)."""
+        if self.path is None:
+            return
+        import os
+        from streamdp.services.dedup import SeenIds
+        merged = SeenIds.from_bytes(self.before.to_bytes() + self.this_run.to_bytes())
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(merged.to_bytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def warnings(self) -> list[str]:
+        out = []
+        if self.skipped:
+            out.append(f"{self.skipped:,} document(s) were not sent: their ids were sent before "
+                       f"(--dedup-state {self.path})")
+        if self.repeated:
+            out.append(f"{self.repeated:,} document(s) repeat an id sent earlier in this run: the "
+                       "sketchers count the first and dead-letter the others as duplicate_id")
+        return out
+
+
 def produce(bootstrap: str, topic: str, records: Iterable[dict | tuple[str, float, bytes]], *,
             producer: Producer | None = None, producer_config: dict | None = None,
             progress=None, stats: dict | None = None,
