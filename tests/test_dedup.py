@@ -27,7 +27,7 @@ WORDS = [f"w{i}" for i in range(12)]
 def test_seen_ids_flags_earlier_and_within_batch_copies_and_round_trips():
     h = IdHasher(b"k" * 32)
     a = h.hashes([f"id-{i}" for i in range(10_000)])
-    assert a.dtype == np.uint64 and len(set(a.tolist())) == 10_000
+    assert a.dtype == np.int64 and len(set(a.tolist())) == 10_000
     seen = SeenIds()
     first = a[:6000]
     assert not seen.duplicates(first).any()
