@@ -61,8 +61,8 @@ class IdHasher:
 
 class SeenIds:
     """The id hashes one partition has accepted: a sorted array plus the ones added since the
-    last merge (a set for lookups and their arrays; merged when they reach 1/8 of the sorted
-    array: amortised O(log n) per id, one sort per merge)."""
+    last merge (a set for lookups and their arrays; merged into the sorted array, by insertion,
+    when they reach 1/8 of it: amortised O(log n) per id)."""
 
     def __init__(self, hashes: np.ndarray | None = None) -> None:
         self._sorted = (np.zeros(0, np.int64) if hashes is None
@@ -108,7 +108,13 @@ class SeenIds:
 
     def _merge(self) -> None:
         if self._recent_arrays:
-            self._sorted = _sorted_unique(np.concatenate([self._sorted, *self._recent_arrays]))
+            # merge two sorted arrays: O(n + r log r), not a sort of the whole set
+            new = _sorted_unique(np.concatenate(self._recent_arrays))
+            at = np.searchsorted(self._sorted, new)
+            if self._sorted.size:
+                known = self._sorted[np.minimum(at, self._sorted.size - 1)] == new
+                new, at = new[~known], at[~known]
+            self._sorted = np.insert(self._sorted, at, new)
             self._recent, self._recent_arrays = set(), []
 
     def to_bytes(self) -> bytes:
