@@ -73,7 +73,7 @@ def _demo_public_start(work: Path, vocab_fields: dict, k: int, n_docs: int, seed
     """The demo's public start file: ``n_docs`` other documents about the same themes (another
     seed of the generator: the same six topics, other word weights), standing in for documents
     an operator declares public, fitted without privacy on the deployment's vocabulary."""
-    from streamdp import PublicStart
+    from streamdp.public_start import PublicStart
     from streamdp.services import vocabulary as vocab_mod
     from streamdp.services.config import ServiceConfig as Cfg
     from streamdp.start import save_public_start
