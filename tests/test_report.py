@@ -43,7 +43,7 @@ def artifacts_dir() -> Path:
     return out
 
 
-def make_snapshots(epsilon: float | None, n_warmup=6000, n_stream=12000, seed=0):
+def make_snapshots(epsilon: float | None, n_warmup=6000, n_stream=12000, seed=0, epochs=EPOCHS):
     """Continual releases (epoch 1 spectral, 2.. refined: refinement model lag 1, each epoch
     folded into the previous snapshot) of the demo corpus, and its vocabulary."""
     texts, _, words = sample_texts(n_warmup + n_stream, seed=seed)
@@ -51,12 +51,12 @@ def make_snapshots(epsilon: float | None, n_warmup=6000, n_stream=12000, seed=0)
     X, _ = vocab.vectorize([t.split() for t in texts])
     clock = EpochClock(stream_start=1000.0, epoch_seconds=10.0)
     est = StreamingSpectralLDA(K, 1.0, epsilon=epsilon, delta=1e-6, seed=seed, sampler="fast", non_production=True,
-                               epochs=clock, horizon=EPOCHS,
+                               epochs=clock, horizon=epochs,
                                refinement=RefinementConfig(model_lag=1))
     est.warmup(X[:n_warmup])
-    ts = 1000.0 + np.sort(np.random.default_rng(seed + 1).uniform(0, EPOCHS * 10.0, n_stream))
+    ts = 1000.0 + np.sort(np.random.default_rng(seed + 1).uniform(0, epochs * 10.0, n_stream))
     snaps = []
-    for e in range(EPOCHS):
+    for e in range(epochs):
         m = (ts >= 1000 + e * 10) & (ts < 1000 + (e + 1) * 10)
         est.partial_fit(X[n_warmup:][m], ts[m])
         snaps += est.close_epochs(1000 + (e + 1) * 10)
@@ -159,6 +159,12 @@ def test_report_renders_in_headless_chromium_with_no_network(sync_playwright, pr
                 .filter(p => p.getBBox().width > 0).length""")
             assert bands >= K, bands
             assert "Bonferroni" in page.inner_text("#trends + p")
+            # issue 27 visuals: no toolbar on the topic cards (it covered the first bar), one
+            # x scale shared by every card
+            assert count("document.querySelectorAll('.topic-card .modebar').length") == 0
+            ranges = count("""Array.from(document.querySelectorAll('.topic-card .js-plotly-plot'))
+                .map(d => d._fullLayout.xaxis.range.map(v => v.toFixed(6)).join(','))""")
+            assert len(set(ranges)) == 1, ranges
             trends_png = page.locator("#topic-trends").screenshot()
             # the plain-words privacy report
             text = page.inner_text("dl.plain")
@@ -262,9 +268,9 @@ def test_page_is_self_contained_and_escapes_words(private_dir):
         assert s.vocabulary_id is None
     html = render_report(snaps, evil, source="<b>x</b>")
     assert "<script>alert(1)" not in html and "<b>x</b>" not in html
-    # plotly.js inlined exactly once; the rest of the page refers to nothing outside it
-    import plotly.offline
-    js = plotly.offline.get_plotlyjs()
+    # plotly.js (its basic bundle) inlined exactly once; the rest refers to nothing outside it
+    from streamdp.report.render import plotly_js
+    js = plotly_js()[0]
     assert html.count(js) == 1
     rest = html.replace(js, "")
     for needle in ("src=", "href=", "@import", "url(", "<link", "<iframe", "http://", "https://"):
@@ -397,3 +403,37 @@ def test_report_marks_topics_that_moved_more_than_half_their_mass(private_dir):
     assert html.count('class="badge flag-new"') == 1
     calm = snaps[:-1] + [dataclasses.replace(snaps[-1], topic_change=np.zeros_like(change))]
     assert 'class="badge flag-new"' not in render_report(calm, vocab, source="x")
+
+
+def test_a_page_of_16_releases_stays_under_1_5_mb_with_one_plotly(tmp_path):
+    """Issue 27: 4 releases weighed 4.9 MB (the full plotly.js); the page inlines plotly.js's
+    basic bundle once (scatter and bar are all it draws) and stays under 1.5 MB at 16 releases."""
+    import streamdp.report.render as render
+    snaps, vocab = make_snapshots(epsilon=2.0, n_warmup=4000, n_stream=16 * 1500, epochs=16)
+    assert len(snaps) == 16
+    html = render_report(snaps, vocab, source="x")
+    size = len(html.encode("utf-8"))
+    assert size <= 1_500_000, size
+    assert html.count("plotly.js (basic - minified)") == 1
+    assert html.count("Copyright 2012-") == 1            # one copy of plotly.js, no other
+    print(f"report of 16 releases: {size:,} bytes")
+
+
+def test_the_vendored_plotly_bundle_is_plotly_py_s_own_version():
+    """The basic bundle must be the plotly.js version plotly.py generates figures for: after an
+    upgrade of plotly, replace streamdp/report/vendor/plotly-basic.min.js (npm package
+    plotly.js-basic-dist-min of the version printed here)."""
+    import re as _re
+
+    import plotly.offline
+    from streamdp.report.render import plotly_js
+    full = _re.search(r"plotly\.js v([0-9.]+)", plotly.offline.get_plotlyjs()[:400]).group(1)
+    assert plotly_js()[1] == full, (plotly_js()[1], full)
+
+
+def test_plain_words_name_the_sampler_not_its_id(private_dir):
+    snaps = load_snapshots(open_source(private_dir))
+    vocab = load_vocabulary(None, open_source(private_dir))
+    html = render_report(snaps, vocab, source="x")
+    plain = html[html.index('<dl class="plain">'):html.index("</dl>")]
+    assert "numpy-pcg64" not in plain and "the fast sampler" in plain, plain[-2000:]

@@ -17,7 +17,8 @@ from dataclasses import asdict
 from typing import Iterable
 
 from streamdp.privacy.events import ROUNDING_SLACK, GaussianEvent, rho_by_partition
-from streamdp.privacy.noise import VETTED, sampler_status
+from streamdp.privacy.noise import (CSPRNG_NAME, GOOGLE_NAME, OPENDP_LATTICE_NAME, OPENDP_NAME,
+                                    SEEDED_NAME, VETTED, sampler_status)
 from streamdp.privacy.rounding import DEFAULT_MAX_DOCUMENTS_PER_SUM
 from streamdp.privacy.sensitivity import BLOCK_CLIP, block_sensitivities
 
@@ -135,6 +136,22 @@ def is_non_private(report: dict) -> bool:
                 or (report.get("mechanism") == "none" and report.get("epsilon") is None))
 
 
+def sampler_in_words(name: str) -> str:
+    """A sampler id of a privacy report (streamdp.privacy.noise) in plain words; the id itself
+    stays in the report's JSON."""
+    words = {OPENDP_LATTICE_NAME: "OpenDP's vetted Gaussian sampler (on a fine lattice)",
+             OPENDP_NAME: "OpenDP's vetted exact Gaussian sampler",
+             GOOGLE_NAME: "Google's secure-noise Gaussian sampler (python-dp)",
+             CSPRNG_NAME: "the fast sampler (numpy, seeded from the operating system's random "
+                          "source)",
+             SEEDED_NAME: "the fast sampler with a known seed (INSECURE: reproducible noise)"}
+    for key, text in words.items():
+        if str(name) == key:
+            return text
+    inner = next((text for key, text in words.items() if key in str(name)), None)
+    return f"a custom sampler wrapping {inner}" if inner else "a custom sampler"
+
+
 def describe(report: dict, *, n_docs: float | None = None) -> list[tuple[str, str]]:
     """The report in plain words: (heading, sentence) pairs for a person who does not read
     the keys (guarantee, unit, neighbouring relation, ε, δ, spent, what is public). Only
@@ -222,7 +239,7 @@ def describe(report: dict, *, n_docs: float | None = None) -> list[tuple[str, st
         vetted = ("" if status in (None, VETTED) else
                   f" NOT a vetted sampler ({status}): for tests and benchmarks, not for real "
                   "documents.")
-        out.append(("Noise", f"drawn by {sampler}; sensitivities bounded by clipping {clipped} "
+        out.append(("Noise", f"drawn by {sampler_in_words(sampler)}; sensitivities bounded by clipping {clipped} "
                     "(the clip bounds are in the report); every draw is charged for "
                     "its sensitivity plus 2^-40·σ, the sampler's lattice rounding." + vetted))
     vocab = report.get("vocabulary") if isinstance(report.get("vocabulary"), dict) else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import re
 from pathlib import Path
 
 import jinja2
@@ -26,6 +27,19 @@ PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#F
 #: figure options: no Plotly logo, no cloud button, resize with the page
 PLOT_CONFIG = {"displaylogo": False, "responsive": True,
                "modeBarButtonsToRemove": ["sendDataToCloud"]}
+#: the small per-topic bar charts: no toolbar at all (it covered the first bar)
+CARD_CONFIG = {"displayModeBar": False, "responsive": True}
+#: plotly.js's official "basic" bundle (scatter, bar, pie: all the report draws), 1.2 MB instead
+#: of the full 4.8 MB, so a page stays under 1.5 MB (issue 27); MIT, vendor/plotly-basic.LICENSE.
+#: Its version is plotly.py's own plotly.js version (tests/test_report.py checks it)
+PLOTLY_BASIC = Path(__file__).with_name("vendor") / "plotly-basic.min.js"
+
+
+def plotly_js() -> tuple[str, str]:
+    """(the plotly.js source to inline, its version)."""
+    js = PLOTLY_BASIC.read_text(encoding="utf-8")
+    m = re.search(r"plotly\.js \(basic - minified\) v([0-9.]+)", js[:300])
+    return js, (m.group(1) if m else "?")
 #: words-entered/left rows shown per topic (the charts show every release)
 MAX_CHANGE_ROWS = 8
 
@@ -34,8 +48,8 @@ _env = jinja2.Environment(loader=jinja2.PackageLoader("streamdp.report", "templa
                           trim_blocks=True, lstrip_blocks=True)
 
 
-def _div(fig: go.Figure, div_id: str) -> str:
-    return fig.to_html(full_html=False, include_plotlyjs=False, config=PLOT_CONFIG,
+def _div(fig: go.Figure, div_id: str, config: dict = PLOT_CONFIG) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, config=config,
                        div_id=div_id, default_width="100%")
 
 
@@ -45,7 +59,7 @@ def _layout(fig: go.Figure, height: int, **kw) -> go.Figure:
     return fig
 
 
-def topic_bar_figure(history, colour: str) -> go.Figure:
+def topic_bar_figure(history, colour: str, x_max: float | None = None) -> go.Figure:
     """The latest release's top words of one topic as bars; the previous release's
     probabilities of the same words as markers (drift at a glance)."""
     step = history.steps[-1]
@@ -59,8 +73,11 @@ def topic_bar_figure(history, colour: str) -> go.Figure:
             x=step.previous_p[::-1], y=words, mode="markers", name=prev.label,
             marker=dict(symbol="line-ns-open", size=14, color="#222", line=dict(width=2)),
             hovertemplate=f"%{{y}} in {prev.label}: p = %{{x:.4f}}<extra></extra>"))
-    return _layout(fig, 40 + 22 * len(words), showlegend=False,
-                   xaxis=dict(title=None, tickformat=".2f", rangemode="tozero"),
+    # one x scale for every card (x_max: the largest probability shown on any card)
+    xaxis = dict(title=None, tickformat=".2f", rangemode="tozero")
+    if x_max:
+        xaxis["range"] = [0.0, x_max * 1.05]
+    return _layout(fig, 40 + 22 * len(words), showlegend=False, xaxis=xaxis,
                    yaxis=dict(automargin=True))
 
 
@@ -151,31 +168,37 @@ def budget_figure(points) -> go.Figure | None:
         ys = [p.rho_by_atom.get(name) for p in points]
         if all(not y for y in ys):          # a group this deployment does not have
             continue
+        # lines that coincide stay visible: each group its own dash, marker and width
         fig.add_trace(go.Scatter(x=xs, y=ys, name=name, mode="lines+markers", customdata=labels,
-                                 line=dict(color=("#636EFA", "#00CC96", "#AB63FA")[i]),
+                                 line=dict(color=("#636EFA", "#00CC96", "#AB63FA")[i],
+                                           dash=("solid", "dot", "dashdot")[i], width=(4, 2, 2)[i]),
+                                 marker=dict(symbol=("circle", "diamond", "square")[i],
+                                             size=(9, 7, 6)[i]),
                                  hovertemplate="%{customdata}: ρ %{y:.4g}<extra>" + name + "</extra>"),
                       row=1, col=1)
     fig.add_trace(go.Scatter(x=xs, y=[p.rho_budget for p in points], name="ρ budget",
-                             mode="lines", line=dict(color="#EF553B", dash="dash"),
+                             mode="lines", line=dict(color="#EF553B", dash="longdash", width=1.5),
                              customdata=labels,
                              hovertemplate="%{customdata}: budget ρ %{y:.4g}<extra></extra>"),
                   row=1, col=1)
     if any(p.epsilon_spent is not None for p in points):
         fig.add_trace(go.Scatter(x=xs, y=[p.epsilon_spent for p in points],
-                                 name="ε spent (most-charged document)",
-                                 mode="lines+markers", line=dict(color="#FFA15A"),
+                                 name="ε of the most-charged document (warm-up: charged once, in full)",
+                                 mode="lines+markers", line=dict(color="#FFA15A", width=4),
+                                 marker=dict(symbol="circle", size=9),
                                  customdata=labels,
                                  hovertemplate="%{customdata}: ε %{y:.3g}<extra></extra>"),
                       row=2, col=1)
     if any(p.epsilon_stream is not None for p in points):
         fig.add_trace(go.Scatter(x=xs, y=[p.epsilon_stream for p in points],
                                  name="ε spent (stream documents)", connectgaps=True,
-                                 mode="lines+markers", line=dict(color="#00CC96"),
+                                 mode="lines+markers", line=dict(color="#00CC96", dash="dot", width=2),
+                                 marker=dict(symbol="diamond", size=7),
                                  customdata=labels,
                                  hovertemplate="%{customdata}: ε %{y:.3g}<extra>stream</extra>"),
                       row=2, col=1)
     fig.add_trace(go.Scatter(x=xs, y=[p.epsilon for p in points], name="ε budget", mode="lines",
-                             line=dict(color="#EF553B", dash="dot"), customdata=labels,
+                             line=dict(color="#EF553B", dash="longdash", width=1.5), customdata=labels,
                              hovertemplate="%{customdata}: budget ε %{y:.3g}<extra></extra>"),
                   row=2, col=1)
     fig.update_yaxes(rangemode="tozero", row=1, col=1)
@@ -213,6 +236,9 @@ def render_report(snapshots: list[TopicSnapshot], vocabulary, *, source: str, n_
     points = budget_series(releases)
 
     topics = []
+    x_max = max((max([p for _, p in h.steps[-1].top_words]
+                     + [p for p in (h.steps[-1].previous_p or []) if p is not None], default=0.0)
+                 for h in histories), default=0.0)
     flags = latest.topic_flags          # released values only (streamdp.evaluation.distinct)
     for h in histories:
         step = h.steps[-1]
@@ -224,7 +250,8 @@ def render_report(snapshots: list[TopicSnapshot], vocabulary, *, source: str, n_
             "new": h.topic in latest.new_topics,
             "noise_class": noise_class, "noise_ratio": step.noise_to_signal,
             "headline": " ".join(w for w, _ in step.top_words[:3]),
-            "div": _div(topic_bar_figure(h, PALETTE[h.topic % len(PALETTE)]), f"topic-{h.topic}"),
+            "div": _div(topic_bar_figure(h, PALETTE[h.topic % len(PALETTE)], x_max),
+                        f"topic-{h.topic}", CARD_CONFIG),
             "followed_from": h.steps[0].label, "n_steps": len(h.steps),
             "drift_last": h.steps[-1].drift,
             "indices": [s.topic for s in h.steps],
@@ -241,8 +268,9 @@ def render_report(snapshots: list[TopicSnapshot], vocabulary, *, source: str, n_
     trend_fig = trends_figure(tr, histories)
     budget = budget_figure(points)
     privacy = latest.privacy if isinstance(latest.privacy, dict) else {}
+    js, js_version = plotly_js()
     page = _env.get_template("report.html.j2").render(
-        plotly_js=plotly.offline.get_plotlyjs(), plotly_version=plotly.__version__,
+        plotly_js=js, plotly_version=js_version,
         source=source, generated=_when(generated_at if generated_at is not None
                                        else _dt.datetime.now().timestamp()),
         latest={"release_id": latest.release_id, "label": release_label(latest, len(releases) - 1),
