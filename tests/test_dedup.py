@@ -217,3 +217,48 @@ def test_produce_warns_of_repeats_and_skips_ids_in_its_dedup_state(kafka_broker,
     assert "delivered 0 of 0" in r.stdout
     assert "13 document(s) were not sent: their ids were sent before" in r.stderr
     assert len(read_topic(kafka_broker.bootstrap, kafka_topics.documents)) == 13
+
+
+def test_user_mode_deduplicates_per_user_and_id(tmp_path, monkeypatch):
+    """privacy_unit: user: the key is (user, id). Two users' documents with the same id are two
+    documents (one user's records never decide whether another's counts); the same user's id
+    again is a duplicate."""
+    from test_user_services import OTHERS, _config, _drive, _sketcher, _world
+    a, b = OTHERS[0], OTHERS[1]
+    t = epoch_start(3) + 10.0
+    docs = [messages.encode_document("doc-1", t, tokens=["w1", "w2", "w3"], user=a),
+            messages.encode_document("doc-1", t + 1, tokens=["w4", "w5", "w6"], user=b),
+            messages.encode_document("doc-1", t + 2, tokens=["w1", "w2", "w3"], user=a),
+            messages.encode_document("doc-2", t + 3, tokens=["w7", "w8", "w9"], user=a)]
+    world = _world(_config(tmp_path))
+    world.add_documents([(v, t + i) for i, v in enumerate(docs)])
+    sk = _sketcher(world, monkeypatch)
+    _drive(sk, world)
+    assert sk.dead_lettered == [(2, messages.DUPLICATE_ID)]
+    st = sk.states[0]
+    assert st.counters["documents"] == 3 and st.counters["duplicates"] == 1
+    assert len(st.seen_ids) == 3
+
+
+def test_selection_window_documents_are_deduplicated(tmp_path, monkeypatch):
+    """vocabulary_mode private: a document of the selection window counts once in the
+    partition's selection histogram (the private vocabulary selection) too."""
+    from sketcher_harness import stream_start
+    sel_end = stream_start() - 3600.0
+    cfg = make_config(tmp_path, WORDS, 2, refinement=False, batch_size=3, vocabulary="",
+                      vocabulary_public_by_assumption=False, vocabulary_mode="private",
+                      selection_end=sel_end, vocabulary_candidates=2000, vocabulary_size=100, epsilon=1.0,
+                      non_private=False)
+    world = World(cfg, Subspace(np.linalg.qr(np.random.default_rng(0).standard_normal(
+        (len(WORDS), 3)))[0]))
+    t = sel_end - 1000.0
+    texts = ["the house by the river", "a river and a house", "the time of the year"]
+    docs = [(messages.encode_document(f"s{i}", t + i, text=x), t + i) for i, x in enumerate(texts)]
+    world.add_documents(docs + [(docs[0][0], t + 10), (docs[2][0], t + 11)])
+    letters = _letters(monkeypatch)
+    sk = make_sketcher(world, monkeypatch)
+    assert sk.context.vocabulary is None
+    _run(sk, world)
+    st = sk.states[0]
+    assert sorted(letters) == [(3, messages.DUPLICATE_ID), (4, messages.DUPLICATE_ID)]
+    assert st.counters["selection_documents"] == 3 and st.counters["duplicates"] == 2
