@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from streamdp import messages
 from streamdp import serialization as ser
 from streamdp.documents import MIN_DOC_LENGTH
 from streamdp.messages import InvalidMessage
@@ -58,6 +59,7 @@ from streamdp.privacy.epochs import WARMUP_EPOCH, EpochClock
 from streamdp.privacy.user_bounding import UserBounder, partition_for_user
 from streamdp.refinement import FoldInModels, RefinementSketch
 from streamdp.services.dedup import SeenIds
+from streamdp.services.vocabulary import SelectionHistogram
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch
 
@@ -473,7 +475,6 @@ class PartitionState:
             raise ser.SchemaError("partition state holds stream sketches but no subspace is known")
         selection = None
         if obj.get("selection") is not None:
-            from streamdp.services.vocabulary import SelectionHistogram
             selection = SelectionHistogram.from_bytes(obj["selection"])
         return cls(topic=obj["topic"], partition=int(obj["partition"]),
                    next_offset=int(obj["next_offset"]),
@@ -511,7 +512,6 @@ def check_user(user: str | None, partition: int, n_partitions: int) -> InvalidMe
     ``partition_for_user(user, n_partitions)`` — keying by user is not trusted (a producer
     with another partitioner, a manual partition, a changed partition count): a user on two
     partitions would get two weight sequences (docs/privacy.md)."""
-    from streamdp import messages
     if user is None:
         return messages.InvalidMessage.user(
             messages.MISSING_USER, "the document has no 'user' field, and this deployment's "

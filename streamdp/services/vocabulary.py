@@ -31,6 +31,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from streamdp import serialization as ser
+from streamdp.services import control
+from streamdp.text import public_vocab
+from streamdp.text.public_vocab import public_words
+from streamdp.text.tokenizer import ENGLISH_STOP_WORDS
+from streamdp.text.vocab_selection import (CandidateHistogram, InsufficientSelection,
+                                           SelectionConfig, plan_selection, select_vocabulary)
 from streamdp.text.vocabulary import Vocabulary
 
 KIND = "selection_histogram"       # the checkpointed wrapper of a CandidateHistogram
@@ -53,7 +59,6 @@ class SelectionTooSmall(VocabularyError):
 def selection_tokenizer(cfg):
     """The deployment's tokenizer with the English stop words added: public lists and
     candidates are tokenised like the documents, minus stop words."""
-    from streamdp.text.tokenizer import ENGLISH_STOP_WORDS
     tok = cfg.tokenizer_()
     return replace(tok, stop_words=frozenset(tok.stop_words) | ENGLISH_STOP_WORDS)
 
@@ -64,7 +69,6 @@ _CANDIDATES: dict = {}
 def candidates(cfg) -> Vocabulary:
     """The public candidate list of a private selection: the ``vocabulary_candidates`` most
     frequent wordfreq words of ``vocabulary_lang`` (as a Vocabulary, for its content id)."""
-    from streamdp.text.public_vocab import public_words
     tok = selection_tokenizer(cfg)
     key = (cfg.vocabulary_lang, cfg.vocabulary_candidates, json.dumps(tok.config(), sort_keys=True))
     if key not in _CANDIDATES:
@@ -79,10 +83,10 @@ def candidates(cfg) -> Vocabulary:
 
 def public_vocabulary(cfg) -> tuple[Vocabulary, dict]:
     """``vocabulary_mode: public``: the ``vocabulary_size`` most frequent wordfreq words."""
-    from streamdp.text.public_vocab import public_vocabulary as build
     try:
-        vocab, meta = build(cfg.vocabulary_lang, size=cfg.vocabulary_size,
-                            tokenizer=selection_tokenizer(cfg))
+        vocab, meta = public_vocab.public_vocabulary(cfg.vocabulary_lang,
+                                                     size=cfg.vocabulary_size,
+                                                     tokenizer=selection_tokenizer(cfg))
     except (ValueError, ImportError) as exc:
         raise VocabularyError(f"configuration fields 'vocabulary_lang'/'vocabulary_size': {exc}") from None
     return vocab, {**meta, "mode": "public"}
@@ -127,13 +131,11 @@ class SelectionHistogram:
 
     @classmethod
     def for_config(cls, cfg, cands: Vocabulary) -> "SelectionHistogram":
-        from streamdp.text.vocab_selection import CandidateHistogram
         return cls(CandidateHistogram.for_config(cands, selection_config(cfg)))
 
     def histogram(self, cands: Vocabulary):
         """The CandidateHistogram over ``cands`` (a mismatch is a VocabularyError)."""
         if self._inner is None:
-            from streamdp.text.vocab_selection import CandidateHistogram
             try:
                 self._inner = CandidateHistogram.from_dict(self._raw, cands)
             except (ValueError, KeyError) as exc:
@@ -168,7 +170,6 @@ class SelectionHistogram:
 
 def merge_histograms(hists, cands: Vocabulary):
     """Σ of the partitions' histograms (a new CandidateHistogram), or None if there is none."""
-    from streamdp.text.vocab_selection import CandidateHistogram
     out = None
     for h in hists:
         if h is None:
@@ -188,7 +189,6 @@ def merge_histograms(hists, cands: Vocabulary):
 # ------------------------------------------------------------------ the DP selection
 def selection_config(cfg):
     """The public parameters of the selection (streamdp.text.vocab_selection.SelectionConfig)."""
-    from streamdp.text.vocab_selection import SelectionConfig
     return SelectionConfig(size=cfg.vocabulary_size, max_words_per_doc=cfg.vocabulary_max_words_per_document,
                            candidates="noisy", new_words=cfg.vocabulary_out_of_list,
                            min_words=min(cfg.vocabulary_size, max(cfg.n_topics, 10)))
@@ -205,7 +205,6 @@ def select(cfg, merged, *, accountant, sampler, spender) -> Selection:
     """The DP selection on the merged histogram with the selection atom's whole budget
     (parallel composition): reserve (``spender``, key ``vocabulary``) → draw → keep.
     Raises :class:`SelectionTooSmall` *after* the draw (the caller persists that outcome)."""
-    from streamdp.text.vocab_selection import InsufficientSelection, plan_selection, select_vocabulary
     conf = selection_config(cfg)
     if conf.new_words:
         rho = accountant.vocabulary_rho_limit(conf.new_words_delta_share * cfg.delta)
@@ -241,7 +240,6 @@ def record_vocabulary(rec) -> Vocabulary:
 def load_record(store):
     """(Vocabulary, meta) of the deployment's vocabulary record, or None if there is none.
     A failed selection raises :class:`SelectionTooSmall` with its message."""
-    from streamdp.services import control
     rec = store.read_latest(control.VOCABULARY_KEY)
     if rec is None:
         return None

@@ -44,8 +44,7 @@ from streamdp.privacy.accountant import Accountant
 from streamdp.privacy.conversions import zcdp_epsilon, zcdp_rho
 from streamdp.privacy.events import VOCABULARY, BudgetSpender, GaussianEvent, sigma_for_rho
 from streamdp.privacy.memory_ledger import MemoryLedger
-from streamdp.privacy.noise import GaussianSampler
-from streamdp.privacy.noise import make_sampler
+from streamdp.privacy.noise import GaussianSampler, make_sampler
 from streamdp.privacy.spend import spend
 from streamdp.text.public_vocab import public_vocabulary
 from streamdp.text.vocabulary import Vocabulary
