@@ -495,3 +495,57 @@ def test_ledger_head_is_a_hash_chain_over_the_records(path):
     # a fresh ledger with the same budget has a different head (different creation record)
     other = Accountant(EPS, DELTA, path.parent / "other.jsonl")
     assert other.head()["head"] != h0["head"]
+
+
+# ---------------------------------------------------------------- δ on stream atoms
+from streamdp.privacy.memory_ledger import MemoryLedger  # noqa: E402
+def test_stream_atoms_carry_delta_per_atom_known_answers():
+    """Bun & Steinke Lemma 8.3 per atom: δ's add over the events covering an atom; the stream's
+    ρ limit is zcdp_rho(ε, δ − the worst stream atom's δ sum) (issue 23 item 2, premise check)."""
+    from streamdp.privacy.accountant import atom_loads
+    from streamdp.privacy.conversions import zcdp_rho
+    # known answers of the per-atom sums: "stream" covers every epoch, ranges add where they meet
+    loads = atom_loads([(Partition("stream"), 0.1, 1e-9),
+                        (Partition("stream", (1, 3)), 0.2, 2e-9),
+                        (Partition("stream", (3, 5)), 0.3, 4e-9),
+                        (Partition("stream", (7, 7)), 0.05, 1e-8)])
+    assert loads.worst_stream == pytest.approx(0.6) and loads.worst_epoch == 3
+    assert loads.stream_delta == pytest.approx(1.1e-8)        # epoch 7: 1e-9 + 1e-8 (> epoch 3's 7e-9)
+    acc = Accountant(1.0, 1e-6, MemoryLedger())
+    # the warm-up carries no δ
+    with pytest.raises(ValueError, match="carries no delta"):
+        acc.reserve([GaussianEvent("x", 1.0, 10.0, partition="warmup", delta=1e-9)])
+    limit = zcdp_rho(1.0, 1e-6 - 4e-7)
+    assert limit < acc.rho_budget
+    # a stream event with δ 4e-7: ρ just above the δ-reduced limit is refused, just below accepted
+    over = 1.0 / math.sqrt(2 * limit * 1.001)
+    with pytest.raises(BudgetExhausted, match="δ_s"):
+        acc.reserve([GaussianEvent("n", 1.0, over, partition=epoch_partition(2, 2), delta=4e-7)])
+    ok = 1.0 / math.sqrt(2 * limit * 0.999)
+    acc.reserve([GaussianEvent("n", 1.0, ok, partition=epoch_partition(2, 2), delta=4e-7)])
+    rep = acc.report()
+    assert rep["delta_of_approximate_events_by_atom"]["stream_worst"] == pytest.approx(4e-7)
+    assert rep["epsilon_worst_case"] == pytest.approx(zcdp_epsilon(0.999 * limit, 6e-7), rel=1e-6)
+    assert rep["epsilon_worst_case"] <= 1.0
+    # a second δ on the same atom adds up: 4e-7 + 6e-7 = δ can never be converted
+    with pytest.raises(BudgetExhausted):
+        acc.reserve([GaussianEvent("m", 1.0, 1e6, partition="stream", delta=6e-7)])
+    # the warm-up keeps its whole budget (parallel composition, no δ there)
+    acc.reserve([GaussianEvent("w", 1.0, 1.0 / math.sqrt(2 * acc.rho_budget * 0.999),
+                               partition="warmup")])
+    # the ledger replays the δ
+    assert Accountant(1.0, 1e-6, acc.ledger).loads().stream_delta == pytest.approx(4e-7)
+
+
+def test_a_delta_below_float_resolution_still_rounds_the_limit_down():
+    """δ_s = 1e-33 (one premise check at z = 12) vanishes in δ − δ_s in float arithmetic: the
+    δ left for the conversion is rounded down, so the limit is never above the exact one."""
+    from streamdp.privacy.accountant import _delta_left
+    from streamdp.privacy.conversions import zcdp_rho
+    delta, used = 1e-6, 1.78e-33
+    rest = _delta_left(delta, used)
+    assert rest < delta and Fraction(rest) <= Fraction(delta) - Fraction(used)
+    assert _delta_left(delta, 0.0) == delta
+    acc = Accountant(1.0, delta, MemoryLedger())
+    assert acc.rho_limit(used) <= zcdp_rho(1.0, delta)
+    assert acc.rho_limit(used) == pytest.approx(acc.rho_budget, rel=1e-9)

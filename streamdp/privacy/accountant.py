@@ -27,15 +27,19 @@ composition: the max, not the sum, over atoms). That maximum must stay
 ≤ ρ_budget; it is converted back to ε with the same CKS formula in
 :meth:`Accountant.report`.
 
-Approximate events (the vocabulary atom only)
----------------------------------------------
-An event with ``delta > 0`` is δ-approximately ρ-zCDP (OpenDP's
-``make_gaussian_threshold`` partition selection). Such events are accepted on
-the ``"vocabulary"`` partition only, so one atom carries a δ_v = Σ δ of its
-events (Bun & Steinke 2016, Lemma 8.3: ρ's and δ's add). A vocabulary document
-is then (ε_CKS(ρ_v, δ − δ_v) + ..., δ)-DP: its ρ must stay ≤ zcdp_rho(ε, δ − δ_v)
-(the δ it has left for the conversion), and δ_v < δ; ``reserve`` refuses
-otherwise. Every other atom has δ_v = 0 and the plain ρ_budget.
+Approximate events (the vocabulary atom and stream atoms)
+--------------------------------------------------------
+An event with ``delta > 0`` is δ-approximately ρ-zCDP: ρ-zCDP except on an event of
+probability ≤ δ (Bun & Steinke 2016, Def. 8.1) — OpenDP's ``make_gaussian_threshold``
+partition selection, or the continual release's noised premise check (streamdp.continual,
+docs/privacy.md "The premise check"). Under composition ρ's and δ's add per atom (ibid.,
+Lemma 8.3), so an atom A carries δ_A = Σ δ of the events covering it and a document of A is
+(ε_CKS(ρ_A, δ − δ_A), δ)-DP: its ρ must stay ≤ zcdp_rho(ε, δ − δ_A) (the δ it has left for the
+conversion, rounded down), and δ_A < δ; ``reserve`` refuses otherwise. Such events are accepted
+on the ``"vocabulary"`` partition and on stream partitions (``"stream"``,
+``"stream:epochs=a-b"``); the stream atoms are checked together, conservatively: the worst
+stream ρ against the limit of the worst stream δ (the limit only falls as δ_A grows). The
+warm-up carries no δ. Atoms with δ_A = 0 have the plain ρ_budget.
 
 Filter semantics
 ----------------
@@ -97,8 +101,9 @@ COMPOSITION = ("zCDP: rho adds up over events covering an atom (sequential, adap
                "a document's loss is the max over atoms (parallel composition); atoms are "
                "the warm-up and each stream epoch, assigned by document timestamp, and the "
                "vocabulary-selection slice; 'stream' covers every epoch, 'stream:epochs=a-b' "
-               "epochs a..b; approximate (rho, delta) events only on 'vocabulary', whose rho "
-               "limit is zcdp_rho(eps, delta - delta_vocabulary)")
+               "epochs a..b; approximate (rho, delta) events on 'vocabulary' and stream "
+               "partitions: delta adds per atom, whose rho limit is zcdp_rho(eps, delta - "
+               "its delta sum)")
 
 
 class BudgetExhausted(RuntimeError):
@@ -182,6 +187,7 @@ class AtomLoads:
     worst_atom : str        which atom attains it
     vocabulary : float      ρ of a vocabulary-selection document
     vocabulary_delta : float  Σ δ of the approximate events on that atom (rounded up)
+    stream_delta : float    the largest Σ δ of approximate events on one stream atom (rounded up)
     """
 
     warmup: float
@@ -193,6 +199,7 @@ class AtomLoads:
     worst_atom: str
     vocabulary: float = 0.0
     vocabulary_delta: float = 0.0
+    stream_delta: float = 0.0
 
 
 class LoadTally:
@@ -209,29 +216,37 @@ class LoadTally:
         self.delta: dict[int, int] = {}          # epoch → change of range coverage there
         self.vocab = 0
         self.vocab_delta = 0                      # Σ δ of approximate events (fixed point)
+        self.all_delta = 0                        # Σ δ of approximate "stream" events
+        self.range_delta: dict[int, int] = {}     # epoch → change of range δ coverage there
 
     def copy(self) -> "LoadTally":
         out = LoadTally()
         out.warm, out.all, out.delta = self.warm, self.all, dict(self.delta)
         out.vocab, out.vocab_delta = self.vocab, self.vocab_delta
+        out.all_delta, out.range_delta = self.all_delta, dict(self.range_delta)
         return out
 
     def add(self, part: Partition, rho: float, delta: float = 0.0) -> None:
         r = _fixed(rho)
-        if delta and part.kind != VOCABULARY:
-            raise ValueError(f"an approximate event (delta={delta}) on partition {part}: only "
-                             f"the {VOCABULARY!r} partition may carry a delta")
+        if delta and part.kind == WARMUP:
+            raise ValueError(f"an approximate event (delta={delta}) on partition {part}: the "
+                             f"{WARMUP!r} partition carries no delta")
+        dl = _fixed(delta) if delta else 0
         if part.kind == VOCABULARY:
             self.vocab += r
-            self.vocab_delta += _fixed(delta)
+            self.vocab_delta += dl
         elif part.kind == WARMUP:
             self.warm += r
         elif part.epochs is None:
             self.all += r
+            self.all_delta += dl
         else:
             a, b = part.epochs
             self.delta[a] = self.delta.get(a, 0) + r
             self.delta[b + 1] = self.delta.get(b + 1, 0) - r
+            if dl:
+                self.range_delta[a] = self.range_delta.get(a, 0) + dl
+                self.range_delta[b + 1] = self.range_delta.get(b + 1, 0) - dl
 
     def atom(self, *, warmup: bool = False, epoch: int | None = None,
              vocabulary: bool = False) -> float:
@@ -259,11 +274,16 @@ class LoadTally:
             worst, atom = stream, f"{STREAM} epoch {best_epoch}"
         if self.vocab > worst:
             worst, atom = self.vocab, VOCABULARY
+        best_delta, run = 0, 0
+        for pos in sorted(self.range_delta):
+            run += self.range_delta[pos]
+            best_delta = max(best_delta, run)
         return AtomLoads(warmup=_float_up(self.warm), stream_all=_float_up(self.all),
                          worst_epoch=best_epoch, worst_epoch_extra=_float_up(best),
                          worst_stream=_float_up(stream), worst=_float_up(worst),
                          worst_atom=atom, vocabulary=_float_up(self.vocab),
-                         vocabulary_delta=_float_up(self.vocab_delta))
+                         vocabulary_delta=_float_up(self.vocab_delta),
+                         stream_delta=_float_up(self.all_delta + best_delta))
 
 
 def atom_loads(items: Iterable[tuple]) -> AtomLoads:
@@ -291,14 +311,28 @@ def _event_from_dict(d: dict) -> GaussianEvent:
                          delta=float(d.get("delta", 0.0)), unit=d.get("unit", "document"))
 
 
+def _delta_left(delta: float, used: float) -> float:
+    """δ − used, rounded down (a conversion must never get more δ than is left)."""
+    rest = delta - used
+    if used > 0 and Fraction(rest) > Fraction(delta) - Fraction(used):
+        rest = math.nextafter(rest, -math.inf)
+    return rest
+
+
 def _epsilon_worst_case(loads: AtomLoads, delta: float) -> float:
-    """ε of the worst-off document at total δ: the vocabulary atom converts with δ − δ_v."""
-    others = max(loads.warmup, loads.worst_stream)
-    eps = zcdp_epsilon(others, delta) if others > 0 else 0.0
+    """ε of the worst-off document at total δ: an atom with approximate events converts with
+    δ − its δ sum (the stream atoms, conservatively, all with the worst stream δ)."""
+    def conv(rho: float, used: float) -> float:
+        if rho <= 0:
+            return 0.0
+        rest = _delta_left(delta, used)
+        return zcdp_epsilon(rho, rest) if rest > 0 else math.inf
+    eps = max(conv(loads.warmup, 0.0), conv(loads.worst_stream, loads.stream_delta))
     if loads.vocabulary > 0:
-        rest = delta - loads.vocabulary_delta
-        eps = max(eps, zcdp_epsilon(loads.vocabulary, rest) if rest > 0 else math.inf)
-    return eps if (others > 0 or loads.vocabulary > 0) else zcdp_epsilon(loads.worst, delta)
+        eps = max(eps, conv(loads.vocabulary, loads.vocabulary_delta))
+    if loads.warmup > 0 or loads.worst_stream > 0 or loads.vocabulary > 0:
+        return eps
+    return zcdp_epsilon(loads.worst, delta)
 
 
 # --------------------------------------------------------------- accountant
@@ -446,10 +480,10 @@ class Accountant:
                 raise ValueError(f"event {e.block!r} is {e.unit}-level but the ledger "
                                  f"{self.ledger!r} protects users: its sensitivity does not "
                                  "cover all documents of a user (docs/privacy.md)")
-            if e.delta and parts[-1].kind != VOCABULARY:
+            if e.delta and parts[-1].kind == WARMUP:
                 raise ValueError(f"event {e.block!r} is approximate (delta={e.delta}) on partition "
-                                 f"{e.partition!r}: only the {VOCABULARY!r} partition may carry "
-                                 "a delta (module docstring)")
+                                 f"{e.partition!r}: the {WARMUP!r} partition carries no delta "
+                                 "(module docstring)")
         if key is not None and (not isinstance(key, str) or not key or key.startswith("refuse:")
                                 or key == "budget"):
             raise ValueError(f"bad reservation key {key!r}")
@@ -480,6 +514,8 @@ class Accountant:
                 err = self._refusal(label, requested, before, after)
             elif not self._vocabulary_within(after):
                 err = self._vocabulary_refusal(label, requested, before, after)
+            elif not self._stream_within(after):
+                err = self._stream_refusal(label, requested, before, after)
             if err is not None:
                 self.ledger.append(LedgerRecord("refuse", f"refuse:{uuid.uuid4().hex}", {
                     **payload, "atom": err.atom, "load_after": err.load_after,
@@ -488,14 +524,39 @@ class Accountant:
             self.ledger.append(LedgerRecord("reserve", rid, payload))
         return Reservation(rid, label, events)
 
-    def vocabulary_rho_limit(self, delta_vocabulary: float) -> float:
-        """ρ a vocabulary-selection document may reach when its approximate events use
-        ``delta_vocabulary`` of δ: zcdp_rho(ε, δ − δ_v) (0 if δ_v ≥ δ)."""
-        if delta_vocabulary <= 0:
+    def rho_limit(self, delta_used: float) -> float:
+        """ρ an atom may reach when its approximate events use ``delta_used`` of δ:
+        zcdp_rho(ε, δ − δ_used), δ − δ_used rounded down (0 if δ_used ≥ δ)."""
+        if delta_used <= 0:
             return self.rho_budget
-        if delta_vocabulary >= self.delta:
+        if delta_used >= self.delta:
             return 0.0
-        return min(self.rho_budget, zcdp_rho(self.epsilon, self.delta - delta_vocabulary))
+        return min(self.rho_budget, zcdp_rho(self.epsilon, _delta_left(self.delta, delta_used)))
+
+    def vocabulary_rho_limit(self, delta_vocabulary: float) -> float:
+        """:meth:`rho_limit` of the vocabulary-selection atom."""
+        return self.rho_limit(delta_vocabulary)
+
+    def _stream_within(self, loads: AtomLoads) -> bool:
+        if loads.stream_delta <= 0:
+            return True
+        return (loads.stream_delta < self.delta
+                and loads.worst_stream <= self.rho_limit(loads.stream_delta) * (1.0 + RHO_RTOL))
+
+    def _stream_refusal(self, label: str, requested: dict[str, float], before: LoadTally,
+                        after: AtomLoads) -> BudgetExhausted:
+        limit = self.rho_limit(after.stream_delta)
+        had = before.atom(epoch=after.worst_epoch)
+        atom = (f"{STREAM} (every epoch)" if after.worst_epoch is None
+                else f"{STREAM} epoch {after.worst_epoch}")
+        msg = (f"privacy budget exhausted: refused {label or 'reservation'!r}: stream documents "
+               f"would reach ρ={after.worst_stream:.6g} with δ_s={after.stream_delta:.3g} of "
+               f"approximate events; with δ − δ_s left for the conversion their limit is "
+               f"ρ={limit:.6g} (ε={self.epsilon:g}, δ={self.delta:g}, {UNIT}); ρ remaining "
+               f"there: {max(0.0, limit - had):.6g}. Nothing was spent.")
+        return BudgetExhausted(msg, label=label, requested=requested, atom=atom,
+                               load_after=after.worst_stream, remaining=max(0.0, limit - had),
+                               budget=limit)
 
     def _vocabulary_within(self, loads: AtomLoads) -> bool:
         if loads.vocabulary_delta <= 0:
@@ -588,7 +649,8 @@ class Accountant:
                 "stream_worst_epoch": loads.worst_epoch,
                 "stream_worst_epoch_rho": loads.worst_stream,
             },
-            "delta_of_approximate_events_by_atom": {"vocabulary": loads.vocabulary_delta},
+            "delta_of_approximate_events_by_atom": {"vocabulary": loads.vocabulary_delta,
+                                                    "stream_worst": loads.stream_delta},
             "rho_worst_case": loads.worst,
             "worst_case_atom": loads.worst_atom,
             "epsilon_worst_case": _epsilon_worst_case(loads, self.delta),
@@ -597,8 +659,10 @@ class Accountant:
                 "warmup": max(0.0, self.rho_budget - loads.warmup),
                 "vocabulary": max(0.0, self.vocabulary_rho_limit(loads.vocabulary_delta)
                                   - loads.vocabulary),
-                "stream_worst_epoch": max(0.0, self.rho_budget - loads.worst_stream),
-                "stream_new_epoch": max(0.0, self.rho_budget - loads.stream_all),
+                "stream_worst_epoch": max(0.0, self.rho_limit(loads.stream_delta)
+                                          - loads.worst_stream),
+                "stream_new_epoch": max(0.0, self.rho_limit(loads.stream_delta)
+                                        - loads.stream_all),
             },
             "reservations": reservations,
             "uncommitted": uncommitted,
