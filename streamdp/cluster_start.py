@@ -44,6 +44,16 @@ from streamdp.privacy.sensitivity import block_sensitivities
 
 SUMS_BLOCK = "cluster_sums"
 COUNTS_BLOCK = "cluster_counts"
+MOMENT_BLOCK = "cluster_moment"
+#: share of the centre draw's ρ (after its count) spent on the second moment Σ y yᵀ
+MOMENT_SHARE = 2.0 / 3.0
+#: a few directions dominate the centred cloud when one of the top k // 4 eigenvalues is this
+#: many times the next (measured on the released covariance: the movie reviews' gap after its
+#: two review-site directions is 25–86× at ε = 4; Debian's largest among its top 5 is ≤ 2×)
+DOMINANCE_GAP = 4.0
+#: smallest whitening eigenvalue, relative to the largest (a direction of no variance is not
+#: blown up without bound)
+WHITEN_FLOOR = 1e-3
 #: rows per chunk product of the cluster sums (the rounding analysis' BATCH_ROWS_MAX)
 CHUNK = rounding.BATCH_ROWS_MAX
 
@@ -56,11 +66,15 @@ class ClusterStartConfig:
     lloyd_share : float    share of the start's ρ spent on the iterations (split evenly); the
                            mapping pass gets the rest
     count_share : float    share of each iteration's ρ spent on the counts
+    centre_share : float   share of the iterations' ρ spent first on the centre draw (Σy and
+                           n over all documents, from which documents enter the Lloyd sums
+                           centred and of unit norm: :meth:`Assignment.summand`); 0 = none
     """
 
     iterations: int = 4
     lloyd_share: float = 0.5
     count_share: float = 0.2
+    centre_share: float = 0.1
 
     def __post_init__(self) -> None:
         if isinstance(self.iterations, bool) or not isinstance(self.iterations, int) \
@@ -70,15 +84,33 @@ class ClusterStartConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not (0 < v < 1):
                 raise ValueError(f"cluster start {name} must be in (0, 1), got {v!r}")
+        v = self.centre_share
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v < 1):
+            raise ValueError(f"cluster start centre_share must be in [0, 1), got {v!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def cluster_sensitivities(max_documents: int = rounding.DEFAULT_MAX_DOCUMENTS_PER_SUM) -> dict:
-    """Δ of the cluster sums and counts (the one place: privacy.sensitivity.block_sensitivities)."""
+    """Δ of the cluster sums, counts and second moment (the one place:
+    privacy.sensitivity.block_sensitivities)."""
     s = block_sensitivities(ClipBounds.unclipped(), max_documents=max_documents)
-    return {SUMS_BLOCK: s[SUMS_BLOCK], COUNTS_BLOCK: s[COUNTS_BLOCK]}
+    return {b: s[b] for b in (SUMS_BLOCK, COUNTS_BLOCK, MOMENT_BLOCK)}
+
+
+def plan_centre(rho: float, count_share: float, *, partition: str = STREAM,
+                max_documents: int = rounding.DEFAULT_MAX_DOCUMENTS_PER_SUM) -> list[GaussianEvent]:
+    """The three Gaussian events of the centre draw (Σy, n, Σ y yᵀ) at total zCDP cost ``rho``."""
+    if not (rho > 0 and math.isfinite(rho)):
+        raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
+    sens = cluster_sensitivities(max_documents)
+    r_counts = rho * count_share
+    r_moment = (rho - r_counts) * MOMENT_SHARE
+    r_sums = rho - r_counts - r_moment
+    return [GaussianEvent(b, sens[b], sigma_for_rho(sens[b], r), partition=partition,
+                          mechanism="cluster")
+            for b, r in ((SUMS_BLOCK, r_sums), (COUNTS_BLOCK, r_counts), (MOMENT_BLOCK, r_moment))]
 
 
 def plan_iteration(rho: float, count_share: float, *, partition: str = STREAM,
@@ -112,23 +144,35 @@ def project(X: sp.csr_matrix, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True, eq=False)
 class Assignment:
-    """A public assignment rule: argmax_j (y − mean)·D_j with D_j unit directions (k × k′)."""
+    """A public assignment rule: argmax_j (u(y) − mean)·D_j with D_j unit directions (k × k′).
+
+    ``centre`` (k′,) and ``frame`` (k′ × k′), from the centre draw (:func:`centred_frame`), or
+    None: the vector a document adds to its cluster's sum is u(y) = v/‖v‖ with
+    v = (y − centre)·frame — centred, whitened and of unit norm: the shared corpus direction
+    (most of ‖y‖) is removed, the few directions of largest variance (on the movie reviews:
+    the review site's style) no longer decide every assignment, and the clip radius 1 is spent
+    on what tells documents apart. Without a centre u(y) = y."""
 
     directions: np.ndarray
     mean: np.ndarray
+    centre: np.ndarray | None = None
+    frame: np.ndarray | None = None
 
     @classmethod
-    def random(cls, k: int, k_prime: int, seed: int) -> "Assignment":
-        """Iteration 1: public random directions (the seed is public), no centring."""
-        G = np.random.default_rng([int(seed), 0x5EED]).standard_normal((k, k_prime))
-        return cls(G / np.linalg.norm(G, axis=1, keepdims=True), np.zeros(k_prime))
+    def random(cls, k: int, k_prime: int, seed: int, centre: np.ndarray | None = None,
+               frame: np.ndarray | None = None) -> "Assignment":
+        """Iteration 1: public random directions (the seed is public), no centring of u."""
+        r = k_prime if frame is None else frame.shape[1]
+        G = np.random.default_rng([int(seed), 0x5EED]).standard_normal((k, r))
+        return cls(G / np.linalg.norm(G, axis=1, keepdims=True), np.zeros(r), centre, frame)
 
     @classmethod
     def from_released(cls, sums: np.ndarray, counts: np.ndarray,
                       previous: "Assignment | None" = None) -> "Assignment":
         """From released (noised) sums and counts: centres S_j/n_j, mean ΣS/Σn, directions the
         centred centres normalised. A cluster whose noised count is below 1 keeps its previous
-        direction (its centre would be noise over a near-zero count). Post-processing only."""
+        direction (its centre would be noise over a near-zero count). The centre is kept from
+        ``previous``. Post-processing only."""
         sums, counts = np.asarray(sums, dtype=np.float64), np.asarray(counts, dtype=np.float64)
         total = max(float(counts.sum()), 1.0)
         mean = sums.sum(axis=0) / total
@@ -139,10 +183,24 @@ class Assignment:
         out[ok] = D[ok] / norms[ok, None]
         if previous is not None:
             out[~ok] = previous.directions[~ok]
-        return cls(out, mean)
+        return cls(out, mean, None if previous is None else previous.centre,
+                   None if previous is None else previous.frame)
+
+    def summand(self, Y: np.ndarray) -> np.ndarray:
+        """What each document adds to its cluster's sum: u(y), norm ≤ 1 on the computed value."""
+        if self.centre is None:
+            return Y
+        U = Y - self.centre[None, :]
+        if self.frame is not None:
+            U = U @ self.frame
+        un = np.sqrt(np.einsum("ij,ij->i", U, U))
+        # a document exactly at the centre adds 0; the max(·, 1) guard keeps ‖u‖ ≤ 1 under rounding
+        U = U / np.where(un > 0, un, 1.0)[:, None]
+        un = np.sqrt(np.einsum("ij,ij->i", U, U))
+        return U / np.maximum(un, 1.0)[:, None]
 
     def labels(self, Y: np.ndarray) -> np.ndarray:
-        return np.argmax((Y - self.mean[None, :]) @ self.directions.T, axis=1)
+        return np.argmax((self.summand(Y) - self.mean[None, :]) @ self.directions.T, axis=1)
 
 
 def cluster_sums(batches, Q: np.ndarray, rule: Assignment) -> tuple[np.ndarray, np.ndarray, int]:
@@ -155,12 +213,75 @@ def cluster_sums(batches, Q: np.ndarray, rule: Assignment) -> tuple[np.ndarray, 
     n = 0
     for Xc in _chunks(batches, Q.shape[0]):
         Y, nonempty = project(Xc, Q)
-        Y, lab = Y[nonempty], rule.labels(Y[nonempty])
+        Y = Y[nonempty]
+        lab = rule.labels(Y)
+        Y = rule.summand(Y)
         onehot = sp.csr_matrix((np.ones(lab.size), (lab, np.arange(lab.size))), shape=(k, lab.size))
         rounding.accumulate(S_hi, S_lo, np.asarray(onehot @ Y))
         counts += np.bincount(lab, minlength=k)         # integers: exact in float64
         n += int(lab.size)
     return rounding.collapse(S_hi, S_lo), counts, n
+
+
+def centre_sums(batches, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The centre draw's sums over every non-empty document: Σy (1 × k′), the count (1) and
+    Σ y yᵀ (k′ × k′); chunked and compensated as :func:`cluster_sums`. ‖y yᵀ‖_F = ‖y‖² ≤ 1."""
+    kp = Q.shape[1]
+    S_hi, S_lo = np.zeros((1, kp)), np.zeros((1, kp))
+    M_hi, M_lo = np.zeros((kp, kp)), np.zeros((kp, kp))
+    n = 0
+    for Xc in _chunks(batches, Q.shape[0]):
+        Y, nonempty = project(Xc, Q)
+        Y = Y[nonempty]
+        rounding.accumulate(S_hi, S_lo, Y.sum(axis=0, keepdims=True))
+        rounding.accumulate(M_hi, M_lo, Y.T @ Y)
+        n += int(Y.shape[0])
+    return rounding.collapse(S_hi, S_lo), np.array([float(n)]), rounding.collapse(M_hi, M_lo), n
+
+
+def centred_frame(sums: np.ndarray, counts: np.ndarray, moment: np.ndarray,
+                  moment_sd: float = 0.0, n_clusters: int | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The centre μ = Σy/n and the whitening frame V Λ^{-1/2} of the covariance
+    C = Σ y yᵀ/n − μμᵀ, from the centre draw's released values (post-processing only).
+
+    Only a few dominant directions are equalised (a shared style: on the movie reviews two
+    directions, the review site's, carry 80% of the variance and would decide every
+    assignment): when one of the top max(1, k // 4) eigenvalues is DOMINANCE_GAP times the
+    next, the directions above the gap are scaled down to the next one's level;
+    directions below keep their scale, so sampling noise is not blown up, and a corpus whose
+    variance decays smoothly (Debian) is left as it is. Eigenvalues are first read as a
+    spiked model: those above the noise's spectral norm
+    (≈ σ√(2k′)/n after symmetrising) are kept; the others, which the noise decides one by one,
+    are all set to their mean (trace(C) minus the kept ones, over their number — the trace's
+    noise is only ≈ σ√k′/n), so that subspace is scaled as a whole and its noisy eigenvectors
+    do not matter. No eigenvalue goes below WHITEN_FLOOR × the largest."""
+    n = max(float(np.asarray(counts).ravel()[0]), 1.0)
+    mu = np.asarray(sums, dtype=np.float64).ravel() / n
+    M = np.asarray(moment, dtype=np.float64)
+    C = (M + M.T) / (2.0 * n) - np.outer(mu, mu)
+    lam, V = np.linalg.eigh(C)
+    kp = lam.size
+    noise = float(moment_sd) * math.sqrt(2.0 * kp) / n
+    spike = lam > noise
+    top = max(float(lam.max()), 1e-300)
+    if spike.all():
+        rest = lam
+    else:
+        level = max(float(np.trace(C)) - float(lam[spike].sum()), 0.0) / int((~spike).sum())
+        rest = np.where(spike, lam, level)
+    floor = top                     # no dominance: every direction keeps its scale (u is unit norm)
+    if n_clusters is not None:
+        # a few directions dominate when one of the top max(1, k // 4) eigenvalues is
+        # DOMINANCE_GAP times the next: those are scaled down to the next one's level
+        m = min(max(1, n_clusters // 4), kp - 1)
+        srt = np.sort(rest)[::-1]
+        gaps = srt[:m] / np.maximum(srt[1:m + 1], 1e-300)
+        i = int(np.argmax(gaps))
+        if gaps[i] >= DOMINANCE_GAP:
+            floor = float(srt[i + 1])
+    lam = np.maximum(rest, max(floor, WHITEN_FLOOR * top))
+    return mu, V / np.sqrt(lam)[None, :]
 
 
 def _chunks(batches, d: int):

@@ -10,7 +10,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from streamdp.cluster_start import (Assignment, ClusterMappingModel, ClusterStartConfig,
-                                    cluster_sums, plan_iteration)
+                                    centre_sums, centred_frame, cluster_sums, plan_centre,
+                                    plan_iteration)
 from streamdp.continual import AGGREGATORS, ContinualRelease, EpochSketches
 from streamdp.documents import as_count_batch
 from streamdp.moments.clipping import WARMUP_NORMALISING_CLIP, ClipBounds
@@ -663,22 +664,42 @@ class StreamingSpectralLDA:
         batches = [X] if (sp.issparse(X) or isinstance(X, np.ndarray)) else list(X)
         Q = self.subspace_.Q
         k = self.n_topics
-        rule = Assignment.random(k, Q.shape[1], 0 if self.seed is None else int(self.seed))
+        seed = 0 if self.seed is None else int(self.seed)
+        lloyd_rho = None if self.rho_ is None else self.stream_rho_ * budget_fraction * cfg.lloyd_share
         events_all = []
-        it_rho = None if self.rho_ is None else self.stream_rho_ * budget_fraction * cfg.lloyd_share / cfg.iterations
         noise = {}
+
+        def draw(values, events, n):
+            """Noise ``values`` by ``events`` (kept for a retry, charged)."""
+            require_within_premise(n, self.max_documents_per_sum, "cluster start")
+            out = kept.draw(lambda: spend(
+                self._spender if self._spender is not None else EventLog(), events,
+                label=self._draw_label("cluster"),
+                draw=lambda: tuple(self.sampler.add_noise(v, e.sigma)
+                                   for v, e in zip(values, events))))
+            events_all.extend(events)
+            noise.update({e.block: e.sigma for e in events})
+            return out
+
+        centre = frame = None
+        if cfg.centre_share > 0:
+            # the centre draw (Σy, n, Σ y yᵀ over every document): documents then enter the
+            # Lloyd sums centred, whitened and of unit norm (Assignment.summand)
+            S, counts, M, n = centre_sums(batches, Q)
+            moment_sd = 0.0
+            if lloyd_rho is not None:
+                ev = plan_centre(lloyd_rho * cfg.centre_share, cfg.count_share,
+                                 max_documents=self.max_documents_per_sum)
+                S, counts, M = draw((S, counts, M), ev, n)
+                moment_sd = ev[2].sigma
+            centre, frame = centred_frame(S, counts, M, moment_sd, k)
+        rule = Assignment.random(k, Q.shape[1], seed, centre, frame)
+        it_rho = None if lloyd_rho is None else lloyd_rho * (1.0 - cfg.centre_share) / cfg.iterations
         for _ in range(cfg.iterations):
             S, counts, n = cluster_sums(batches, Q, rule)
             if it_rho is not None:
-                require_within_premise(n, self.max_documents_per_sum, "cluster start")
-                ev = plan_iteration(it_rho, cfg.count_share, max_documents=self.max_documents_per_sum)
-                S, counts = kept.draw(lambda: spend(
-                    self._spender if self._spender is not None else EventLog(), ev,
-                    label=self._draw_label("cluster"),
-                    draw=lambda: (self.sampler.add_noise(S, ev[0].sigma),
-                                  self.sampler.add_noise(counts, ev[1].sigma))))
-                events_all += ev
-                noise = {e.block: e.sigma for e in ev}
+                S, counts = draw((S, counts), plan_iteration(
+                    it_rho, cfg.count_share, max_documents=self.max_documents_per_sum), n)
             rule = Assignment.from_released(S, counts, rule)
         model = ClusterMappingModel(Q, rule)
         sketch = RefinementSketch(*model.shape)

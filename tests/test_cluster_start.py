@@ -55,11 +55,14 @@ def _adversarial_documents(Q):
 
 def test_sensitivities_are_the_clip_plus_rounding_headroom():
     s = block_sensitivities(ClipBounds.unclipped())
-    for block in (C.SUMS_BLOCK, C.COUNTS_BLOCK):
-        # clip 1, no magnitude factor (the summands are the clipped vectors themselves)
+    for block in (C.SUMS_BLOCK, C.COUNTS_BLOCK, C.MOMENT_BLOCK):
+        # clip 1, no magnitude factor (the summands are the clipped vectors themselves, or y yᵀ)
         assert s[block] == s["topic_word"] and 1.0 < s[block] < 1.02
     ev = C.plan_iteration(0.01, 0.2)
     assert [e.block for e in ev] == [C.SUMS_BLOCK, C.COUNTS_BLOCK]
+    assert math.isclose(sum(e.rho for e in ev), 0.01, rel_tol=1e-12)
+    ev = C.plan_centre(0.01, 0.2)
+    assert [e.block for e in ev] == [C.SUMS_BLOCK, C.COUNTS_BLOCK, C.MOMENT_BLOCK]
     assert math.isclose(sum(e.rho for e in ev), 0.01, rel_tol=1e-12)
 
 
@@ -71,7 +74,22 @@ def test_a_maximal_document_moves_each_released_sum_by_at_most_its_sensitivity(r
     sens = C.cluster_sensitivities()
     Y, _ = C.project(adv, Q)
     assert np.all(np.linalg.norm(Y, axis=1) <= 1.0)
-    for rule in (C.Assignment.random(4, Q.shape[1], 0),
+    # the centre draw: Σy, the count and Σ y yᵀ each move by at most their sensitivity
+    Sy0, c0, M0, _ = C.centre_sums([base], Q)
+    for i in range(adv.shape[0]):
+        D1 = sp.vstack([base[:250], adv[i], base[250:]], format="csr")
+        Sy1, c1, M1, _ = C.centre_sums([D1], Q)
+        assert np.linalg.norm(Sy1 - Sy0) <= sens[C.SUMS_BLOCK]
+        assert np.linalg.norm(c1 - c0) <= sens[C.COUNTS_BLOCK]
+        assert np.linalg.norm(M1 - M0) <= sens[C.MOMENT_BLOCK]
+    # a centred, whitened rule from (noised) released values, or any public frame: u(y) has
+    # norm <= 1, the adversary's own point included (the centre itself maps to 0)
+    centre, frame = C.centred_frame(Sy0 + 0.5, c0 + 3, M0 + rng.standard_normal(M0.shape), 1.0, 4)
+    for f in (frame, 1e6 * rng.standard_normal(frame.shape)):
+        U = C.Assignment.random(4, Q.shape[1], 0, centre, f).summand(np.vstack([Y, centre[None, :]]))
+        assert np.all(np.linalg.norm(U, axis=1) <= 1.0) and not U[-1].any()
+    whitened = C.Assignment.random(4, Q.shape[1], 0, centre, frame)
+    for rule in (C.Assignment.random(4, Q.shape[1], 0), whitened,
                  C.Assignment(np.linalg.qr(rng.standard_normal((8, 4)))[0].T, 0.1 * np.ones(8))):
         S0, n0, _ = C.cluster_sums([base], Q, rule)
         lab0 = rule.labels(C.project(base, Q)[0])
@@ -103,7 +121,9 @@ def test_the_cluster_start_charges_every_draw_and_spends_exactly_the_stream_budg
     snap = _fit(X, 1.0, accountant=acc, start="cluster", cluster_start=cfg)
     rho = zcdp_rho(1.0, 1e-6)
     blocks = [e["block"] for e in snap.privacy["stream_events"]]
-    assert blocks.count(C.SUMS_BLOCK) == blocks.count(C.COUNTS_BLOCK) == 3
+    # the centre draw (Σy, n, Σ y yᵀ) and 3 Lloyd iterations (S, n)
+    assert blocks.count(C.SUMS_BLOCK) == blocks.count(C.COUNTS_BLOCK) == 1 + 3
+    assert blocks.count(C.MOMENT_BLOCK) == 1
     # the mapping pass and the refinement passes are topic_word sums
     assert blocks.count(R.BLOCK) == 1 + streamdp.RefinementConfig().passes
     assert "s3" not in blocks                       # no tensor was released
@@ -169,3 +189,50 @@ def test_bad_start_arguments_fail_with_a_message():
         streamdp.StreamingSpectralLDA(4, start="kmeans", non_private=True)
     with pytest.raises(ValueError, match="iterations"):
         streamdp.ClusterStartConfig(iterations=0)
+
+
+def _topics_found(X, Q, model, rule, rng, sd, k, n_shared):
+    """Four noised Lloyd iterations from ``rule``; how many topics have a cluster whose
+    documents' words (the shared words left out) are mostly that topic's."""
+    for _ in range(4):
+        S_j, n_j, _ = C.cluster_sums([X], Q, rule)
+        rule = C.Assignment.from_released(S_j + rng.normal(0, sd, S_j.shape),
+                                          n_j + rng.normal(0, sd, n_j.shape), rule)
+    labels = rule.labels(C.project(X, Q)[0])
+    D = X.toarray()
+    T = np.zeros((k, X.shape[1]))
+    np.add.at(T, labels, D / np.linalg.norm(D, axis=1, keepdims=True))
+    T[:, :n_shared] = 0                                 # the shared words tell no topic apart
+    match = (T / np.maximum(T.sum(axis=1, keepdims=True), 1e-300)) @ model.topics.T
+    return len(set(np.argmax(match, axis=1)))
+
+
+def test_documents_sharing_a_dominant_direction_are_spread_over_the_clusters():
+    """Issue 22 (movie reviews, 2.3/20 distinct at ε = 4): every document shares the corpus's
+    frequent words, so y = Qᵀc/‖c‖ points mostly along one shared direction; the first
+    assignment by random directions put most documents in one or two clusters, whose noised
+    centres then decide little. The centre draw removes the shared direction and the Lloyd sums
+    add unit vectors: the clusters start balanced and every topic gets one."""
+    d, k, sd = 120, 8, 8.0                              # sd: the released values' noise
+    model = make_lda_model(d, k, alpha0=1.0, beta=0.05, seed=11)
+    found_before, found_after = [], []
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        X = sample_documents(model, 4_000, mean_length=12, seed=12).toarray()
+        background = np.zeros(d)
+        background[:6] = [6, 5, 4, 3, 2, 2]              # every document's frequent words, ×3
+        X = sp.csr_matrix(X + rng.poisson(3 * background, size=X.shape))
+        Q, _ = np.linalg.qr(np.c_[model.topics.T, background, rng.standard_normal((d, 3))])
+        uncentred = C.Assignment.random(k, Q.shape[1], 0)          # the rule before the fix
+        _, counts, _ = C.cluster_sums([X], Q, uncentred)
+        assert np.sort(counts)[-2:].sum() > 0.5 * X.shape[0]       # the collapse
+        S, n, M, _ = C.centre_sums([X], Q)
+        centre, frame = C.centred_frame(S + rng.normal(0, sd, S.shape), n + rng.normal(0, sd),
+                                        M + rng.normal(0, sd, M.shape), sd, k)
+        rule = C.Assignment.random(k, Q.shape[1], 0, centre, frame)
+        _, counts, _ = C.cluster_sums([X], Q, rule)
+        assert counts.max() < 0.3 * X.shape[0] and counts.min() > 0.02 * X.shape[0]
+        found_after.append(_topics_found(X, Q, model, rule, rng, sd, k, 6))
+        found_before.append(_topics_found(X, Q, model, uncentred, rng, sd, k, 6))
+    # measured: 8, 8, 8, 8 of 8 topics against 6–7 from the uncentred rule
+    assert min(found_after) >= k - 1 and sum(found_after) > sum(found_before)

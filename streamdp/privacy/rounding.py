@@ -79,8 +79,9 @@ VOCABULARY_MAX = 4_000_000
 #: blocks whose per-document terms are all non-negative (no cancellation): M_b = C_b
 _NON_NEGATIVE = ("count", "m1", "topic_word", "cluster_counts")
 #: blocks whose per-document terms are the entries of the clipped, computed vector itself
-#: (signed, but the pre-cancellation magnitude ‖|y|‖ = ‖y‖ ≤ C_b): M_b = C_b
-_DIRECT = ("cluster_sums",)
+#: (signed, but the pre-cancellation magnitude ‖|y|‖ = ‖y‖ ≤ C_b), or of its outer product
+#: y yᵀ (‖|y yᵀ|‖_F = ‖y‖² ≤ C_b = 1; the product is one more rounding): M_b = C_b
+_DIRECT = ("cluster_sums", "cluster_moment")
 
 
 def gamma(m: int) -> float:

@@ -15,9 +15,11 @@ from streamdp.privacy.rounding import sensitivity as _rounded_sensitivity
 BLOCK_CLIP = {"count": lambda c: 1.0, "m1": lambda c: c.m1, "s1": lambda c: c.m1,
                "z": lambda c: c.z, "s2": lambda c: c.z, "s3": lambda c: c.s3,
                "warmup": lambda c: c.warmup, "topic_word": lambda c: 1.0,
-               # the clustering start (streamdp.cluster_start): y = clip₁(Qᵀc/‖c‖₂) per cluster
-               # row, and one count per document
-               "cluster_sums": lambda c: 1.0, "cluster_counts": lambda c: 1.0}
+               # the clustering start (streamdp.cluster_start): a vector of norm ≤ 1 per cluster
+               # row (clip₁(Qᵀc/‖c‖₂), or its centred, whitened unit vector), one count per
+               # document, and the centre draw's y yᵀ (Frobenius norm ‖y‖² ≤ 1)
+               "cluster_sums": lambda c: 1.0, "cluster_counts": lambda c: 1.0,
+               "cluster_moment": lambda c: 1.0}
 
 
 def block_sensitivities(clip: ClipBounds, *,
