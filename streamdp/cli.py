@@ -126,10 +126,33 @@ def _logging(a) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def _port_in_use(host: str, port: int) -> bool:
+    """Whether something listens on host:port now (a bind as a server would do it fails)."""
+    import errno
+    import socket
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
 def _broker(a) -> int:
-    from streamdp.kafka.broker import run_broker
+    from streamdp.kafka.broker import BrokerError, run_broker
     _logging(a)
-    return run_broker(port=a.port, host=a.host, advertised_host=a.advertised_host) or 0
+    # one clear line, not tansu's panic and a traceback (issue 27)
+    if a.port and _port_in_use(a.host, a.port):
+        raise ValueError(f"port {a.port} in use; pick --port (another broker or Kafka is "
+                         f"listening on {a.host}:{a.port})")
+    try:
+        return run_broker(port=a.port, host=a.host, advertised_host=a.advertised_host) or 0
+    except BrokerError as exc:
+        if "in use" in str(exc) or "AddrInUse" in str(exc):
+            raise ValueError(f"port {a.port} in use; pick --port") from None
+        raise
 
 
 def _sketcher(a) -> int:
@@ -288,13 +311,15 @@ def _read_documents(path: str, tokenizer) -> list[list[str]]:
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise SystemExit(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+                    raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column "
+                                     f"{exc.colno}): {line[:60]!r}{'…' if len(line) > 60 else ''}"
+                                     ) from None
                 if isinstance(obj.get("tokens"), list):
                     docs.append([str(t) for t in obj["tokens"]])
                 elif isinstance(obj.get("text"), str):
                     docs.append(tokenizer.tokenize(obj["text"]))
                 else:
-                    raise SystemExit(f"{path}:{lineno}: a JSON document needs a 'text' string or "
+                    raise ValueError(f"{path}:{lineno}: a JSON document needs a 'text' string or "
                                      "a 'tokens' list")
             else:
                 docs.append(tokenizer.tokenize(line))
@@ -347,14 +372,23 @@ def _vocab_private(a) -> int:
                                     candidates=cands, spender=accountant,
                                     sampler=make_sampler(a.sampler))
     except InsufficientSelection as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        # the library's advice names the services' options; this command has its own
+        why = str(exc).split(" Fix: ")[0].rstrip(". ")
+        print(f"streamdp: error: {why}. Fix: more documents in --in, a larger --epsilon, a "
+              "smaller --min-words, --candidates-mode public (all ρ for words outside the list), "
+              "or a public vocabulary (`streamdp vocab public`), which costs nothing.",
+              file=sys.stderr)
         return 2
     sel.vocabulary.save(a.out)
     report = {**sel.report, "tokenizer": tok.config(), "accountant": accountant.report(),
               "candidates_source": a.candidates or "wordfreq top 100,000 (streamdp vocab public)"}
     side = write_sidecar(a.out, report)
-    print(f"wrote {a.out}: {len(sel.vocabulary)} words ({sel.report['n_new_words']} outside the "
-          f"public list), vocabulary id {sel.vocabulary.vocabulary_id}; privacy report in {side}: "
+    above = sel.report.get("n_candidates_above_cut")
+    filled = (len(sel.vocabulary) - sel.report["n_new_words"] - above) if above is not None else None
+    counts = (f"{above:,} rose above the noise, {filled:,} filled in by public rank, "
+              if filled is not None else "")
+    print(f"wrote {a.out}: {len(sel.vocabulary)} words ({counts}{sel.report['n_new_words']} "
+          f"outside the public list), vocabulary id {sel.vocabulary.vocabulary_id}; privacy report in {side}: "
           f"(ε={a.epsilon:g}, δ={a.delta:g}) per document of {a.input} "
           f"(ρ={sel.report['rho']:.4g}, δ of the partition selection "
           f"{sel.report['delta_approximate']:.3g})")
