@@ -148,9 +148,13 @@ def client_config(bootstrap: str, role: str | None = None, /, **overrides: Any) 
     return cfg
 
 
-def _admin(bootstrap_or_admin: str | AdminClient) -> AdminClient:
+def _admin(bootstrap_or_admin: str | Mapping | AdminClient) -> AdminClient:
     if isinstance(bootstrap_or_admin, AdminClient) or hasattr(bootstrap_or_admin, "describe_configs"):
         return bootstrap_or_admin           # an admin client (or one that answers as one)
+    if isinstance(bootstrap_or_admin, Mapping):
+        # a full client configuration (ServiceConfig.client("admin")): used as it is; taken as
+        # a bootstrap string it named no broker and every request timed out (issue 27)
+        return AdminClient(dict(bootstrap_or_admin))
     return AdminClient(client_config(bootstrap_or_admin, "admin"))
 
 
