@@ -97,3 +97,25 @@ def test_produce_names_a_bad_line_once(tmp_path):
     (where, err), = [(w, o) for w, o in read_corpus(bad) if isinstance(o, Exception)]
     assert where.endswith("docs.jsonl:2")
     assert str(err) == "not valid JSON (Expecting value at column 30)"
+
+
+@pytest.mark.parametrize("service", ["release", "sketcher"])
+def test_a_refused_configuration_writes_and_starts_nothing(kafka_broker, tmp_path, service):
+    """The README's production config without control_key_file: refused in one line, within
+    seconds, before the ledger, the vocabulary file or the snapshot folder is written or a
+    server is started (issue 27: it used to write them first)."""
+    import time as _time
+    data = tmp_path / "var"
+    cfg = {"bootstrap": kafka_broker.bootstrap, "topic_prefix": "tickets-refused", "vocabulary_mode": "private",
+           "selection_end": 1e9, "vocabulary_size": 5000, "n_topics": 20, "epsilon": 1.0,
+           "delta": 1e-6, "horizon": 1024, "stream_start": 1e9 + 86400, "epoch_seconds": 86400,
+           "lateness": 3600, "ledger": str(data / "ledger.jsonl"),
+           "snapshot_dir": str(data / "snapshots")}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    t0 = _time.monotonic()
+    r = cli(service, "--config", str(tmp_path / "c.json"), timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert _time.monotonic() - t0 < 30
+    assert "control_key_file" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert not data.exists(), list(data.rglob("*"))
+    assert "HTTP on" not in r.stderr
