@@ -285,3 +285,43 @@ def test_demo_refuses_a_public_start_without_a_vocabulary_known_beforehand():
         run_demo(start="public", vocabulary="private", out=lambda *_: None)
     with pytest.raises(ValueError, match="start must be"):
         run_demo(start="cluster", out=lambda *_: None)
+
+
+@pytest.mark.slow
+def test_a_restart_between_the_warmup_close_and_epoch_1_keeps_the_public_start(kafka_broker, tmp_path):
+    """Every service stopped right after the warm-up closed with start: auto choosing the public
+    start (no release state yet, only the subspace record and the public release record); the
+    restarted ones read the choice back: epochs 1 and 2 are refined against the public start."""
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(1500, 6000, 3, seed=6)
+    start, path = public_start_file(tmp_path, corpus)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path / "dep", bootstrap, names, corpus, epsilon=4.0, sampler="fast",
+                      noise_seed=5, refinement=True, start="auto", public_start_file=path)
+    recs = corpus.records()
+    with Pipeline(cfg, sketchers=2) as pipe:
+        produce(bootstrap, names.documents, recs[:corpus.n_warm])
+        send_control(bootstrap, names, "close", through=0)
+        wait_for(lambda: pipe.release.start_choice is not None, 90, "the warm-up close",
+                 check=pipe.check)
+        choice = dict(pipe.release.start_choice)
+    assert choice["start"] == "public" and choice["rule_choice"] == "cluster"
+    k = corpus.topics.shape[0]
+    # new sketchers in a new consumer group (an operational field): they restore from the
+    # sketch state records, like replaced pods (re-joining the old group can wait out the
+    # embedded broker's rebalance, which is not what this test is about)
+    with Pipeline(dataclasses.replace(cfg, group_id=cfg.group_id + "-after"), sketchers=2) as pipe:
+        assert pipe.release.start_choice == choice
+        snaps = []
+        for e in range(1, corpus.epochs + 1):
+            rows = [i for i in range(corpus.n_warm, len(recs))
+                    if corpus.epoch_end(e - 1) <= corpus.ts[i] < corpus.epoch_end(e)]
+            produce(bootstrap, names.documents, [recs[i] for i in rows])
+            send_control(bootstrap, names, "flush", through=e)
+            # generous: the new sketchers first wait out the consumer-group rebalance
+            snaps.append(pipe.wait_released(e, timeout=120.0))
+    assert [s.stage for s in snaps] == ["refined"] * 3
+    assert [s.privacy["refinement"]["model_epoch"] for s in snaps] == [0, 0, 1]
+    assert snaps[0].privacy["public_start"]["start_id"] == start.start_id
+    d_pub = matched_l1(snaps[0].topic_word, start.topic_word)
+    assert np.all(d_pub.argmin(axis=1) == np.arange(k)), d_pub.round(2)
