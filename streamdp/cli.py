@@ -116,8 +116,9 @@ def _config(a: argparse.Namespace):
 
 def _reachable(cfg) -> None:
     """Fail within seconds, naming 'bootstrap', when Kafka cannot be reached."""
+    from streamdp.kafka.clients import service_client_config
     from streamdp.kafka.connectivity import check_bootstrap
-    check_bootstrap(cfg.client("admin"), timeout=10.0)
+    check_bootstrap(service_client_config(cfg.bootstrap, cfg.kafka, "admin"), timeout=10.0)
 
 
 def _logging(a) -> None:
@@ -172,9 +173,10 @@ def _user_partitions(cfg) -> int | None:
     the deployment recorded); None in document mode."""
     if cfg.privacy_unit != "user":
         return None
+    from streamdp.kafka.clients import open_state_store
     from streamdp.services.config import check_unit, documents_partition_count, PRIVACY_MODE_KEY
     n = documents_partition_count(cfg)
-    store = cfg.state_store()
+    store = open_state_store(cfg.bootstrap, cfg.kafka, cfg.topics.state)
     try:
         rec = store.read_latest(PRIVACY_MODE_KEY)
     finally:
@@ -201,10 +203,11 @@ def _given_fields(a) -> set[str]:
 
 def _check_producer_contract(a, cfg) -> None:
     """Refuse to produce when a given field disagrees with the recorded deployment contract."""
+    from streamdp.kafka.clients import open_state_store
     from streamdp.kafka.state_store import StateTopicMissing
     from streamdp.services.contract import check_producer_arguments
     try:
-        store = cfg.state_store()
+        store = open_state_store(cfg.bootstrap, cfg.kafka, cfg.topics.state)
     except StateTopicMissing:
         return                  # no deployment yet: nothing recorded
     try:
@@ -216,6 +219,7 @@ def _check_producer_contract(a, cfg) -> None:
 
 
 def _produce(a) -> int:
+    from streamdp.kafka.clients import service_client_config
     from streamdp.kafka.topics import ensure_topics
     from streamdp import progress
     from streamdp.services.produce import (Rejections, SentIds, count_lines, encoded_records,
@@ -244,7 +248,8 @@ def _produce(a) -> int:
         produce(cfg.bootstrap, cfg.topics.documents,
                 sent.filter(encoded_records(a.corpus, rejected,
                                             require_user=user_partitions is not None)),
-                producer_config=cfg.client("producer"), stats=stats, progress=bar.update,
+                producer_config=service_client_config(cfg.bootstrap, cfg.kafka, "producer"),
+                stats=stats, progress=bar.update,
                 user_partitions=user_partitions)
         sent.save()                 # only once every document was acknowledged
     finally:        # also after an error: say what was sent
@@ -267,6 +272,7 @@ def _produce(a) -> int:
 
 def _control(a) -> int:
     from confluent_kafka import Producer
+    from streamdp.kafka.clients import service_client_config
     from streamdp.services import control
     cfg = _config(a)
     fields = {} if a.through is None else {"through": a.through}
@@ -277,7 +283,7 @@ def _control(a) -> int:
     # operator messages only with a valid MAC. No key in production: ControlKeyError.
     _reachable(cfg)                  # first, as every service command: a wrong bootstrap says so
     key = control.load_key(cfg)
-    p = Producer(cfg.client("producer"))
+    p = Producer(service_client_config(cfg.bootstrap, cfg.kafka, "producer"))
     p.produce(cfg.topics.control, value=control.encode(a.type, key=key, **fields))
     if p.flush(10) != 0:
         raise ValueError(f"control message not delivered to {cfg.topics.control} within 10 s")

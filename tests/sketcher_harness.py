@@ -224,7 +224,7 @@ def make_sketcher(world: World, monkeypatch, restore: bytes | None = None):
     monkeypatch.setattr(mod, "check_privacy_mode", lambda *a, **k: None)
     monkeypatch.setattr(mod, "Producer", FakeProducer)
     monkeypatch.setattr(mod, "Consumer", consumer)
-    monkeypatch.setattr(ServiceConfig, "state_store", lambda self: world.store)
+    monkeypatch.setattr(mod, "open_state_store", lambda *a, **k: world.store)
     sk = mod.Sketcher(world.cfg, instance="harness")
     sk.subspace, sk.clip, sk.warmup_closed = world.subspace, ClipBounds.unclipped(), True
     if restore is not None:

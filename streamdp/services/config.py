@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamdp.errors import ConfigError
+from streamdp.kafka.clients import open_state_store, partition_count
 from streamdp.kafka.topics import TopicNames
 from streamdp.moments.clipping import WARMUP_NORMALISING_CLIP, ClipBounds
 from streamdp.privacy.epochs import EpochClock
@@ -475,24 +476,10 @@ class ServiceConfig:
         return RefinementConfig(share=float(self.refinement_share),
                                 model_lag=int(self.refinement_model_lag))
 
-    def client(self, role: str, **overrides) -> dict:
-        """confluent-kafka configuration for ``role`` with the deployment's extra ``kafka``
-        properties (security: SASL/TLS) applied to every client."""
-        from streamdp.kafka.connectivity import client_extras
-        from streamdp.kafka.topics import client_config
-        return client_config(self.bootstrap, role,
-                             **{**client_extras(self.bootstrap), **self.kafka, **overrides})
-
     def state_store(self):
-        """The deployment's StateStore, its clients configured with the ``kafka`` properties."""
-        from confluent_kafka import Producer
-        from streamdp.kafka.state_store import StateStore
-        producer = Producer(self.client("producer", **{
-            "enable.idempotence": True, "acks": "all", "linger.ms": 5}))
-        from streamdp.kafka.connectivity import client_extras
-        return StateStore(producer, self.bootstrap, self.topics.state,
-                          consumer_overrides={**client_extras(self.bootstrap), **self.kafka},
-                          owns_producer=True)
+        """The deployment's StateStore (kept for the tests; services call
+        :func:`streamdp.kafka.clients.open_state_store` with the fields)."""
+        return open_state_store(self.bootstrap, self.kafka, self.topics.state)
 
     @property
     def topics(self) -> TopicNames:
@@ -683,16 +670,13 @@ def recorded_partitions(store) -> int | None:
 
 def documents_partition_count(cfg: ServiceConfig) -> int:
     """The documents topic's partition count (ConfigError if the topic does not exist)."""
-    from confluent_kafka.admin import AdminClient
-    admin = AdminClient(cfg.client("admin"))
-    md = admin.list_topics(cfg.topics.documents, timeout=10)
-    t = md.topics.get(cfg.topics.documents)
-    if t is None or t.error is not None or not t.partitions:
+    n = partition_count(cfg.bootstrap, cfg.kafka, cfg.topics.documents, timeout=10)
+    if n is None:
         raise ConfigError(f"privacy_unit: user needs the documents topic "
                           f"{cfg.topics.documents!r} to exist before the services start (its "
                           "partition count is fixed for the deployment): create the topics "
                           "first (streamdp topics / --create-topics)")
-    return len(t.partitions)
+    return n
 
 
 def check_privacy_mode(cfg: ServiceConfig, store=None, *, role: str = "release",

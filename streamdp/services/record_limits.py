@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 from confluent_kafka import KafkaException
 
+from streamdp.kafka.clients import service_client_config
 from streamdp.kafka.state_store import DEFAULT_CHUNK_BYTES
 from streamdp.kafka.topics import MESSAGE_MAX_BYTES, TopicNames, describe_topic_config
 
@@ -144,6 +145,7 @@ def check_limits(cfg, d: int, topics: list[str]) -> None:
     from confluent_kafka.admin import AdminClient
     from streamdp.services.config import ConfigError
     try:
-        check_topic_limits(AdminClient(cfg.client("admin")), cfg, d, topics)
+        admin = AdminClient(service_client_config(cfg.bootstrap, cfg.kafka, "admin"))
+        check_topic_limits(admin, cfg, d, topics)
     except TopicLimitError as exc:
         raise ConfigError(str(exc)) from None

@@ -91,6 +91,7 @@ from streamdp.start import choose_service_start, warmup_noised_count
 from streamdp.services import control
 from streamdp.services.contract import check_contract, record_contract
 from streamdp.services.record_limits import check_limits, vocabulary_size
+from streamdp.kafka.clients import open_state_store, service_client_config
 from streamdp.kafka.connectivity import BrokerProbe, OutageGuard, check_bootstrap
 from streamdp.services.config import (ConfigError, ServiceConfig, check_privacy_mode,
                                       check_stream_start, documents_partition_count)
@@ -151,9 +152,10 @@ class ReleaseService:
                 raise ConfigError(str(exc)) from None
         self.routing = cfg.routing
         self.policy = ClosingPolicy(self.routing.close_time, cfg.lateness, closing=cfg.closing)
-        check_bootstrap(cfg.client("admin"))     # fail fast, naming 'bootstrap', before any ledger write
+        # fail fast, naming 'bootstrap', before any ledger write
+        check_bootstrap(service_client_config(cfg.bootstrap, cfg.kafka, "admin"))
         self._control_key()                      # refused here, not after init_transactions
-        reader = cfg.state_store()
+        reader = open_state_store(cfg.bootstrap, cfg.kafka, cfg.topics.state)
         try:
             # the privacy mode first: its messages name the ledger / marker that proves it
             check_privacy_mode(cfg, reader, role="release", record=False,
@@ -173,7 +175,7 @@ class ReleaseService:
             self.metrics.bind_health(self.health)
             # Checks that may refuse the start come first, on a plain reader, so that a
             # misconfigured second service refuses WITHOUT fencing the running writer.
-            reader = cfg.state_store()
+            reader = open_state_store(cfg.bootstrap, cfg.kafka, cfg.topics.state)
             try:
                 # a first start with stream_start far in the past would close its epochs
                 # empty: refused before the marker or the ledger is written
@@ -204,7 +206,7 @@ class ReleaseService:
             self.plan = warmup_plan(self.rho, privacy_unit=cfg.privacy_unit,
                                     warmup_share=cfg.warmup_share,
                                     clip_budget_share=cfg.clip_budget_share)
-            self.producer = Producer(cfg.client("producer", **{
+            self.producer = Producer(service_client_config(cfg.bootstrap, cfg.kafka, "producer", **{
                 "enable.idempotence": True, "acks": "all"}))
             self.sinks = ReleaseSinks(self.producer, self.topics, cfg.snapshot_dir,
                                       vocabulary=lambda: self.vocabulary,
@@ -577,14 +579,18 @@ class ReleaseService:
                  self.server.url)
         # never two ready writers (issue 23 item 9): ready only while the writer epoch is
         # confirmed on Kafka, and only once an older writer's readiness has lapsed
-        self.watch = WriterWatch(self.writer, self.cfg.state_store, self._taken_over).start()
+        cfg = self.cfg
+        self.watch = WriterWatch(
+            self.writer, lambda: open_state_store(cfg.bootstrap, cfg.kafka, cfg.topics.state),
+            self._taken_over).start()
         self.health.add_ready_gate(self.watch.gate)
         self.health.set_ready(True, "serving")
-        self.broker_probe = BrokerProbe(self.health, self.cfg.client("admin"), name="release",
+        admin_config = service_client_config(self.cfg.bootstrap, self.cfg.kafka, "admin")
+        self.broker_probe = BrokerProbe(self.health, admin_config, name="release",
                                         bound=self.cfg.readiness_broker_seconds,
                                         interval=self.cfg.readiness_broker_seconds / 2).start()
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
-        guard = OutageGuard(self.health, self.cfg.client("admin"), self._stop, name="release",
+        guard = OutageGuard(self.health, admin_config, self._stop, name="release",
                             resync=self._resync, logger=log)     # outages: alive, not ready, retry
         try:
             while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):

@@ -11,6 +11,7 @@ from typing import Callable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from streamdp import serialization as ser
+from streamdp.kafka.clients import service_client_config
 from streamdp.services import control
 from streamdp.services.config import ServiceConfig
 from streamdp.services.partition_state import PartitionState
@@ -35,7 +36,7 @@ class ControlCommands:
     def __init__(self, cfg: ServiceConfig, key: Callable[[], bytes]) -> None:
         self.cfg = cfg
         self._key = key
-        self.consumer = Consumer(cfg.client("consumer", **{
+        self.consumer = Consumer(service_client_config(cfg.bootstrap, cfg.kafka, "consumer", **{
             "group.id": f"{cfg.topic_prefix}-release-control", "enable.auto.commit": False,
             "fetch.wait.max.ms": 100}))
         self.offset: int | None = None     # next control offset to read (saved with the state)
@@ -122,7 +123,7 @@ class DocumentsPartitions:
         self.topic = cfg.topics.documents
         self.auth = auth       # returns the StateAuth: records without a valid MAC are refused
         self.view: PartitionView | None = None
-        self.probe = Consumer(cfg.client("consumer", **{
+        self.probe = Consumer(service_client_config(cfg.bootstrap, cfg.kafka, "consumer", **{
             "group.id": f"{cfg.topic_prefix}-release-probe", "enable.auto.commit": False,
             "enable.partition.eof": True, "fetch.wait.max.ms": 50}))
 

@@ -34,6 +34,7 @@ from typing import Callable
 
 from confluent_kafka import Producer
 
+from streamdp.kafka.clients import service_client_config
 from streamdp.kafka.connectivity import client_extras
 from streamdp.kafka.state_store import StateStore, WriterFenced
 from streamdp.privacy.accountant import Accountant, LedgerMismatch
@@ -203,7 +204,8 @@ class ReleaseWriter:
             if newest > self.writer_epoch:
                 raise WriterFenced(f"writer epoch {newest} registered after this one's "
                                    f"({self.writer_epoch}): not re-initialising the producer")
-        writer = Producer(self.cfg.client("producer", **{
+        writer = Producer(service_client_config(
+            self.cfg.bootstrap, self.cfg.kafka, "producer", **{
             "transactional.id": self.transactional_id, "enable.idempotence": True,
             "acks": "all", "linger.ms": 5}))
         writer.init_transactions(30)

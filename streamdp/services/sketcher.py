@@ -26,6 +26,7 @@ import uuid
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from streamdp.kafka.clients import open_state_store, service_client_config
 from streamdp.kafka.connectivity import BrokerProbe, OutageGuard, check_bootstrap
 from streamdp.kafka.topics import TopicConfigError, check_broker_time
 from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
@@ -67,7 +68,7 @@ class Sketcher:
         self.instance = instance or f"sketcher-{uuid.uuid4().hex[:8]}"
         # every refusal before any side effect (issue 25): vocabulary, broker, key, contract
         vocabulary, candidates = initial_vocabulary(cfg)
-        check_bootstrap(cfg.client("admin"))     # fail fast, naming 'bootstrap'
+        check_bootstrap(service_client_config(cfg.bootstrap, cfg.kafka, "admin"))  # fail fast
         try:
             control_key = control.load_key(cfg)
         except control.ControlKeyError as exc:
@@ -79,10 +80,11 @@ class Sketcher:
         self._stop = threading.Event()
         if cfg.broker_time_required:
             try:
-                check_broker_time(cfg.client("admin"), cfg.topics.documents)
+                check_broker_time(service_client_config(cfg.bootstrap, cfg.kafka, "admin"),
+                                  cfg.topics.documents)
             except TopicConfigError as exc:
                 raise ConfigError(str(exc)) from None
-        store = cfg.state_store()
+        store = open_state_store(cfg.bootstrap, cfg.kafka, cfg.topics.state)
         # user mode: the documents partition count is recorded (or checked) before anything runs
         user_partitions = documents_partition_count(cfg) if cfg.privacy_unit == "user" else None
         check_privacy_mode(cfg, store, role="sketcher", record=False,   # read-only checks
@@ -93,11 +95,12 @@ class Sketcher:
                            document_partitions=user_partitions)   # the unit never changes
         if record:                               # the first service of the deployment
             record_contract(cfg, store, contract, role="sketcher")
-        producer = Producer(cfg.client("producer", **{
+        producer = Producer(service_client_config(cfg.bootstrap, cfg.kafka, "producer", **{
             "enable.idempotence": True, "acks": "all", "linger.ms": 20}))
-        consumer = Consumer(cfg.client("consumer", **consumer_settings(
-            self.instance, cfg.group_id, stats_cb=self.metrics.set_lag_from_stats)))
-        control_consumer = Consumer(cfg.client("consumer", **{
+        consumer = Consumer(service_client_config(
+            cfg.bootstrap, cfg.kafka, "consumer",
+            **consumer_settings(self.instance, cfg.group_id, stats_cb=self.metrics.set_lag_from_stats)))
+        control_consumer = Consumer(service_client_config(cfg.bootstrap, cfg.kafka, "consumer", **{
             "group.id": f"{self.instance}-control", "enable.auto.commit": False,
             "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100}))
         control_consumer.assign([TopicPartition(self.topics.control, 0, OFFSET_BEGINNING)])
@@ -161,9 +164,10 @@ class Sketcher:
         self._refresh_subspace()
         self.processor.subscribe()
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
-        guard = OutageGuard(self.health, self.cfg.client("admin"), self._stop,
+        admin_config = service_client_config(self.cfg.bootstrap, self.cfg.kafka, "admin")
+        guard = OutageGuard(self.health, admin_config, self._stop,
                             name=self.instance, logger=log)     # outages: alive, not ready, retry
-        self.broker_probe = BrokerProbe(self.health, self.cfg.client("admin"), name=self.instance,
+        self.broker_probe = BrokerProbe(self.health, admin_config, name=self.instance,
                                         bound=self.cfg.readiness_broker_seconds,
                                         interval=self.cfg.readiness_broker_seconds / 2).start()
         try:
