@@ -189,6 +189,18 @@ def test_bad_start_arguments_fail_with_a_message():
         streamdp.StreamingSpectralLDA(4, start="kmeans", non_private=True)
     with pytest.raises(ValueError, match="iterations"):
         streamdp.ClusterStartConfig(iterations=0)
+    for bad in (1.0, -0.1, True, "0.1"):
+        with pytest.raises(ValueError, match="centre_share"):
+            streamdp.ClusterStartConfig(centre_share=bad)
+
+
+def test_without_the_centre_draw_the_start_spends_nothing_on_it(lda):
+    """centre_share=0: no centre draw (no Σ y yᵀ released), the Lloyd rounds get the budget."""
+    model, X = lda
+    snap = _fit(X, 1.0, start="cluster", cluster_start=streamdp.ClusterStartConfig(centre_share=0.0))
+    blocks = [e["block"] for e in snap.privacy["stream_events"]]
+    assert C.MOMENT_BLOCK not in blocks and blocks.count(C.SUMS_BLOCK) == 4
+    assert math.isclose(snap.privacy["rho_stream_spent"], zcdp_rho(1, 1e-6), rel_tol=1e-9)
 
 
 def _topics_found(X, Q, model, rule, rng, sd, k, n_shared):
