@@ -373,6 +373,8 @@ def synthetic_section(cfg: dict, seed: int, private: list[dict], *, title: str,
         run_streamdp_rows(X, cfg["n_warmup"], k, eps, seed, score)
     if nonprivate_baselines:
         for name, f, kw in nonprivate_models():
+            if cfg.get("nonprivate") is not None and name not in cfg["nonprivate"]:
+                continue
             B, info = f(X, k, seed=seed, **kw)
             score(name, None, B, info, False)
     skipped = run_private_sweep(private, X, k, cfg["epsilons"], seed, score, title)
@@ -933,8 +935,8 @@ def main(argv=None) -> int:
                    help="text sections only: the ε of every private row, e.g. 'none,4,1' "
                         "(default: the section's own list and streamdp's extra ε)")
     p.add_argument("--nonprivate", default=None, metavar="LIST",
-                   help="text sections only: the non-private engines to run, e.g. 'gensim' "
-                        "(default: all installed)")
+                   help="the non-private engines to run, e.g. 'gensim', or 'none' (default: "
+                        "all installed)")
     a = parse_args(p, argv)         # + --no-progress
     if a.replot:
         import json
@@ -955,8 +957,8 @@ def main(argv=None) -> int:
         sizes = {sec: ({**cfg, "epsilons": eps, "streamdp_extra_epsilons": []}
                        if sec in text_sections else cfg) for sec, cfg in sizes.items()}
     if a.nonprivate:
-        names = [n.strip() for n in a.nonprivate.split(",") if n.strip()]
-        sizes = {sec: ({**cfg, "nonprivate": names} if sec in text_sections else cfg)
+        names = [n.strip() for n in a.nonprivate.split(",") if n.strip() and n.strip() != "none"]
+        sizes = {sec: ({**cfg, "nonprivate": names} if sec != "throughput" else cfg)
                  for sec, cfg in sizes.items()}
     if a.peers:
         sizes = {sec: ({**cfg, "epsilons": [1.0, None], "streamdp_extra_epsilons": []}

@@ -45,23 +45,18 @@ def _random_model(rng, k, d, zeros=0.0):
 
 
 # ------------------------------------------------------------------ fold-in, brute force
-def test_fold_in_matches_a_per_document_loop(rng):
-    k, d = 3, 12
-    model = _random_model(rng, k, d)
-    X = sp.csr_matrix(rng.poisson(0.8, size=(7, d)).astype(float))
-    theta, resp = R.fold_in(X, model.topic_word, model.alpha, n_iter=6)
-    pos = 0
-    for n in range(X.shape[0]):
-        c = X[n].toarray().ravel()
-        words = np.flatnonzero(c)
-        th = model.alpha / model.alpha.sum()
-        for _ in range(6):
-            p = model.topic_word[:, words] * th[:, None]            # (k, nnz)
-            r = p / p.sum(axis=0, keepdims=True)
-            th = (model.alpha + (r * c[words]).sum(axis=1)) / (model.alpha.sum() + c.sum())
-        np.testing.assert_allclose(theta[n], th, rtol=1e-12)
-        np.testing.assert_allclose(resp[pos:pos + words.size], r.T, rtol=1e-12)
-        pos += words.size
+def test_one_pass_from_the_true_topics_stays_at_the_truth():
+    """Issue 22 item 4: on data that really is LDA, the refinement's E-step must not move the
+    true topics (the exact posterior's expected counts have the true counts as expectation).
+    The point estimate of θ that counted each token in its own prior (before CVB0) sharpened
+    every topic: 0.0053 from the truth here, CVB0 0.0027 (the kernel's exactness against the
+    written-out sweeps is tests/test_fold_in_kernel.py)."""
+    model = make_lda_model(100, 5, alpha0=1.0, beta=0.05, seed=0)
+    X = sample_documents(model, 100_000, mean_length=50, seed=10)
+    T, n = R.RefinementModel(model.topics, model.alpha).contributions(X)
+    assert n == X.shape[0]
+    err = topic_recovery_metrics(model.topics, T / T.sum(axis=1, keepdims=True))["l2_mean"]
+    assert err < 0.0040
 
 
 def test_contributions_are_the_sum_of_per_document_contributions(rng):
