@@ -131,6 +131,30 @@ def test_denoising_keeps_every_word_possible_and_the_strong_rows(rng):
     assert "1 of 4 topics" in snap.quality_note
 
 
+def test_sparse_topic_rule_picks_rows_whose_mass_stands_above_the_noise(rng):
+    """Issue 22 item 4: a sparse topic (most of its mass in words far above the noise) is
+    published hard-thresholded, closer to the truth than the shrink toward the background; a
+    row of real-text shape (mass spread below the noise) and a row of little mass keep the
+    James–Stein estimate; without noise both estimates are the same."""
+    k, d, sd = 3, 1000, 9.0
+    truth = rng.dirichlet(np.full(d, 0.05), size=k)            # synthetic LDA's topics
+    truth[1] = rng.dirichlet(np.full(d, 1.0))                  # flat, like real text at ε ≤ 4
+    T = 120_000 * truth + rng.normal(0, sd, size=(k, d))
+    T[1] = 12_000 * truth[1] + rng.normal(0, sd, size=d)       # its words ≈ 12 each, σ = 9
+    T[2] = 600 * truth[2] + rng.normal(0, sd, size=d)          # little mass: noise-dominated
+    tw, _, _, fold_in = R.refined_topics(T, sd, 1.0)
+    js, _ = R.denoise_topic_word(T, sd)
+    _, sparse = R.sparse_topic_word(T, sd)
+    assert sparse.tolist() == [True, False, False]
+    assert np.all(tw > 0) and np.allclose(tw.sum(axis=1), 1.0)
+    assert np.linalg.norm(tw[0] - truth[0]) < 0.75 * np.linalg.norm(js[0] - truth[0])   # 0.61×
+    assert np.array_equal(tw[1:], js[1:]) and np.array_equal(fold_in[0], tw[0])
+    # σ = 0: the rule's estimate is the James–Stein one (both: T's positive part + the floor)
+    exact = 120_000 * truth
+    np.testing.assert_allclose(R.refined_topics(exact, 0.0, 1.0)[0],
+                               R.denoise_topic_word(exact, 0.0)[0], rtol=1e-12, atol=1e-15)
+
+
 def test_refinement_sketch_merges_and_round_trips(rng):
     model = _random_model(rng, 3, 20)
     X = sp.csr_matrix(rng.poisson(0.6, size=(30, 20)).astype(float))
