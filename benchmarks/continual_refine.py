@@ -17,6 +17,12 @@ share of topics whose index kept its nearest topic between consecutive releases.
 
     python benchmarks/continual_refine.py --releases 16,256 --seeds 0,1,2 --json out.json
     python benchmarks/continual_refine.py --releases 64 --aggregators tree,blt
+    python benchmarks/continual_refine.py --corpus synthetic --releases 64 --epsilon 1 --seeds 0,1,2
+
+``--corpus synthetic``: synthetic LDA as in ``benchmarks/continual.py`` (d = 1000, k = 10, warm-up
+100k, stream 200k cut into R epochs by timestamp, BLT), the matched L2 error of every release with
+refinement (the default) and spectral-only, same warm-up, documents and noise seed; reported:
+the mean over the R releases, the last and the worst release (issue 22 item 4).
 """
 from __future__ import annotations
 
@@ -124,6 +130,60 @@ def continual(corpus, X, stream, n_warm, score, R, eps, seed, k, aggregator, one
             "seconds": seconds, "releases": rows}
 
 
+def synthetic_run(R: int, eps: float, seed: int, *, d: int = 1000, k: int = 10,
+                  n_warm: int = 100_000, n_stream: int = 200_000) -> dict:
+    """Synthetic LDA (the setting of ``benchmarks/continual.py``): the matched L2 error of every
+    one of R releases under one ε, with refinement (the default) and spectral-only
+    (``refinement=None``), BLT, the same warm-up, documents and noise seed for both."""
+    from streamdp.evaluation import matched_topic_error
+    from streamdp.evaluation.corpora import synthetic_corpus
+    corpus = synthetic_corpus(d, k, alpha0=1.0, n_docs=n_warm + n_stream, seed=seed)
+    X, truth = corpus.counts, corpus.true_topics
+    ts = (np.arange(n_stream) + 0.5) * (R / n_stream)
+    out = {"R": R, "epsilon": eps, "seed": seed}
+    for name, refinement in (("refined", RefinementConfig()), ("spectral", None)):
+        est = StreamingSpectralLDA(k, 1.0, epsilon=eps, delta=DELTA, seed=seed,
+                                   noise_seed=20_000 + seed, sampler="fast",
+                                   epochs=EpochClock(0.0, 1.0), horizon=R, refinement=refinement)
+        for s in range(0, n_warm, BATCH):
+            est.warmup(X[s:min(s + BATCH, n_warm)])
+        errors = []
+        t0 = time.perf_counter()
+        for t in range(1, R + 1):
+            idx = np.flatnonzero((ts >= t - 1) & (ts < t))
+            for s in range(0, idx.size, BATCH):
+                part = idx[s:s + BATCH]
+                est.partial_fit(X[n_warm + part], ts[part])
+            (snap,) = est.close_epochs(float(t))
+            errors.append(matched_topic_error(truth, snap.topic_word)["l2_mean"])
+        out[name] = {"errors": errors, "mean": float(np.mean(errors)), "last": errors[-1],
+                     "worst": float(np.max(errors)), "seconds": time.perf_counter() - t0}
+    return out
+
+
+def synthetic_main(a) -> int:
+    out = []
+    for R, seed in progress([(int(R), int(s)) for R in a.releases.split(",")
+                             for s in a.seeds.split(",")], "releases × seed"):
+        r = synthetic_run(R, a.epsilon, seed)
+        out.append(r)
+        print({"R": R, "seed": seed, **{f"{m}_{c}": round(r[m][c], 4) for m in ("refined", "spectral")
+                                        for c in ("mean", "last", "worst")}}, flush=True)
+    table = []
+    for R in sorted({r["R"] for r in out}):
+        rs = [r for r in out if r["R"] == R]
+        for m in ("refined", "spectral"):
+            table.append({"R": R, "release": m, "seeds": len(rs),
+                          **{c: float(np.mean([r[m][c] for r in rs])) for c in ("mean", "last", "worst")},
+                          "last (per seed)": " / ".join(f"{r[m]['last']:.4f}" for r in rs)})
+    print(f"\n### Continual release, synthetic LDA (d = 1000, k = 10, 200k stream documents, BLT), "
+          f"ε = {a.epsilon} for the whole horizon: matched L2 error of the releases (mean over seeds)\n")
+    print(md := markdown_table(table, list(table[0])))
+    write_json(a.json, {"corpus": "synthetic", "epsilon": a.epsilon, "delta": DELTA, "runs": out,
+                        "table": table, "markdown": md})
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,8 +195,13 @@ def main(argv=None) -> int:
     p.add_argument("--aggregators", default="blt")
     p.add_argument("--debian-list", default=None, metavar="PATH",
                    help="a Translation-en list (default: the one apt-get update fetched)")
+    p.add_argument("--corpus", default="debian", choices=("debian", "synthetic"),
+                   help="synthetic: the error of every release on synthetic LDA, refined and "
+                        "spectral-only (issue 22 item 4); --epsilon as given (use 1)")
     p.add_argument("--json", default=None)
     a = parse_args(p, argv)         # + --no-progress
+    if a.corpus == "synthetic":
+        return synthetic_main(a)
     logging.getLogger("gensim").setLevel(logging.ERROR)
     corpus = debian_descriptions_corpus(path=a.debian_list, limit=a.limit)
     out = []

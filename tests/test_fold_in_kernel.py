@@ -1,5 +1,5 @@
 """The compiled fold-in (streamdp._fold_in_kernel via streamdp.refinement.fold_in and
-RefinementModel.document_terms) against straightforward per-document CVB0 sweeps.
+RefinementModel.document_terms) against straightforward per-document (parallel) CVB0 sweeps.
 
 Cases the kernel's branches must get right: words every topic gives probability 0 (their
 responsibilities are the leave-one-out topic shares), empty documents (θ = prior mean, no responsibilities), a single-word
@@ -24,11 +24,13 @@ def reference_fold_in(counts: np.ndarray, phi: np.ndarray, alpha: np.ndarray, n_
     s = p.sum(axis=0)
     g = np.where(s > 0, p / np.where(s > 0, s, 1.0), (alpha / alpha.sum())[:, None]).T   # (m, k)
     for _ in range(n_iter):
+        N = (c[:, None] * g).sum(axis=0)                       # one N for the whole sweep
+        new = np.empty_like(g)
         for j in range(words.size):
-            N = (c[:, None] * g).sum(axis=0)
             rest = np.maximum(alpha + N - g[j], 0.0)            # this token left out
             v = phi[:, words[j]] * rest
-            g[j] = v / v.sum() if v.sum() > 0 else rest / rest.sum()
+            new[j] = v / v.sum() if v.sum() > 0 else rest / rest.sum()
+        g = new
     th = (alpha + (c[:, None] * g).sum(axis=0)) / (alpha.sum() + c.sum())
     return th, g
 
