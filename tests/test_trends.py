@@ -158,3 +158,20 @@ def test_the_change_threshold_is_bonferroni_over_k():
     from statistics import NormalDist
     assert trends.z_for_change(6) == pytest.approx(NormalDist().inv_cdf(1 - 0.01 / 12))
     assert trends.z_for_change(20, 0.05) == pytest.approx(NormalDist().inv_cdf(1 - 0.05 / 40))
+
+
+def test_the_tracker_follows_releases_once_and_a_restart_tests_nothing_first(doubling):
+    """The release service's TrendTracker: a re-publication (same release_id) is not a new
+    point; after a restart (seed with the restored release) the next release gets its point and
+    no change test; the one after is tested again."""
+    snaps, topic = doubling
+    tr = trends.TrendTracker()
+    seen = [tr.observe(s) for s in snaps[:6]]
+    assert seen[5] is not None and any(c.significant and c.topic == topic for c in seen[5][1])
+    assert tr.observe(snaps[5]) is None                       # re-published: nothing
+    again = trends.TrendTracker()
+    again.seed(snaps[5])                                      # restart after epoch 6
+    point, changes = again.observe(snaps[6])
+    assert point.valid and changes == []
+    np.testing.assert_allclose(point.share, trends.trends(snaps).points[6].share)
+    assert again.observe(snaps[7])[1] != []
