@@ -7,8 +7,10 @@ and says what to fix.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -567,9 +569,18 @@ def from_mapping(values: dict, *, env: dict | None = None) -> ServiceConfig:
     names = {f.name: f for f in dataclasses.fields(ServiceConfig)}
     unknown = sorted(set(values) - set(names))
     if unknown:
-        raise ConfigError(f"unknown configuration field(s) {unknown}; valid fields: {sorted(names)}")
+        raise ConfigError("unknown configuration field(s): " + "; ".join(
+            f"{key!r}{_closest(str(key), names)}" for key in unknown)
+            + " (docs/configuration.md lists every field)")
     merged = dict(values)
     env = os.environ if env is None else env
+    unknown_env = sorted(v for v, raw in env.items() if _unknown_variable(v, raw, names))
+    if unknown_env:
+        raise ConfigError("unknown environment variable(s): " + "; ".join(
+            v + _closest(v[len("STREAMDP_"):].lower(), names, "STREAMDP_{}", str.upper)
+            for v in unknown_env)
+            + " (a configuration field is STREAMDP_<FIELD>, the field name in upper case; "
+              "docs/configuration.md lists every field): correct or unset it")
     for name, f in names.items():
         raw = env.get(f"STREAMDP_{name.upper()}")
         if raw is None:
@@ -596,6 +607,42 @@ def from_mapping(values: dict, *, env: dict | None = None) -> ServiceConfig:
         return ServiceConfig(**merged)
     except TypeError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+#: STREAMDP_* variables that are not configuration fields: the progress switch
+#: (streamdp/progress.py), the image's user id (services/Dockerfile) and the test harness's.
+NON_FIELD_VARIABLES = frozenset({
+    "STREAMDP_NO_PROGRESS", "STREAMDP_UID", "STREAMDP_TANSU_BIN", "STREAMDP_CHROMIUM",
+    "STREAMDP_TEST_ARTIFACTS", "STREAMDP_REQUIRE_BROWSER"})
+#: Kubernetes injects <SERVICE>_SERVICE_HOST, <SERVICE>_PORT=tcp://..., <SERVICE>_PORT_9400_TCP...
+#: for every Service of the namespace (the deployment's are named streamdp-*): never a field.
+_SERVICE_LINK = re.compile(r"_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_\d+_(TCP|UDP|SCTP)_"
+                           r"(PROTO|PORT|ADDR))$")
+_SERVICE_LINK_URL = re.compile(r"_PORT(_\d+_(TCP|UDP|SCTP))?$")   # their value: tcp://ip:port
+
+
+def _unknown_variable(name: str, value: str, fields) -> bool:
+    """An environment variable that looks meant for streamdp but names no field: a typo such
+    as STREAMDP_EPSLION would otherwise be ignored and the file's value used instead."""
+    if not name.startswith("STREAMDP_") or name in NON_FIELD_VARIABLES:
+        return False
+    field_name = name[len("STREAMDP_"):].lower()
+    if field_name in fields and name == f"STREAMDP_{field_name.upper()}":
+        return False
+    if _SERVICE_LINK.search(name) or (_SERVICE_LINK_URL.search(name)
+                                      and re.match(r"(tcp|udp|sctp)://", str(value))):
+        return False
+    return True
+
+
+def _closest(key: str, fields, spelling: str = "{!r}", case=str) -> str:
+    """`` (did you mean 'epsilon'?)`` for a typo'd key: the nearest field names (at most two,
+    difflib's ratio >= 0.6), or that none is near. ``spelling`` writes a field as the user
+    would (``STREAMDP_{}`` with ``case=str.upper`` for a variable)."""
+    near = difflib.get_close_matches(key, list(fields), n=2, cutoff=0.6)
+    if not near:
+        return " (no field has a similar name)"
+    return " (did you mean " + " or ".join(spelling.format(case(n)) for n in near) + "?)"
 
 
 PRIVACY_MODE_KEY = "deployment/privacy"
