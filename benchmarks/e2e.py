@@ -149,7 +149,7 @@ def run_scale(bootstrap: str, n_proc: int, msgs: list, a, stream_start: float, v
     from streamdp.moments.clipping import ClipBounds
     from streamdp.services import control
     from streamdp.whitening.subspace import Subspace
-    from pipeline import write_release_models
+    from pipeline import public_subspace, write_release_models
 
     prefix = f"e2e-{n_proc}p-{uuid.uuid4().hex[:8]}"
     names = TopicNames.from_prefix(prefix)
@@ -177,9 +177,7 @@ def run_scale(bootstrap: str, n_proc: int, msgs: list, a, stream_start: float, v
     Q, _ = np.linalg.qr(np.random.default_rng(a.seed + 4).standard_normal((a.d, k_prime)))
     sub = Subspace(Q)
     with StateStore(None, bootstrap, names.state) as store:
-        store.write(control.SUBSPACE_KEY, sub.to_bytes(),
-                    meta={"clip": ClipBounds.for_length(a.clip_length).to_dict(),
-                          "subspace_id": sub.id, "vocabulary_id": vocab.id})
+        public_subspace(store, prefix, sub, ClipBounds.for_length(a.clip_length), vocab.id)
         if a.refine:
             write_release_models(store, a, prefix)
 

@@ -222,6 +222,17 @@ def install_phase_timers(timers: Timers):
 CLOSED_EPOCHS = 2
 
 
+def public_subspace(store, prefix: str, sub, clip, vocabulary_id: str) -> None:
+    """The public subspace record sketchers read (streamdp.services.public_records), as the
+    release service writes it, signed with the non-production key of ``prefix``."""
+    from types import SimpleNamespace
+    from streamdp.services import public_records
+    from streamdp.services.state_auth import for_config
+    auth = for_config(SimpleNamespace(control_key_file="", non_production=True, topic_prefix=prefix))
+    public_records.write(store, auth, public_records.SUBSPACE_KEY, sub.to_bytes(),
+                         {"clip": clip.to_dict(), "subspace_id": sub.id, "vocabulary_id": vocabulary_id})
+
+
 def write_release_models(store, a, prefix: str) -> None:
     """A release state closed through epoch CLOSED_EPOCHS holding the models of epochs
     1 … CLOSED_EPOCHS, as the release service writes it, so that every stream document (epochs
@@ -291,9 +302,7 @@ def run_one(bootstrap: str, kind: str, msgs: list, stream_start: float, vocab: V
     Q, _ = np.linalg.qr(np.random.default_rng(a.seed + 4).standard_normal((a.d, k_prime)))
     sub = Subspace(Q)
     with StateStore(None, bootstrap, names.state) as store:
-        store.write(control.SUBSPACE_KEY, sub.to_bytes(),
-                    meta={"clip": ClipBounds.for_length(a.clip_length).to_dict(),
-                          "subspace_id": sub.id, "vocabulary_id": vocab.id})
+        public_subspace(store, prefix, sub, ClipBounds.for_length(a.clip_length), vocab.id)
 
         if a.refine:
             write_release_models(store, a, prefix)

@@ -20,6 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
@@ -29,7 +30,8 @@ from streamdp.kafka.state_store import StateStore, parse_kafka_key
 from streamdp.kafka.topics import client_config
 from streamdp.moments.sketch import WhitenedSketch
 from streamdp.serialization import loads
-from streamdp.services import control
+from streamdp.services import control, public_records
+from streamdp.services.state_auth import for_config
 from streamdp.services.config import ServiceConfig
 from streamdp.services.demo_corpus import sample_texts
 from streamdp.services.partition_state import PartitionState, state_key
@@ -247,8 +249,12 @@ def publish_subspace(bootstrap: str, names, sub: Subspace, clip, vocabulary_id: 
     """What the release service does when it closes the warm-up (record, then announcement)."""
     store = StateStore(None, bootstrap, names.state)
     try:
-        store.write(control.SUBSPACE_KEY, sub.to_bytes(),
-                    meta={"clip": clip.to_dict(), "subspace_id": sub.id, "vocabulary_id": vocabulary_id})
+        # what sketchers read: the public subspace record, signed with the non-production key
+        auth = for_config(SimpleNamespace(control_key_file="", non_production=True,
+                                          topic_prefix=names.documents.rsplit(".", 1)[0]))
+        public_records.write(store, auth, public_records.SUBSPACE_KEY, sub.to_bytes(),
+                             {"clip": clip.to_dict(), "subspace_id": sub.id,
+                              "vocabulary_id": vocabulary_id})
     finally:
         store.close()
     if announce:

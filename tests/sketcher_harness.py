@@ -21,7 +21,7 @@ from streamdp.kafka.state_store import StateRecord
 from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy.epochs import EpochClock
 from streamdp.refinement import FoldInModels
-from streamdp.services import control, public_release, state_auth
+from streamdp.services import control, public_records, public_release, state_auth
 from streamdp.services.config import ServiceConfig
 from streamdp.snapshot import TopicSnapshot
 from streamdp.text.vocabulary import Vocabulary
@@ -156,8 +156,10 @@ class World:
         self.messages: list[FakeMsg] = []
         self.control: list[FakeMsg] = []
         self.store = FakeStore()
-        self.store.write(control.SUBSPACE_KEY, subspace.to_bytes(),
-                         {"clip": ClipBounds.unclipped().to_dict(), "subspace_id": subspace.id})
+        # what sketchers read: the public subspace record, signed (streamdp.services.public_records)
+        public_records.write(self.store, state_auth.for_config(cfg), public_records.SUBSPACE_KEY,
+                             subspace.to_bytes(), {"clip": ClipBounds.unclipped().to_dict(),
+                                                   "subspace_id": subspace.id})
         self.folds = FoldInModels(cfg.refinement_model_lag)     # what the release service keeps
         self.snapshots: list[TopicSnapshot] = []
 

@@ -30,7 +30,7 @@ def test_one_sketcher_takes_over_24_partitions_with_a_backlog(kafka_broker, tmp_
     from confluent_kafka import Producer
 
     from pipeline import (CLOSED_EPOCHS, EPOCH_SECONDS, encode_messages, make_corpus, pseudo_words,
-                          write_release_models)
+                          public_subspace, write_release_models)
     from streamdp.kafka.state_store import StateStore
     from streamdp.kafka.topics import TopicNames, client_config, ensure_topics
     from streamdp.moments.clipping import ClipBounds
@@ -77,9 +77,7 @@ def test_one_sketcher_takes_over_24_partitions_with_a_backlog(kafka_broker, tmp_
     Q, _ = np.linalg.qr(np.random.default_rng(4).standard_normal((D, 2 * K)))
     sub = Subspace(Q)
     with StateStore(None, bootstrap, names.state) as store:
-        store.write(control.SUBSPACE_KEY, sub.to_bytes(),
-                    meta={"clip": ClipBounds.for_length(20.0).to_dict(), "subspace_id": sub.id,
-                          "vocabulary_id": vocab.id})
+        public_subspace(store, prefix, sub, ClipBounds.for_length(20.0), vocab.id)
         write_release_models(store, Args, prefix)
 
     cfg = ServiceConfig(bootstrap=bootstrap, topic_prefix=prefix, group_id=f"{prefix}-sketchers",

@@ -87,6 +87,8 @@ class ServiceConfig:
     clip_budget_share: float = 0.05
     stream_start: float = 0.0
     confirm_backfill: bool = False               # first start with stream_start > 1 epoch ago
+    # one-time migration: sign release/* records written before they were signed (issue 23)
+    sign_unsigned_state: bool = False
     epoch_seconds: float = 3600.0
     lateness: float = 0.0
     # when epochs close (docs/services.md §How epochs close): "schedule" — at close time + a
@@ -142,7 +144,8 @@ class ServiceConfig:
         if not (self.alpha0 > 0 and math.isfinite(self.alpha0)):
             bad("alpha0", f"must be a finite number > 0, got {self.alpha0!r}")
         for name in ("non_private", "insecure_reproducible_noise", "non_production",
-                     "metrics_exact_counts", "refinement", "confirm_backfill", "refinement_thread"):
+                     "metrics_exact_counts", "refinement", "confirm_backfill", "refinement_thread",
+                     "sign_unsigned_state"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, f"must be true or false, got {getattr(self, name)!r}")
         if self.epsilon is None:
@@ -775,8 +778,10 @@ def check_privacy_mode(cfg: ServiceConfig, store=None, *, role: str = "release",
         if rec is not None and rec.meta.get("private"):
             evidence.append(f"the state topic {cfg.topics.state!r} records a private deployment "
                             f"(epsilon={rec.meta.get('epsilon')})")
-        from streamdp.services import control
-        sub = store.read_latest(control.SUBSPACE_KEY)
+        from streamdp.services import control, public_records
+        # a sketcher reads only public records (docs/privacy.md §Trust boundary)
+        sub = store.read_latest(control.SUBSPACE_KEY if role == "release"
+                                else public_records.SUBSPACE_KEY)
         if sub is not None:
             from streamdp.whitening.subspace import Subspace
             events = Subspace.from_bytes(sub.payload).provenance.get("events") or []

@@ -3,9 +3,11 @@
 ``{"v": 1, "kind": "control", "type": T, "at": unix seconds, ..., "mac": hex}`` with T one of
 
 * ``vocabulary_ready`` (release → sketchers) ``vocabulary_id``: the deployment's vocabulary
-  (``vocabulary_mode`` public or private) is in the state store under :data:`VOCABULARY_KEY`;
+  (``vocabulary_mode`` public or private) is in the state store under :data:`VOCABULARY_KEY`
+  and, for sketchers, ``public/vocabulary`` (:mod:`streamdp.services.public_records`);
 * ``subspace_ready``  (release → sketchers) ``subspace_id``: the warm-up is closed,
-  the subspace and clip bounds are in the state store under :data:`SUBSPACE_KEY`;
+  the subspace and clip bounds are in the state store under :data:`SUBSPACE_KEY` and, for
+  sketchers, ``public/subspace``;
 * ``epochs_closed``   (release → sketchers) ``through``: epochs ≤ through are
   released; sketchers drop their raw sketches at the next checkpoint — but only
   after the release state on the state topic confirms it (the message is a hint);

@@ -98,7 +98,7 @@ from streamdp.services.config import (ConfigError, ServiceConfig, check_privacy_
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.partition_state import SELECTION, PartitionState
 from streamdp.services.release_inputs import ControlCommands, DocumentsPartitions
-from streamdp.services import public_release
+from streamdp.services import public_records, public_release
 from streamdp.services.state_auth import StateAuth
 from streamdp.services.release_merge import (SketchMismatch, check_refine_sums,  # noqa: F401
                                              load_states, merge_epoch_sums, merge_refine_sums,
@@ -108,13 +108,18 @@ from streamdp.services.release_sinks import ReleaseSinks
 from streamdp.services.release_writer import (SPENT_KEYS, WRITER_KEY, Fenced,  # noqa: F401
                                               WriterWatch,
                                               LeaseHeld, ReleaseLease, ReleaseWriter, bind_ledger,
-                                              check_ledger, writer_transactional_id)
+                                              check_ledger, check_release_records,
+                                              writer_transactional_id)
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupDraw, WarmupSketch
 
 log = logging.getLogger("streamdp.release")
+
+#: release record -> the public record sketchers read instead (streamdp.services.public_records)
+MIRRORS = {control.SUBSPACE_KEY: public_records.SUBSPACE_KEY,
+           control.VOCABULARY_KEY: public_records.VOCABULARY_KEY}
 
 #: why releases ended (the ``reason`` label of ``streamdp_releases_ended``)
 ENDED_BUDGET, ENDED_HORIZON, ENDED_OTHER = "budget", "horizon", "other"
@@ -180,6 +185,8 @@ class ReleaseService:
                 # a first start with stream_start far in the past would close its epochs
                 # empty: refused before the marker or the ledger is written
                 known = reader.read_all_latest(prefix="release/")
+                # every release record verified before anything is decided from it
+                check_release_records(cfg, known, StateAuth(self._control_key(), cfg.topic_prefix))
                 ledger = Path(cfg.ledger)
                 check_stream_start(cfg, first_start=not known and not (
                     ledger.is_file() and ledger.stat().st_size > 0))
@@ -187,8 +194,7 @@ class ReleaseService:
                                    document_partitions=(         # the unit never changes
                                        documents_partition_count(cfg)
                                        if cfg.privacy_unit == "user" else None))
-                self.accountant = (bind_ledger(cfg, reader.read_all_latest(prefix="release/"))
-                                   if cfg.private else None)
+                self.accountant = bind_ledger(cfg, known) if cfg.private else None
                 if record:                       # first start (or first since the contract)
                     record_contract(cfg, reader, contract, role="release service")
             finally:
@@ -196,8 +202,11 @@ class ReleaseService:
             # Release records go through the deployment's one transactional producer:
             # init_transactions() fences every older release service of this deployment.
             self.writer.open()
-            if self.accountant is not None:      # Kafka may have moved since the first check
-                check_ledger(cfg, self.accountant, self.writer.records())
+            recs = self.writer.records()         # Kafka may have moved since the first check
+            unsigned = check_release_records(cfg, recs, self.writer.auth)
+            if self.accountant is not None:
+                check_ledger(cfg, self.accountant, recs)
+            self.writer.sign_unsigned(unsigned)  # sign_unsigned_state: the one-time migration
             self.spend = SpendSession(self.accountant, unit=cfg.privacy_unit) if cfg.private else None
             self.sampler = make_sampler(cfg.sampler, cfg.noise_seed) if cfg.private else None
             self.rho = self.accountant.rho_budget if cfg.private else None   # derived once, there
@@ -236,6 +245,7 @@ class ReleaseService:
             self.exhausted: str | None = None
             self.releases_ended: str | None = None    # budget / horizon / other, once releases end
             self._public_epoch: int | None = None     # epoch of the public release record written
+            self._mirrors_pending: set[str] = set()   # public records whose write failed
             self._stop = threading.Event()
             self.server: ObservabilityServer | None = None
             self.watch: WriterWatch | None = None
@@ -299,8 +309,10 @@ class ReleaseService:
         its persisted state, its reservation fulfilled, never re-charged)."""
         if not self._check_writer():
             return
+        recs = self.writer.records()
+        check_release_records(self.cfg, recs, self.writer.auth)
         if self.accountant is not None:
-            check_ledger(self.cfg, self.accountant, self.writer.records())
+            check_ledger(self.cfg, self.accountant, recs)
         self._restore()
 
     # ------------------------------------------------------------ the published view (release_sinks)
@@ -443,6 +455,7 @@ class ReleaseService:
                 self.metrics.set_tree(self.continual.epoch, self.cfg.horizon)
         if self._public_behind():                # a crash between state persist and public record
             self._write_public()
+        self._sync_mirrors()    # the same for the public subspace/vocabulary (or a migration)
         self.commands.restore(persisted)         # read control from the saved offset
         if self.spend is not None:
             # Crash recovery of the spend protocol: a reservation whose noised output is in
@@ -631,6 +644,8 @@ class ReleaseService:
         if self._public_epoch is not None and self.continual is not None \
                 and self._public_epoch != self._published_epoch() and self._check_writer():
             self._write_public()          # a failed write of the public record, retried
+        if self._mirrors_pending and self._check_writer():
+            self._sync_mirrors()          # a failed write of a public subspace/vocabulary record
         if self.exhausted:
             return
         states, partitions = self._partition_view()
@@ -1034,7 +1049,7 @@ class ReleaseService:
         """Spend protocol steps 3-4: write ``key`` in this writer's transaction, then commit
         the drawn reservations. False (nothing committed, nothing to publish) if fenced."""
         try:
-            self.store.write(key, payload, meta=meta)
+            self.writer.write(key, payload, meta)       # signed (docs/privacy.md §Trust boundary)
         except WriterFenced as exc:
             self.writer.fence(f"release writer epoch {self.writer_epoch} was fenced at Kafka while "
                               f"persisting {key!r} ({exc}); nothing of it was published")
@@ -1053,7 +1068,37 @@ class ReleaseService:
             raise
         if self.spend is not None:
             self.spend.persisted()
+        if key in MIRRORS:                  # what sketchers read: before any announcement
+            self._write_mirror(MIRRORS[key], payload, meta)
         return True
+
+    def _write_mirror(self, key: str, payload: bytes, meta: dict) -> None:
+        """The public record ``key`` (streamdp.services.public_records) of a persisted release
+        record: its released fields only, signed. A failure is logged and retried at the next
+        step or start (sketchers wait; they never read the release records)."""
+        try:
+            public_records.write(self.store, self.writer.auth, key, payload, meta)
+            self._mirrors_pending.discard(key)
+            return
+        except WriterFenced as exc:
+            self.writer.fence(f"release writer epoch {self.writer_epoch} was fenced at Kafka while "
+                              f"writing the public record {key!r} ({exc})")
+        except Exception as exc:      # noqa: BLE001 - the release record is durable; retried
+            log.warning("the public record %r was not written (%s): sketchers see it when it is",
+                        key, exc)
+        self._mirrors_pending.add(key)
+
+    def _sync_mirrors(self) -> None:
+        """Write every public record that is missing or differs from its persisted release
+        record (a crash between the two writes; a deployment older than the public records)."""
+        for private, key in MIRRORS.items():
+            rec = self.store.read_latest(private)
+            if rec is None:
+                self._mirrors_pending.discard(key)
+            elif public_records.same(self.store.read_latest(key), key, rec.payload, rec.meta):
+                self._mirrors_pending.discard(key)
+            else:
+                self._write_mirror(key, rec.payload, rec.meta)
 
     def _refused_states(self, refused: dict[int, str], what: str) -> None:
         """Partitions whose sums failed the plausibility checks (streamdp.services.plausibility):

@@ -41,6 +41,7 @@ from streamdp.privacy.accountant import Accountant, LedgerMismatch
 from streamdp.privacy.ledger import FileLedger, ledger_head
 from streamdp.services import control
 from streamdp.services.config import ConfigError, ServiceConfig
+from streamdp.services.state_auth import MAC_FIELD, StateAuth, StateIntegrityError
 
 log = logging.getLogger("streamdp.release")
 
@@ -95,6 +96,33 @@ class ReleaseLease:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+# ------------------------------------------------------------------ signed release records
+def check_release_records(cfg: ServiceConfig, recs: dict, auth: StateAuth) -> list[str]:
+    """Refuse (ConfigError) the start on any ``release/*`` record without a valid MAC under the
+    deployment's key (docs/privacy.md §Trust boundary): forged, edited, written under another
+    control key, or copied from another deployment. Returns the keys of records that carry no
+    MAC at all when ``sign_unsigned_state`` is set (a deployment older than signed release
+    records; :meth:`ReleaseWriter.sign_unsigned` signs them once the writer is open)."""
+    unsigned = []
+    for key in sorted(recs):
+        rec = recs[key]
+        if cfg.sign_unsigned_state and MAC_FIELD not in (rec.meta or {}):
+            unsigned.append(key)
+            continue
+        try:
+            auth.verify(key, rec)
+        except StateIntegrityError as exc:
+            legacy = MAC_FIELD not in (rec.meta or {})
+            raise ConfigError(
+                f"{exc}. The release service refuses to restore from it." + (
+                    " If this deployment was started by a streamdp that did not sign its "
+                    "release records, and nobody but its release service writes the state "
+                    "topic, start once with sign_unsigned_state: true to sign them "
+                    "(docs/operations.md \"Signed state records\"); otherwise restore the "
+                    "state topic from a backup" if legacy else "")) from None
+    return unsigned
 
 
 # ------------------------------------------------------------------ ledger binding
@@ -178,6 +206,8 @@ class ReleaseWriter:
         self.fenced: str | None = None
         self.registered_at: float | None = None      # monotonic, once registered
         self._on_fenced = on_fenced
+        # every release/* record is signed (check_release_records verifies them at start)
+        self.auth = StateAuth(control.load_key(cfg), cfg.topic_prefix)
 
     def open(self) -> StateStore:
         """The release state store on this writer's transactional producer, registered."""
@@ -192,6 +222,21 @@ class ReleaseWriter:
     def records(self) -> dict:
         """The release records on the state topic (``release/*``)."""
         return self.store.read_all_latest(prefix="release/")
+
+    def write(self, key: str, payload: bytes, meta: dict) -> None:
+        """Write the release record ``key`` in this writer's transaction, signed."""
+        self.store.write(key, payload, meta=self.auth.sign(key, payload, meta))
+
+    def sign_unsigned(self, keys: list[str]) -> None:
+        """The one-time migration of ``sign_unsigned_state``: sign the release records that
+        :func:`check_release_records` found without a MAC (the newest record of each key)."""
+        recs = self.records()
+        for key in keys:
+            rec = recs.get(key)
+            if rec is not None and MAC_FIELD not in (rec.meta or {}):
+                self.write(key, rec.payload, dict(rec.meta))
+                log.warning("signed the unsigned release record %r (sign_unsigned_state); remove "
+                            "sign_unsigned_state from the configuration now", key)
 
     def new_producer(self) -> Producer:
         """The deployment's transactional producer; ``init_transactions`` fences older ones.
@@ -216,7 +261,7 @@ class ReleaseWriter:
         seen = [int(r.meta.get("writer_epoch", 0)) for r in self.records().values()]
         epoch = max(seen + [0]) + 1
         try:
-            self.store.write(WRITER_KEY, b"", meta={
+            self.write(WRITER_KEY, b"", {
                 "writer_epoch": epoch, "transactional_id": self.transactional_id,
                 "ledger": os.path.abspath(self.cfg.ledger), "host": os.uname().nodename,
                 "pid": os.getpid(), "started_at": time.time()})

@@ -40,8 +40,10 @@ Time, fencing and control (issue 15; docs/operations.md §Time, §Kafka ACLs)
   last L snapshots' models, MAC'd) on the state topic, read at start-up, whenever an
   authenticated ``epochs_closed`` arrives and every few seconds while a partition is held;
   it is written after the release state is persisted, and reading it is atomic with the
-  confirmation of the released epochs. Sketchers never decode the release service's private
-  state (``release/tree``: raw tree/BLT buffers, the ledger head). A document whose model is not decided yet (epoch e − L not closed) holds its
+  confirmation of the released epochs. Sketchers never read a ``release/*`` record (raw
+  tree/BLT buffers, ledger head, writer epoch, exact counts): the subspace and the vocabulary
+  come from the signed public records ``public/subspace`` and ``public/vocabulary``
+  (:mod:`streamdp.services.public_records`). A document whose model is not decided yet (epoch e − L not closed) holds its
   partition at its offset (as for the subspace) until the record says e − L is closed;
   documents of epochs that record already closed are late. The refinement sums are part
   of the PartitionState checkpoint; a document re-read after a crash is folded into the
@@ -66,7 +68,7 @@ from streamdp.kafka.state_store import StateStore
 from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy import rounding
 from streamdp.refinement import FoldInModels, RefinementModel
-from streamdp.services import control, public_release
+from streamdp.services import control, public_records, public_release
 from streamdp.services.state_auth import StateAuth, StateIntegrityError
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.config import ConfigError, ServiceConfig
@@ -85,9 +87,17 @@ log = logging.getLogger("streamdp.sketcher")
 HELD_REFRESH_SECONDS = 5.0
 
 
-def load_subspace(store: StateStore, vocabulary_id: str | None = None) -> tuple[Subspace, ClipBounds] | None:
-    rec = store.read_latest(control.SUBSPACE_KEY)
+def load_subspace(store: StateStore, auth: StateAuth, vocabulary_id: str | None = None,
+                  on_forged=None) -> tuple[Subspace, ClipBounds] | None:
+    """The public subspace record (streamdp.services.public_records), or None if there is none
+    or it has no valid MAC (``on_forged(message)`` is called then: a foreign writer)."""
+    rec, ok = public_records.read(store, auth, public_records.SUBSPACE_KEY)
     if rec is None:
+        return None
+    if not ok:
+        if on_forged is not None:
+            on_forged("ignored the public subspace record: no valid MAC under this deployment's "
+                      "control key (a foreign writer on the state topic, or another key)")
         return None
     found = rec.meta.get("vocabulary_id")
     if vocabulary_id is not None and found is not None and found != vocabulary_id:
@@ -174,9 +184,13 @@ class SketchContext:
         if self.vocabulary is not None:
             return
         try:
-            got = vocab_mod.load_record(self.store)
+            got = vocab_mod.load_record(self.store, key=public_records.VOCABULARY_KEY,
+                                        auth=self.state_auth)
         except vocab_mod.VocabularyError as exc:
             log.error("%s: %s", self.instance, exc)
+            return
+        except StateIntegrityError as exc:      # a foreign writer: wait for the real record
+            self.reject_control("%s", exc)
             return
         if got is None:
             return
@@ -192,7 +206,7 @@ class SketchContext:
         if self.vocabulary is None:
             return                      # no warm-up before the vocabulary
         self.refresh_model()
-        got = load_subspace(self.store, self.vocabulary.id)
+        got = load_subspace(self.store, self.state_auth, self.vocabulary.id, self.reject_control)
         if got is not None:
             self.subspace, self.clip = got
             self.warmup_closed = True
@@ -308,8 +322,9 @@ class SketchContext:
 
     def confirmed_release(self) -> int | None:
         """The last epoch the release state on the state topic records as released
-        (0 = only the warm-up), or None if not even the warm-up is released."""
-        if self.store.read_latest(control.SUBSPACE_KEY) is None:
+        (0 = only the warm-up), or None if not even the warm-up is released: from the public
+        records only (the public subspace record says the warm-up is released)."""
+        if self.subspace is None and self.store.read_latest(public_records.SUBSPACE_KEY) is None:
             return None
         public = self.public_release()
         if public is not None:

@@ -53,6 +53,21 @@ class StateAuth:
             got, control.mac(self._obj(record_key, payload, meta), self.key))
 
 
+    def verify(self, record_key: str, rec) -> None:
+        """Raise :class:`StateIntegrityError` unless ``rec`` (a StateRecord of ``record_key``)
+        carries a valid MAC; the message says what it means and what to check."""
+        if self.authentic(record_key, rec.payload, rec.meta):
+            return
+        why = ("it carries no MAC (a foreign writer, or a record written before this record "
+               "was signed)" if not (isinstance(rec.meta, dict) and MAC_FIELD in rec.meta)
+               else "its MAC does not verify (forged or edited, written under another control "
+               "key, or copied from another key or deployment)")
+        raise StateIntegrityError(
+            f"state record {record_key!r} of deployment {self.deployment!r}: {why}. Check that "
+            "control_key_file is the deployment's control key (every service must hold the same "
+            "key) and who can write the state topic (docs/operations.md §Kafka ACLs)")
+
+
 def for_config(cfg) -> StateAuth:
     """The deployment's :class:`StateAuth` (control key from :func:`control.load_key`)."""
     return StateAuth(control.load_key(cfg), cfg.topic_prefix)

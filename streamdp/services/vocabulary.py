@@ -237,12 +237,18 @@ def record_vocabulary(rec) -> Vocabulary:
     return vocab
 
 
-def load_record(store):
+def load_record(store, *, key: str | None = None, auth=None):
     """(Vocabulary, meta) of the deployment's vocabulary record, or None if there is none.
-    A failed selection raises :class:`SelectionTooSmall` with its message."""
-    rec = store.read_latest(control.VOCABULARY_KEY)
+    A failed selection raises :class:`SelectionTooSmall` with its message. ``key``: the
+    release service's record (default) or the public one sketchers read
+    (``public/vocabulary``); ``auth``: its StateAuth — a record without a valid MAC raises
+    :class:`~streamdp.services.state_auth.StateIntegrityError`."""
+    key = control.VOCABULARY_KEY if key is None else key
+    rec = store.read_latest(key)
     if rec is None:
         return None
+    if auth is not None:
+        auth.verify(key, rec)
     if rec.meta.get("status") == FAILED:
         raise SelectionTooSmall(rec.meta.get("error") or "the vocabulary selection failed")
     return record_vocabulary(rec), dict(rec.meta)
