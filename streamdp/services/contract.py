@@ -15,13 +15,24 @@ field, the recorded value and its own. There is no in-place migration: a changed
 is a new deployment (new ``topic_prefix`` and ledger; docs/operations.md "The deployment
 contract"). A deployment started before the contract existed records it at its next start.
 
+The record carries a MAC under the deployment's control key (:mod:`streamdp.services.state_auth`,
+the one MAC), so every start also proves that the service holds the key the deployment was
+recorded with (issue 25 item 5): a sketcher with another key would ignore every control message
+and keep the raw sums of released epochs; it is refused at start instead, naming
+``control_key_file``. A contract recorded before it was signed is signed by the next release
+service to start (a sketcher cannot prove its key until then and says so).
+
 This module is the one place that lists the fields (docs/operations.md has the table).
 """
 from __future__ import annotations
 
 import json
+import logging
 
+from streamdp.services import state_auth
 from streamdp.services.config import ConfigError, ServiceConfig
+
+log = logging.getLogger("streamdp.contract")
 
 CONTRACT_KEY = "deployment/contract"
 CONTRACT_VERSION = 1
@@ -132,6 +143,7 @@ def check_contract(cfg: ServiceConfig, store, *, role: str) -> tuple[dict, bool]
     rec = store.read_latest(CONTRACT_KEY)
     if rec is None:
         return mine, True
+    signed = check_key(cfg, rec, role=role)
     recorded = dict(rec.meta.get("fields") or {})
     diffs = contract_differences(recorded, mine)
     if diffs:
@@ -140,7 +152,32 @@ def check_contract(cfg: ServiceConfig, store, *, role: str) -> tuple[dict, bool]
             f"{role}: " + "; ".join(diffs) + ". These fields cannot change in a running "
             "deployment: configure the recorded values, or start a new deployment (new "
             "topic_prefix and ledger; docs/operations.md \"The deployment contract\")")
-    return mine, any(name not in recorded for name in CONTRACT_FIELDS)
+    # a contract recorded before it was signed: the release service signs it (re-records it)
+    return mine, (any(name not in recorded for name in CONTRACT_FIELDS)
+                  or (not signed and role.startswith("release")))
+
+
+def check_key(cfg: ServiceConfig, rec, *, role: str) -> bool:
+    """Refuse (ConfigError) a service whose control key does not verify the contract record's
+    MAC: it holds another key than the deployment's. Returns whether the record is signed."""
+    if state_auth.MAC_FIELD not in (rec.meta or {}):
+        log.warning("the deployment contract (%s key %r) is not signed yet (recorded before "
+                    "contracts were signed): this %s cannot prove it holds the deployment's "
+                    "control key until the release service restarts and signs it", store_name(cfg),
+                    CONTRACT_KEY, role)
+        return False
+    auth = state_auth.for_config(cfg)
+    if not auth.authentic(CONTRACT_KEY, rec.payload, rec.meta):
+        by = (rec.meta or {}).get("recorded_by") or "the first service"
+        raise ConfigError(
+            f"configuration field 'control_key_file': this {role}'s control key is not the key "
+            f"deployment {cfg.topic_prefix!r} was started with (the deployment contract, "
+            f"{store_name(cfg)} key {CONTRACT_KEY!r}, recorded by {by}, carries a MAC this key "
+            "does not verify). With another key a sketcher ignores every control message and "
+            "the release service refuses every sketch record. Give every service the "
+            "deployment's control key (the same Secret, control_key_file; docs/operations.md "
+            "§Kafka ACLs); a deployment cannot change its key")
+    return True
 
 
 def check_producer_arguments(cfg: ServiceConfig, store, given: set[str]) -> None:
@@ -170,9 +207,10 @@ def check_producer_arguments(cfg: ServiceConfig, store, given: set[str]) -> None
 def record_contract(cfg: ServiceConfig, store, contract: dict, *, role: str) -> None:
     """Write the contract (first start), then re-read it: of two services that started at
     once with different contracts, the one whose write was overtaken is refused."""
-    store.write(CONTRACT_KEY, b"", meta={"version": CONTRACT_VERSION, "fields": contract,
-                                         "recorded_by": role})
+    meta = {"version": CONTRACT_VERSION, "fields": contract, "recorded_by": role}
+    store.write(CONTRACT_KEY, b"", meta=state_auth.for_config(cfg).sign(CONTRACT_KEY, b"", meta))
     rec = store.read_latest(CONTRACT_KEY)
+    check_key(cfg, rec, role=role)
     diffs = contract_differences(dict(rec.meta.get("fields") or {}), contract)
     if diffs:
         raise ConfigError(f"the deployment contract was recorded by another service at the same "
