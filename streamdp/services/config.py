@@ -89,6 +89,8 @@ class ServiceConfig:
     confirm_backfill: bool = False               # first start with stream_start > 1 epoch ago
     # one-time migration: sign release/* records written before they were signed (issue 23)
     sign_unsigned_state: bool = False
+    # start over knowingly after the state topic was lost, on a new ledger (state_loss.py)
+    confirm_state_loss: bool = False
     epoch_seconds: float = 3600.0
     lateness: float = 0.0
     # when epochs close (docs/services.md §How epochs close): "schedule" — at close time + a
@@ -145,7 +147,7 @@ class ServiceConfig:
             bad("alpha0", f"must be a finite number > 0, got {self.alpha0!r}")
         for name in ("non_private", "insecure_reproducible_noise", "non_production",
                      "metrics_exact_counts", "refinement", "confirm_backfill", "refinement_thread",
-                     "sign_unsigned_state"):
+                     "sign_unsigned_state", "confirm_state_loss"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, f"must be true or false, got {getattr(self, name)!r}")
         if self.epsilon is None:

@@ -98,7 +98,7 @@ from streamdp.services.config import (ConfigError, ServiceConfig, check_privacy_
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.partition_state import SELECTION, PartitionState
 from streamdp.services.release_inputs import ControlCommands, DocumentsPartitions
-from streamdp.services import public_records, public_release
+from streamdp.services import public_records, public_release, state_loss
 from streamdp.services.state_auth import StateAuth
 from streamdp.services.release_merge import (SketchMismatch, check_refine_sums,  # noqa: F401
                                              load_states, merge_epoch_sums, merge_refine_sums,
@@ -108,7 +108,7 @@ from streamdp.services.release_sinks import ReleaseSinks
 from streamdp.services.release_writer import (SPENT_KEYS, WRITER_KEY, Fenced,  # noqa: F401
                                               WriterWatch,
                                               LeaseHeld, ReleaseLease, ReleaseWriter, bind_ledger,
-                                              check_ledger, check_release_records,
+                                              check_ledger, check_release_records, spent_records,
                                               writer_transactional_id)
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import PowerMethodConfig
@@ -187,6 +187,11 @@ class ReleaseService:
                 known = reader.read_all_latest(prefix="release/")
                 # every release record verified before anything is decided from it
                 check_release_records(cfg, known, StateAuth(self._control_key(), cfg.topic_prefix))
+                # a lost state topic is refused before anything is written (marker, ledger)
+                loss = reader.read_latest(state_loss.LOSS_KEY)
+                lost = state_loss.check(cfg, spent_records(known), confirmed=loss is not None and
+                                        StateAuth(self._control_key(), cfg.topic_prefix).authentic(
+                                            state_loss.LOSS_KEY, loss.payload, loss.meta))
                 ledger = Path(cfg.ledger)
                 check_stream_start(cfg, first_start=not known and not (
                     ledger.is_file() and ledger.stat().st_size > 0))
@@ -207,6 +212,8 @@ class ReleaseService:
             if self.accountant is not None:
                 check_ledger(cfg, self.accountant, recs)
             self.writer.sign_unsigned(unsigned)  # sign_unsigned_state: the one-time migration
+            if lost:                             # confirm_state_loss: recorded, signed
+                state_loss.record(self.store, self.writer.auth, cfg, lost)
             self.spend = SpendSession(self.accountant, unit=cfg.privacy_unit) if cfg.private else None
             self.sampler = make_sampler(cfg.sampler, cfg.noise_seed) if cfg.private else None
             self.rho = self.accountant.rho_budget if cfg.private else None   # derived once, there

@@ -1,0 +1,99 @@
+"""A lost state topic never leads to a second spend (issue 25, state-topic loss; docs/operations.md
+"The state topic is lost"). Embedded broker, real services, ε = 1.
+
+A deployment releases its warm-up and epoch 1; then its state topic is deleted and re-created
+(what a lost volume, a retention accident or a new cluster does). Before: the release service
+started from empty sums — the sketchers re-read the documents, the warm-up closed again and the
+accountant refused it with "reservation 'warmup-clip-histogram' was already committed" (the
+symptom, not the loss), and a fresh ledger, the obvious fix, re-spent the budget on the same
+documents. Now every start is refused before any side effect, with a message that says the state
+topic was lost and what to do; a start that confirms the loss (``confirm_state_loss``) is accepted
+only on a new ledger and is recorded on the state topic.
+
+A lost ledger volume with the state topic kept is refused by the ledger binding
+(tests/test_services.py::test_second_release_service_and_lost_ledger_are_refused, part (c));
+not repeated here.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from streamdp.kafka.state_store import StateStore
+from streamdp.kafka.topics import ensure_topics
+from streamdp.services import control
+from streamdp.services.config import ConfigError
+from streamdp.services.produce import produce
+from streamdp.services.release import ReleaseService
+from streamdp.services.state_auth import StateAuth
+from streamdp.services.state_loss import LOSS_KEY
+
+from service_helpers import Pipeline, fresh_topics, make_config, make_corpus, send_control, wait_for
+
+
+def _lose_state_topic(bootstrap: str, names) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.delete_topics([names.state], operation_timeout=15).values():
+        fut.result(30)
+    wait_for(lambda: names.state not in admin.list_topics(timeout=10).topics, 30,
+             "the state topic to be deleted")
+    ensure_topics(bootstrap, names, partitions=2)
+
+
+def _state_records(bootstrap: str, names) -> dict:
+    with StateStore(None, bootstrap, names.state) as store:
+        return store.read_all_latest()
+
+
+def test_a_lost_state_topic_is_refused_and_a_confirmed_restart_is_recorded(kafka_broker, tmp_path):
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(300, 600, 2, seed=11)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=1.0)
+    with Pipeline(cfg, sketchers=1) as pipe:
+        produce(bootstrap, names.documents, corpus.records())
+        send_control(bootstrap, names, "close", through=1)
+        pipe.wait_released(1, timeout=120)
+    _lose_state_topic(bootstrap, names)
+    assert _state_records(bootstrap, names) == {}
+    ledger = Path(cfg.ledger)
+    before = ledger.read_bytes()
+
+    # the ledger kept: refused, naming the loss and the recovery, before any side effect
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        ReleaseService(cfg)
+    assert time.monotonic() - t0 < 30
+    msg = str(info.value)
+    assert "state topic was lost" in msg and names.state in msg, msg
+    assert "committed draw(s)" in msg and "warmup" in msg, msg          # the ledger's evidence
+    assert names.snapshots in msg and "restore the state topic" in msg, msg
+    assert "confirm_state_loss" in msg, msg
+    assert ledger.read_bytes() == before
+    assert _state_records(bootstrap, names) == {}
+
+    # the obvious fix, a fresh ledger: refused too (the snapshots topic proves the releases)
+    fresh = replace(cfg, ledger=str(tmp_path / "fresh-ledger.jsonl"))
+    with pytest.raises(ConfigError, match="state topic was lost") as info:
+        ReleaseService(fresh)
+    assert "committed draw(s)" not in str(info.value) and names.snapshots in str(info.value)
+    assert not Path(fresh.ledger).exists()
+    assert _state_records(bootstrap, names) == {}
+
+    # confirmed on the old ledger: refused (its reservations are spent)
+    with pytest.raises(ConfigError, match="cannot reuse this ledger"):
+        ReleaseService(replace(cfg, confirm_state_loss=True))
+    assert ledger.read_bytes() == before
+
+    # confirmed on a new ledger: accepted and recorded (signed, with the evidence); a plain
+    # restart then needs no second confirmation
+    ReleaseService(replace(fresh, confirm_state_loss=True)).close()
+    with StateStore(None, bootstrap, names.state) as store:
+        rec = store.read_latest(LOSS_KEY)
+    assert rec is not None and any(names.snapshots in e for e in rec.meta["evidence"])
+    assert StateAuth(control.load_key(cfg), cfg.topic_prefix).authentic(LOSS_KEY, rec.payload, rec.meta)
+    ReleaseService(fresh).close()
