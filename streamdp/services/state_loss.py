@@ -13,7 +13,7 @@ obvious fix) it re-spends (ε 1.45 of 1.00 measured, issue 25 item 7).
 At every start of a private release service, before anything is written, :func:`check` compares
 the state topic with the evidence of spending kept elsewhere:
 
-* the local ledger (its committed reservations), and
+* the local ledger (its committed reservations of the release service's draws), and
 * the deployment's snapshots topic (records published by earlier releases).
 
 Evidence without any spent release record on the state topic is refused with
@@ -35,6 +35,10 @@ from streamdp.services.config import ConfigError, ServiceConfig
 log = logging.getLogger("streamdp.release")
 
 LOSS_KEY = "deployment/state_loss"
+#: the idempotency keys of the release service's draws (streamdp.services.release): the private
+#: vocabulary selection, the warm-up (clip histogram, range finder), the epochs; a committed one
+#: proves this deployment released something
+RELEASE_SPEND_PREFIXES = ("vocabulary", "warmup", "tree:epoch=")
 
 
 class StateTopicLost(ConfigError):
@@ -46,7 +50,8 @@ def ledger_evidence(path: str) -> str | None:
     from streamdp.privacy.ledger import FileLedger
     if not (os.path.isfile(path) and os.path.getsize(path) > 0):
         return None
-    commits = sorted({r.key for r in FileLedger(path).read() if r.kind == "commit"})
+    commits = sorted({r.key for r in FileLedger(path).read()
+                      if r.kind == "commit" and r.key.startswith(RELEASE_SPEND_PREFIXES)})
     if not commits:
         return None
     shown = ", ".join(commits[:4]) + (", ..." if len(commits) > 4 else "")
