@@ -23,6 +23,7 @@ from streamdp.text.vocabulary import Vocabulary
 
 from service_helpers import (EPOCH_SECONDS, Pipeline, default_stream_start, fresh_topics,
                              make_config, read_topic, send_control, wait_for)
+from test_state_integrity import state_reads  # noqa: F401 - the fixture
 
 TOPIC_WORDS = sorted({w for ws in TOPICS.values() for w in ws.split()})
 
@@ -144,13 +145,14 @@ def read_record(bootstrap, names, key):
 
 
 @pytest.mark.slow
-def test_private_vocabulary_selection_then_warm_up_then_stream(kafka_broker, tmp_path):
+def test_private_vocabulary_selection_then_warm_up_then_stream(kafka_broker, tmp_path, state_reads):  # noqa: F811
     """vocabulary_mode: private, everything produced at once. Without a release service the
     sketchers count only the selection window and hold every partition at its first warm-up
     document (nothing else counted); then the release service selects the vocabulary (spend
     key 'vocabulary', the whole budget of its own atom), the sketchers load it, the warm-up
     and both epochs close, and the released snapshots carry the published vocabulary's id.
-    Every document is counted exactly once, in its window."""
+    Every document is counted exactly once, in its window. The sketchers' threads read the
+    vocabulary and the subspace from the public records only, never a release/* record."""
     from streamdp.privacy.accountant import Accountant
     from streamdp.snapshot import TopicSnapshot
 
@@ -238,6 +240,11 @@ def test_private_vocabulary_selection_then_warm_up_then_stream(kafka_broker, tmp
     keys = [r.key for r in FileLedger(cfg.ledger).read() if r.kind == "reserve"]
     assert keys.count("vocabulary") == 1
     assert last.privacy["accountant"]["rho_by_atom"]["vocabulary"] == pytest.approx(B, rel=1e-9)
+    # the sketchers loaded the vocabulary and the subspace from public/* only (issue 23 item 6)
+    from streamdp.services import public_records
+    by_sketchers = {k for t, k in state_reads if t.startswith("sketcher-")}
+    assert {public_records.VOCABULARY_KEY, public_records.SUBSPACE_KEY} <= by_sketchers
+    assert not [k for k in by_sketchers if k.startswith("release/") or "release/".startswith(k)]
 
 
 @pytest.mark.slow
