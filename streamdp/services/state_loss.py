@@ -30,6 +30,10 @@ import os
 import time
 import uuid
 
+from confluent_kafka import Consumer, TopicPartition
+
+from streamdp.kafka.clients import service_client_config
+from streamdp.privacy.ledger import FileLedger
 from streamdp.services.config import ConfigError, ServiceConfig
 
 log = logging.getLogger("streamdp.release")
@@ -47,7 +51,6 @@ class StateTopicLost(ConfigError):
 
 def ledger_evidence(path: str) -> str | None:
     """What the ledger file at ``path`` proves was released (None: nothing committed)."""
-    from streamdp.privacy.ledger import FileLedger
     if not (os.path.isfile(path) and os.path.getsize(path) > 0):
         return None
     commits = sorted({r.key for r in FileLedger(path).read()
@@ -61,8 +64,7 @@ def ledger_evidence(path: str) -> str | None:
 def published_records(cfg: ServiceConfig, topic: str, timeout: float = 10.0) -> int:
     """How many records ``topic`` holds (high − low watermark over its partitions; 0 if the
     topic does not exist). Reads no record."""
-    from confluent_kafka import Consumer, TopicPartition
-    consumer = Consumer(cfg.client("consumer", **{
+    consumer = Consumer(service_client_config(cfg.bootstrap, cfg.kafka, "consumer", **{
         "group.id": f"streamdp-state-loss-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}))
     try:
         md = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
