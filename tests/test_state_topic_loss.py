@@ -97,3 +97,29 @@ def test_a_lost_state_topic_is_refused_and_a_confirmed_restart_is_recorded(kafka
     assert rec is not None and any(names.snapshots in e for e in rec.meta["evidence"])
     assert StateAuth(control.load_key(cfg), cfg.topic_prefix).authentic(LOSS_KEY, rec.payload, rec.meta)
     ReleaseService(fresh).close()
+
+
+def test_a_deployment_that_released_only_its_warm_up_and_lost_the_ledger_too_is_refused(
+        kafka_broker, tmp_path):
+    """Only the warm-up released (no snapshot yet), then the state topic *and* the ledger are
+    lost: the ledger and the snapshots topic prove nothing, but the control topic still holds the
+    release service's signed subspace_ready / epochs_closed: a fresh start would draw the warm-up
+    again on the same warm-up documents. Refused, naming the control topic."""
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(300, 600, 2, seed=12)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=1.0)
+    with Pipeline(cfg, sketchers=1) as pipe:
+        produce(bootstrap, names.documents, corpus.records())
+        send_control(bootstrap, names, "close", through=0)          # the warm-up only
+        wait_for(lambda: pipe.release.subspace is not None, 120, "the warm-up release",
+                 check=pipe.check)
+    _lose_state_topic(bootstrap, names)
+    lost_ledger = replace(cfg, ledger=str(tmp_path / "after-the-volume-was-lost.jsonl"))
+    with pytest.raises(ConfigError, match="state topic was lost") as info:
+        ReleaseService(lost_ledger)
+    msg = str(info.value)
+    assert names.control in msg and "subspace_ready" in msg, msg
+    assert "committed draw(s)" not in msg and "snapshots topic" not in msg, msg
+    assert not Path(lost_ledger.ledger).exists()
+    assert _state_records(bootstrap, names) == {}

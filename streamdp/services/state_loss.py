@@ -13,8 +13,13 @@ obvious fix) it re-spends (ε 1.45 of 1.00 measured, issue 25 item 7).
 At every start of a private release service, before anything is written, :func:`check` compares
 the state topic with the evidence of spending kept elsewhere:
 
-* the local ledger (its committed reservations of the release service's draws), and
-* the deployment's snapshots topic (records published by earlier releases).
+* the local ledger (its committed reservations of the release service's draws),
+* the deployment's snapshots topic (records published by earlier releases), and
+* the control topic: ``subspace_ready`` / ``epochs_closed`` announcements signed with the
+  deployment's key, which the release service sends only after the warm-up subspace or a
+  release state is persisted (this catches a deployment that released only its warm-up and
+  lost both the state topic and the ledger). Topics with time retention may have dropped them:
+  this evidence is best effort; the ledger is the authority.
 
 Evidence without any spent release record on the state topic is refused with
 :class:`StateTopicLost`, a message that says what was lost and what to do. The operator may
@@ -34,6 +39,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from streamdp.kafka.clients import service_client_config
 from streamdp.privacy.ledger import FileLedger
+from streamdp.services import control
 from streamdp.services.config import ConfigError, ServiceConfig
 
 log = logging.getLogger("streamdp.release")
@@ -43,6 +49,8 @@ LOSS_KEY = "deployment/state_loss"
 #: vocabulary selection, the warm-up (clip histogram, range finder), the epochs; a committed one
 #: proves this deployment released something
 RELEASE_SPEND_PREFIXES = ("vocabulary", "warmup", "tree:epoch=")
+#: control messages the release service sends only after a spent record is persisted
+SPENT_ANNOUNCEMENTS = ("subspace_ready", "epochs_closed")
 
 
 class StateTopicLost(ConfigError):
@@ -79,6 +87,40 @@ def published_records(cfg: ServiceConfig, topic: str, timeout: float = 10.0) -> 
         consumer.close()
 
 
+def announcements(cfg: ServiceConfig, key: bytes, timeout: float = 10.0) -> dict[str, int]:
+    """How many release announcements that prove spending (``subspace_ready``,
+    ``epochs_closed``) the control topic holds with a valid MAC under ``key`` (by type).
+    Reads the topic from its beginning, bounded by ``timeout`` per partition."""
+    found: dict[str, int] = {}
+    consumer = Consumer(service_client_config(cfg.bootstrap, cfg.kafka, "consumer", **{
+        "group.id": f"streamdp-state-loss-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}))
+    try:
+        topic = cfg.topics.control
+        md = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if md is None or md.error is not None:
+            return found
+        for p in md.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            if high <= low:
+                continue
+            consumer.assign([TopicPartition(topic, p, low)])
+            deadline, last = time.monotonic() + timeout, low - 1
+            while last < high - 1 and time.monotonic() < deadline:
+                for m in consumer.consume(num_messages=500, timeout=0.5):
+                    if m.error() is not None:
+                        continue
+                    last = max(last, m.offset())
+                    try:
+                        msg = control.decode(m.value())
+                    except Exception:      # noqa: BLE001 - foreign or bad messages prove nothing
+                        continue
+                    if msg["type"] in SPENT_ANNOUNCEMENTS and control.authentic(msg, key):
+                        found[msg["type"]] = found.get(msg["type"], 0) + 1
+        return found
+    finally:
+        consumer.close()
+
+
 def evidence(cfg: ServiceConfig) -> list[str]:
     """The evidence of spending kept outside the state topic (see the module docstring)."""
     out = []
@@ -89,6 +131,10 @@ def evidence(cfg: ServiceConfig) -> list[str]:
     if n:
         out.append(f"the snapshots topic {cfg.topics.snapshots!r} holds {n} published snapshot "
                    "record(s)")
+    said = announcements(cfg, control.load_key(cfg))
+    if said:
+        out.append(f"the control topic {cfg.topics.control!r} holds the release service's signed "
+                   "announcements " + ", ".join(f"{t} x{n}" for t, n in sorted(said.items())))
     return out
 
 
