@@ -125,7 +125,7 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--per-epoch", type=int, default=3000)
-    p.add_argument("--change-at", type=int, default=6)
+    p.add_argument("--change-at", type=int, default=11)
     p.add_argument("--aggregators", default="blt,tree")
     p.add_argument("--corpus", choices=("synthetic", "debian"), default="synthetic",
                    help="debian: stationary runs only, on the shuffled Debian descriptions")

@@ -20,9 +20,9 @@ thousands of noise sd in any deployment worth trending). No new statistic, no bu
 post-processing of released values.
 
 A significant change (:func:`share_changes`): for consecutive points A, B whose documents were
-both folded into refined models (the first 2L epochs of a release at lag L are folded into the
-spectral start or the first refined model, and their shares move with the model: no test), and
-topic i,
+both folded into models that sum at least MIN_MODEL_EPOCHS = 5 refined epochs (epoch e's model
+sums e − 2L of them at lag L; earlier models still differ from one another by more than noise,
+so shares move with the model: no test before epoch 2L + 6), and topic i,
 D = s_i(B) − s_i(A) with Var(D) from the same linear form (cross term d·(a·b)·g_A·g_B) plus
 the stream's own variation: two epochs are two samples of documents, and under the LDA model
 the release fits (configured α0, public) a share over n documents varies by about
@@ -111,14 +111,23 @@ def _refined_epochs(snap) -> int | None:
     return None if n is None else int(n)
 
 
-def _refined_model(snap, first_epoch) -> bool:
-    """Whether the documents of epoch ``first_epoch`` were folded into a refined snapshot:
-    under the model rule (streamdp.refinement.model_epoch_for) epoch e's model is the snapshot
-    of e − L, and that snapshot is refined iff e − L > L (epochs 1 … L carry no refined mass)."""
+#: the change test starts once both epochs were folded into models that sum at least this many
+#: refined epochs: each model adds one epoch to the refinement sums, so early models differ
+#: from one another by more than noise and shares move with the model. Measured on shuffled
+#: Debian descriptions (docs/benchmarks.md §Topic trends): every false alarm of models with
+#: 1-4 refined epochs, none beyond sampling at 5 and more
+MIN_MODEL_EPOCHS = 5
+
+
+def _model_epochs(snap, first_epoch) -> int | None:
+    """How many refined epochs the model that epoch ``first_epoch``'s documents were folded
+    into sums (public: the model rule, streamdp.refinement.model_epoch_for): epoch e's model is
+    the snapshot of e − L, whose refinement sums cover epochs L + 1 … e − L, i.e. e − 2L of
+    them (≤ 0: the spectral start). None when the release says nothing about it."""
     if snap.epoch is None or first_epoch is None:
-        return True
+        return None
     lag = ((snap.privacy or {}).get("refinement") or {}).get("model_lag")
-    return lag is None or int(first_epoch) - int(lag) > int(lag)
+    return None if lag is None else int(first_epoch) - 2 * int(lag)
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,10 +148,9 @@ class TrendPoint:
     upper: np.ndarray
     mass: float                      # M, the noised total mass of those epochs
     sampling_sd: np.ndarray | None = None   # the stream's own variation (see module doc)
-    #: whether these epochs' documents were folded into a refined model: shares of documents
-    #: folded into a spectral start and into a refined model differ by the models alone, so
-    #: only points with refined models are compared (:func:`share_changes`)
-    refined_model: bool = True
+    #: refined epochs in the model these epochs' documents were folded into (None: unknown,
+    #: e.g. a one-shot release); :func:`share_changes` needs ≥ MIN_MODEL_EPOCHS on both sides
+    model_epochs: int | None = None
     new_topics: tuple[int, ...] = ()
     note: str | None = None
     _coef: dict = field(default_factory=dict, repr=False)
@@ -238,17 +246,18 @@ def trend_point(snap, previous=None, *, level: float = INTERVAL_LEVEL) -> TrendP
                    / ((alpha0 + 1.0) * max(n if n > 0 else M, 1.0)))
     return TrendPoint(snap.release_id, snap.epoch, first, float(snap.created_at), share, sd,
                       np.clip(share - z * sd, 0.0, 1.0), np.clip(share + z * sd, 0.0, 1.0), M,
-                      sampling_sd=samp, refined_model=_refined_model(snap, first), new_topics=tuple(snap.new_topics), _coef=coef, _d=d)
+                      sampling_sd=samp, model_epochs=_model_epochs(snap, first), new_topics=tuple(snap.new_topics), _coef=coef, _d=d)
 
 
 def share_changes(a: TrendPoint, b: TrendPoint, *, alpha: float = CHANGE_ALPHA,
-                  sampling: bool = True) -> list[ShareChange]:
+                  sampling: bool = True,
+                  min_model_epochs: int = MIN_MODEL_EPOCHS) -> list[ShareChange]:
     """Each topic's change from point ``a`` to the next point ``b``, tested at family-wise
     level ``alpha`` per release (Bonferroni over k). Empty when either point has no shares."""
     if not (a.valid and b.valid) or a.share.shape != b.share.shape:
         return []
-    if not (a.refined_model and b.refined_model):
-        return []           # a model change, not a stream change: no test (module doc)
+    if any(p.model_epochs is not None and p.model_epochs < min_model_epochs for p in (a, b)):
+        return []           # the models still settle: their change, not the stream's (module doc)
     k = a.share.shape[0]
     zstar = z_for_change(k, alpha)
     aa, bb, ab = _dot(a._coef, a._coef), _dot(b._coef, b._coef), _dot(a._coef, b._coef)
@@ -289,14 +298,16 @@ class Trends:
                 "changes": [[c.to_dict() for c in cs] for cs in self.changes]}
 
 
-def trends(snaps: Iterable, *, level: float = INTERVAL_LEVEL, alpha: float = CHANGE_ALPHA) -> Trends:
+def trends(snaps: Iterable, *, level: float = INTERVAL_LEVEL, alpha: float = CHANGE_ALPHA,
+           min_model_epochs: int = MIN_MODEL_EPOCHS) -> Trends:
     """Trend points of releases given in release order (each ``release_id`` once)."""
     points: list[TrendPoint] = []
     changes: list[list[ShareChange]] = []
     prev = None
     for snap in snaps:
         p = trend_point(snap, prev, level=level)
-        changes.append(share_changes(points[-1], p, alpha=alpha) if points else [])
+        changes.append(share_changes(points[-1], p, alpha=alpha, min_model_epochs=min_model_epochs)
+                       if points else [])
         points.append(p)
         prev = snap
     return Trends(points, changes, level, alpha)
@@ -308,8 +319,9 @@ class TrendTracker:
     already (a re-publication) returns None. :meth:`seed` takes a restored release without
     reporting it (after a restart the next release has a point but no change test)."""
 
-    def __init__(self, *, level: float = INTERVAL_LEVEL, alpha: float = CHANGE_ALPHA) -> None:
-        self.level, self.alpha = level, alpha
+    def __init__(self, *, level: float = INTERVAL_LEVEL, alpha: float = CHANGE_ALPHA,
+                 min_model_epochs: int = MIN_MODEL_EPOCHS) -> None:
+        self.level, self.alpha, self.min_model_epochs = level, alpha, min_model_epochs
         self.previous = None
         self.point: TrendPoint | None = None
 
@@ -320,7 +332,8 @@ class TrendTracker:
         if self.previous is not None and snap.release_id == self.previous.release_id:
             return None
         p = trend_point(snap, self.previous, level=self.level)
-        ch = share_changes(self.point, p, alpha=self.alpha) if self.point is not None else []
+        ch = (share_changes(self.point, p, alpha=self.alpha, min_model_epochs=self.min_model_epochs)
+              if self.point is not None else [])
         self.previous, self.point = snap, p
         return p, ch
 

@@ -1,11 +1,11 @@
 """The share-change alert in the services (issue 27 item 2), on the embedded broker.
 
-A feed in which topic 0's share doubles from epoch 6 (extra documents drawn from topic 0 alone
-join the stream in epochs 6 and 7): the release service's /metrics (a real HTTP scrape) counts a
-significant change of that topic at epoch 6's release and none before, the gauges carry the
+A feed in which topic 0's share doubles from epoch 11 (extra documents drawn from topic 0 alone
+join the stream in epochs 11 and 12): the release service's /metrics (a real HTTP scrape) counts a
+significant change of that topic at epoch 11's release and none before, the gauges carry the
 share and its interval, and the alert rule StreamdpTopicShareChange (k8s/monitoring) is an
-increase of that counter. Epochs 1 … 4 are not tested (their documents were folded into the
-spectral start: docs/consumers.md §Topic trends), so the first test is at epoch 6 (5 → 6).
+increase of that counter. The test starts once both epochs' models sum 5 refined epochs
+(streamdp.trends.MIN_MODEL_EPOCHS; at lag 2 the first test is epoch 10's, 9 → 10).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from service_helpers import (Pipeline, fresh_topics, make_config, make_corpus, m
                              scrape_until, wait_for)
 from test_service_refinement import produce_epoch
 
-EPOCHS, CHANGE_AT, PER_EPOCH = 7, 6, 3000
+EPOCHS, CHANGE_AT, PER_EPOCH = 12, 11, 3000
 CHANGES = "streamdp_topic_share_changes_total"
 
 

@@ -98,19 +98,19 @@ def _release(epochs, *, change_at=None, seed=0, aggregator="blt"):
 
 @pytest.fixture(scope="module")
 def doubling():
-    return _release(10, change_at=6, seed=7)
+    return _release(13, change_at=11, seed=7)
 
 
 def test_a_doubled_topic_share_is_reported_at_the_epoch_it_doubles(doubling):
     snaps, topic = doubling
     tr = trends.trends(snaps)
     # the first model_lag epochs carry no refined mass: no point, said so
-    assert [p.valid for p in tr.points] == [False, False] + [True] * 8
+    assert [p.valid for p in tr.points] == [False, False] + [True] * 11
     assert "not refined" in tr.points[0].note
     first = [p.epoch for p, cs in zip(tr.points, tr.changes)
              if any(c.significant and c.topic == topic for c in cs)]
-    assert first and first[0] == 6, first
-    before, after = tr.points[4], tr.points[5]
+    assert first and first[0] == 11, first
+    before, after = tr.points[9], tr.points[10]
     assert after.share[topic] == pytest.approx(2 * before.share[topic], rel=0.25)
     # the interval is the released values' own noise: it covers the epoch's true share level
     assert before.lower[topic] < 1 / K + 0.03 and after.upper[topic] > 2 / K - 0.03
@@ -121,8 +121,9 @@ def test_twenty_stationary_releases_report_no_change():
     snaps, _ = _release(20, seed=11)
     tr = trends.trends(snaps)
     assert sum(p.valid for p in tr.points) == 18
-    # tests of k topics each: epochs 6 … 20 (epochs ≤ 2L = 4 were folded into a spectral model)
-    assert [p.epoch for p, cs in zip(tr.points, tr.changes) if cs] == list(range(6, 21))
+    # tests of k topics each: epochs 10 … 20 (the model of epoch e sums e − 2L refined epochs:
+    # both sides need MIN_MODEL_EPOCHS = 5)
+    assert [p.epoch for p, cs in zip(tr.points, tr.changes) if cs] == list(range(10, 21))
     assert tr.significant == [], [(c.epoch, c.topic, round(c.z, 2)) for c in tr.significant]
 
 
@@ -132,16 +133,16 @@ def test_snapshots_trends_reads_a_folder_and_the_cli_prints_it(doubling, tmp_pat
         (tmp_path / f"epoch-{s.epoch}-{s.release_id}.msgpack").write_bytes(s.to_bytes())
     tr = snapshots.trends(str(tmp_path))
     direct = trends.trends(snaps)
-    assert len(tr.points) == 10
+    assert len(tr.points) == 13
     np.testing.assert_allclose(tr.points[-1].share, direct.points[-1].share)
     from streamdp.cli import main
     assert main(["topics", "--trends", "--snapshot-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "epoch 6:" in out and f"epoch 6 topic {topic}" in out and "significant change" in out
+    assert "epoch 11:" in out and f"epoch 11 topic {topic}" in out and "significant change" in out
     assert main(["topics", "--trends", "--json", "--snapshot-dir", str(tmp_path)]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "topic_trends" and doc["change_alpha"] == 0.01
-    assert any(c["significant"] and c["topic"] == topic and c["epoch"] == 6
+    assert any(c["significant"] and c["topic"] == topic and c["epoch"] == 11
                for cs in doc["changes"] for c in cs)
 
 
@@ -166,12 +167,12 @@ def test_the_tracker_follows_releases_once_and_a_restart_tests_nothing_first(dou
     no change test; the one after is tested again."""
     snaps, topic = doubling
     tr = trends.TrendTracker()
-    seen = [tr.observe(s) for s in snaps[:6]]
-    assert seen[5] is not None and any(c.significant and c.topic == topic for c in seen[5][1])
-    assert tr.observe(snaps[5]) is None                       # re-published: nothing
+    seen = [tr.observe(s) for s in snaps[:11]]
+    assert seen[10] is not None and any(c.significant and c.topic == topic for c in seen[10][1])
+    assert tr.observe(snaps[10]) is None                      # re-published: nothing
     again = trends.TrendTracker()
-    again.seed(snaps[5])                                      # restart after epoch 6
-    point, changes = again.observe(snaps[6])
+    again.seed(snaps[10])                                     # restart after epoch 11
+    point, changes = again.observe(snaps[11])
     assert point.valid and changes == []
-    np.testing.assert_allclose(point.share, trends.trends(snaps).points[6].share)
-    assert again.observe(snaps[7])[1] != []
+    np.testing.assert_allclose(point.share, trends.trends(snaps).points[11].share)
+    assert again.observe(snaps[12])[1] != []
