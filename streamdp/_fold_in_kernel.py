@@ -38,9 +38,8 @@ def fold_in_rows(indptr, indices, counts, phiT, alpha, n_iter, theta_out, resp_o
 
     Per document (c its counts, l = Σ c, A = Σ α): γ_w ∝ α ⊙ Φ_·w (γ_w = α/A where every
     topic gives word w probability 0), N = Σ_w c_w γ_w; then ``n_iter`` parallel sweeps, each
-    γ_w ← normalise(Φ_·w ⊙ (α + N − γ_w)₊) for every entry w from the same N (normalise((α + N −
-    γ_w)₊) where that is 0), then N ← Σ_w c_w γ_w. The positive part only guards rounding
-    (N ≥ c_w γ_w with c_w ≥ 1). ``resp_out`` is γ, θ = (α + N) / (A + l).
+    γ_w ← normalise(Φ_·w ⊙ (α + N − γ_w)) for every entry w from the same N (normalise(α + N −
+    γ_w) where that is 0), then N ← Σ_w c_w γ_w. ``resp_out`` is γ, θ = (α + N) / (A + l).
     """
     n = indptr.shape[0] - 1
     k = phiT.shape[1]
@@ -54,6 +53,7 @@ def fold_in_rows(indptr, indices, counts, phiT, alpha, n_iter, theta_out, resp_o
     v = np.empty(k)
     N = np.empty(k)
     N_next = np.empty(k)
+    aN = np.empty(k)
     for i in range(n):
         a, b = indptr[i], indptr[i + 1]
         m = b - a
@@ -81,15 +81,18 @@ def fold_in_rows(indptr, indices, counts, phiT, alpha, n_iter, theta_out, resp_o
         for _ in range(n_iter):
             for t in range(k):
                 N_next[t] = 0.0
+                aN[t] = alpha[t] + N[t]
             for j in range(m):
+                # aN − γ_w ≥ α > 0: N ≥ c_w γ_w (c_w ≥ 1) from the same sweep, up to rounding
+                # far below α's floor 10⁻³, so no positive part is needed (and loops vectorise)
                 s = 0.0
                 for t in range(k):
-                    v[t] = phi[j, t] * max(alpha[t] + N[t] - resp_out[a + j, t], 0.0)
+                    v[t] = phi[j, t] * (aN[t] - resp_out[a + j, t])
                     s += v[t]
                 if not s > 0.0:     # unemittable word: the leave-one-out topic shares
                     s = 0.0
                     for t in range(k):
-                        v[t] = max(alpha[t] + N[t] - resp_out[a + j, t], 0.0)
+                        v[t] = aN[t] - resp_out[a + j, t]
                         s += v[t]
                 inv = 1.0 / s
                 c = counts[a + j]

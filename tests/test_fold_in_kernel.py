@@ -27,7 +27,7 @@ def reference_fold_in(counts: np.ndarray, phi: np.ndarray, alpha: np.ndarray, n_
         N = (c[:, None] * g).sum(axis=0)                       # one N for the whole sweep
         new = np.empty_like(g)
         for j in range(words.size):
-            rest = np.maximum(alpha + N - g[j], 0.0)            # this token left out
+            rest = alpha + N - g[j]                             # this token left out
             v = phi[:, words[j]] * rest
             new[j] = v / v.sum() if v.sum() > 0 else rest / rest.sum()
         g = new
