@@ -50,6 +50,9 @@ def fold_in_rows(indptr, indices, counts, phiT, alpha, n_iter, theta_out, resp_o
     for i in range(n):
         longest = max(longest, indptr[i + 1] - indptr[i])
     phi = np.empty((max(longest, 1), k))      # the document's Φ columns, gathered once
+    # the document's γ, swept in this small local buffer (in cache) and written to resp_out
+    # once at the end, not swept in resp_out itself (a block's nnz × k: megabytes)
+    gam = np.empty((max(longest, 1), k))
     v = np.empty(k)
     N = np.empty(k)
     N_next = np.empty(k)
@@ -72,12 +75,12 @@ def fold_in_rows(indptr, indices, counts, phiT, alpha, n_iter, theta_out, resp_o
             if s > 0.0:
                 inv = 1.0 / s
                 for t in range(k):
-                    resp_out[a + j, t] = v[t] * inv
+                    gam[j, t] = v[t] * inv
             else:       # a word every topic gives probability 0: the prior mean
                 for t in range(k):
-                    resp_out[a + j, t] = alpha[t] / a_sum
+                    gam[j, t] = alpha[t] / a_sum
             for t in range(k):
-                N[t] += c * resp_out[a + j, t]
+                N[t] += c * gam[j, t]
         for _ in range(n_iter):
             for t in range(k):
                 N_next[t] = 0.0
@@ -87,20 +90,23 @@ def fold_in_rows(indptr, indices, counts, phiT, alpha, n_iter, theta_out, resp_o
                 # far below α's floor 10⁻³, so no positive part is needed (and loops vectorise)
                 s = 0.0
                 for t in range(k):
-                    v[t] = phi[j, t] * (aN[t] - resp_out[a + j, t])
+                    v[t] = phi[j, t] * (aN[t] - gam[j, t])
                     s += v[t]
                 if not s > 0.0:     # unemittable word: the leave-one-out topic shares
                     s = 0.0
                     for t in range(k):
-                        v[t] = aN[t] - resp_out[a + j, t]
+                        v[t] = aN[t] - gam[j, t]
                         s += v[t]
                 inv = 1.0 / s
                 c = counts[a + j]
                 for t in range(k):
                     g = v[t] * inv
-                    resp_out[a + j, t] = g
+                    gam[j, t] = g
                     N_next[t] += c * g
             for t in range(k):
                 N[t] = N_next[t]
+        for j in range(m):
+            for t in range(k):
+                resp_out[a + j, t] = gam[j, t]
         for t in range(k):
             theta_out[i, t] = (alpha[t] + N[t]) / (a_sum + length)
