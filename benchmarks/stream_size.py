@@ -33,6 +33,7 @@ import streamdp  # noqa: E402
 from streamdp.evaluation import topic_recovery_metrics  # noqa: E402
 from streamdp.evaluation.coherence import npmi_coherence  # noqa: E402
 from streamdp.evaluation.corpora import debian_descriptions_corpus, shuffle_split  # noqa: E402
+from streamdp.evaluation.distinct import reader_metrics  # noqa: E402
 from streamdp.synthetic import LDAModel, sample_documents  # noqa: E402
 
 DELTA = 1e-6
@@ -58,6 +59,9 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--epsilon", type=float, default=1.0)
     p.add_argument("--k", type=int, default=20)
+    p.add_argument("--start", default="tensor", choices=("tensor", "auto", "cluster"),
+                   help="the refinement's start: 'tensor' (the spectral start, as recorded in "
+                        "docs/benchmarks.md), or as streamdp.fit picks it ('auto', issue 22)")
     p.add_argument("--debian-list", default=None, metavar="PATH",
                    help="a Translation-en list (default: the one apt-get update fetched)")
     p.add_argument("--json", default=None)
@@ -73,21 +77,30 @@ def main(argv=None) -> int:
         X = sample_documents(truth, n_warm + n, seed=100 + seed, lengths=lengths)
         ts = np.r_[np.zeros(n_warm), np.ones(n)]
         est = streamdp.StreamingSpectralLDA(a.k, 1.0, epsilon=a.epsilon, delta=DELTA, seed=seed,
-                                            noise_seed=7 + seed, sampler="fast")
+                                            noise_seed=7 + seed, sampler="fast",
+                                            **({} if a.start == "tensor" else {"start": a.start}))
         for s in range(0, n_warm, 8192):
             est.warmup(X[s:min(s + 8192, n_warm)])
         stream = [X[s:s + 8192] for s in range(n_warm, n_warm + n, 8192)]
         for b in stream:
             est.partial_fit(b)
         cfg = est.refinement
-        start = est.release(1 - cfg.share, split=streamdp.BudgetSplit.spectral_start())
+        if a.start == "tensor":
+            start = est.release(1 - cfg.share, split=streamdp.BudgetSplit.spectral_start())
+            passes_share = cfg.share
+        else:                                   # as streamdp.fit: the start rule, then the passes
+            passes_share = est.release_start(stream, 1 - cfg.share)
+            start = est.snapshot_
         for _ in range(cfg.passes):
-            snap = est.refine(stream, budget_fraction=cfg.share / cfg.passes)
+            snap = est.refine(stream, budget_fraction=passes_share / cfg.passes)
         row = {"n_stream": n, "seed": seed}
         for name, B in (("refined", snap.topic_word), ("start", start.topic_word)):
             row[f"{name}_l2"] = topic_recovery_metrics(truth.topics, B)["l2_mean"]
             row[f"{name}_npmi"] = npmi_coherence(B, vocab, ref, topn=10, window_size=10)["npmi"]
         row["noise_to_signal_median"] = float(np.median(snap.noise_to_signal))
+        # issue 22: topics a reader can tell apart, against the sample's own word counts
+        row["refined_distinct"] = reader_metrics(snap.topic_word,
+                                                 np.asarray(X[n_warm:].sum(axis=0)).ravel())["distinct"]
         runs.append(row)
         print({c: (round(v, 4) if isinstance(v, float) else v) for c, v in row.items()},
               flush=True)
@@ -97,11 +110,13 @@ def main(argv=None) -> int:
         rs = [r for r in runs if r["n_stream"] == n]
         table.append({"n_stream": n, "seeds": len(rs), **{
             c: float(np.mean([r[c] for r in rs])) for c in
-            ("refined_l2", "start_l2", "refined_npmi", "start_npmi", "noise_to_signal_median")}})
+            ("refined_l2", "start_l2", "refined_npmi", "start_npmi", "noise_to_signal_median",
+             "refined_distinct") if all(c in r for r in rs)}})
     print(f"\n### Stream size vs quality at ε = {a.epsilon} (semi-synthetic Debian; true topics' "
           f"NPMI {truth_npmi:.3f}; mean over seeds)\n")
     print(md := markdown_table(table, list(table[0])))
-    write_json(a.json, {"epsilon": a.epsilon, "delta": DELTA, "truth_npmi": truth_npmi,
+    write_json(a.json, {"epsilon": a.epsilon, "delta": DELTA, "start": a.start,
+                        "truth_npmi": truth_npmi,
                         "runs": runs, "table": table, "markdown": md})
     return 0
 
