@@ -42,7 +42,7 @@ def run(a) -> dict:
     from streamdp.evaluation.corpora import shuffle_split
     from streamdp.evaluation.distinct import reader_metrics
 
-    cfg = C.FULL["debian"]
+    cfg = (C.SMOKE if a.smoke else C.FULL)["debian"]
     corpus = C.debian_descriptions_corpus(path=a.debian_list, limit=cfg["limit"],
                                           max_words=cfg["max_words"])
     rows = []
@@ -107,6 +107,11 @@ def side_by_side(paths: list[str]) -> None:
               f"{needed(sm, r['target'])}")
 
 
+def cfg_k(a) -> int:
+    import compare as C
+    return (C.SMOKE if a.smoke else C.FULL)["debian"]["k"]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,6 +122,7 @@ def main(argv=None) -> int:
     p.add_argument("--target", type=float, default=10.0)
     p.add_argument("--label", default="streamdp")
     p.add_argument("--debian-list", default=None, metavar="PATH")
+    p.add_argument("--smoke", action="store_true", help="compare.py's tiny debian sizes (CI)")
     p.add_argument("--json", default=None)
     p.add_argument("--side-by-side", nargs="+", metavar="JSON",
                    help="print runs written by --json side by side (no fitting)")
@@ -128,7 +134,8 @@ def main(argv=None) -> int:
     write_json(a.json, result)
     side_by_side_rows = summary(result)
     print(markdown_table(side_by_side_rows, ["stream_docs", "distinct", "min", "max", "npmi"]))
-    print(f"documents needed for ≥ {a.target:g}/20 distinct: {needed(side_by_side_rows, a.target)}")
+    print(f"documents needed for ≥ {a.target:g}/{cfg_k(a)} distinct: "
+          f"{needed(side_by_side_rows, a.target)}")
     return 0
 
 
