@@ -37,13 +37,14 @@ from streamdp.documents import as_count_batch
 from streamdp.moments.clipping import ClipBounds
 from streamdp.moments.sketch import SketchSums, WhitenedSketch
 from streamdp.privacy.epochs import WARMUP_EPOCH, EpochClock
-from streamdp.privacy.events import STREAM, BudgetSpender, GaussianEvent
+from streamdp.privacy.events import STREAM, BudgetSpender, GaussianEvent, epoch_partition
 from streamdp.privacy.noise import GaussianSampler
-from streamdp.privacy.blt import BLTAggregator, BLTParams, calibrate_unit_rho, default_params
-from streamdp.privacy.plan import BudgetSplit, plan_release
+from streamdp.privacy.blt import (DEFAULT_MAX_EPOCHS, BLTAggregator, BLTParams, calibrate_unit_rho,
+                                  default_params)
+from streamdp.privacy.plan import BudgetSplit, PremiseCheck, plan_release, premise_split
 from streamdp.privacy.report import release_report
 from streamdp.privacy.sensitivity import BLOCK_CLIP
-from streamdp.privacy.spend import Codec
+from streamdp.privacy.spend import Codec, recommit_kept, spend
 from streamdp.privacy.tree import (HorizonExceeded, TreeAggregator, completing_levels,
                                   covering_levels, tree_depth)
 from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, dd_add, per_document_magnitude,
@@ -122,6 +123,9 @@ class SketchNodeMechanism:
         self.rho_node, self.sampler = float(rho_node), sampler
         self.refine_share = refine_share
         self.max_documents = max_documents
+        # True once a noised, charged premise check decides each epoch (ContinualRelease): then
+        # no exact document count may refuse a draw (docs/privacy.md "The premise check")
+        self.premise_checked = False
 
     def plan(self, partition: str) -> list[GaussianEvent]:
         r = self.refine_share or 0.0
@@ -140,7 +144,7 @@ class SketchNodeMechanism:
         # refuses (before any draw) a node of more than max_documents documents; the sketch's
         # n_docs counts every row of the node, so it covers the refinement sums too
         noised = noise_sums(value.sketch, spectral, self.sampler, self.subspace.Q,
-                            max_documents=self.max_documents)
+                            max_documents=None if self.premise_checked else self.max_documents)
         refine = None
         if self.refine_share:
             e = next(e for e in events if e.block == REFINE_BLOCK)
@@ -168,7 +172,8 @@ class SketchNodeMechanism:
         """Each block of ``flat`` (the BLT's (Cx)_t, secret data) through the sampler with its
         σ_b, after refusing (before any draw) an epoch of more than max_documents documents."""
         sk = value.sketch if isinstance(value, EpochSums) else value
-        require_within_premise(sk.n_docs, self.max_documents, "continual epoch")
+        if not self.premise_checked:
+            require_within_premise(sk.n_docs, self.max_documents, "continual epoch")
         raw = self._raw_blocks(value, events)
         where, at = {}, 0
         for b, v in raw.items():
@@ -264,7 +269,7 @@ class _BLTKind:
             return BLTAggregator(cr.blt_params, SketchNodeMechanism(
                 cr.subspace, cr.clip, cr.split, rho_unit, cr.sampler, share,
                 max_documents=cr.max_documents))
-        return calibrate_unit_rho(cr.rho, aggregator_for)
+        return calibrate_unit_rho(cr.release_rho, aggregator_for)
 
     def make(self, cr: "ContinualRelease", spender) -> BLTAggregator:
         return BLTAggregator(cr.blt_params, cr.mechanism, spender, label=cr.label)
@@ -278,6 +283,16 @@ class _BLTKind:
     def largest_raw_sum(self, cr: "ContinualRelease", sums: EpochSums) -> int:
         return int(sums.sketch.n_docs)          # the epoch's own sum is what is noised
 
+    def premise_checks(self, cr: "ContinualRelease") -> int:
+        """How many premise checks one document's count enters: its epoch's only."""
+        return 1
+
+    def premise_partition(self, cr: "ContinualRelease", t: int) -> str:
+        return epoch_partition(t, t)
+
+    def empty_completing(self, cr: "ContinualRelease", t: int) -> None:
+        """Noise only: nothing but the epoch's own sum is noised (it is replaced by zeros)."""
+
     def report_fields(self, cr: "ContinualRelease", t: int) -> dict:
         return {
             "blt": {**cr.blt_params.to_dict(), "nbuf": cr.blt_params.nbuf,
@@ -289,8 +304,12 @@ class _BLTKind:
             # the unit plan (sensitivity Δ_b, Σρ = rho_node = ρ/charge_weight), named as the
             # tree's node plan; epoch t reserved it at sensitivity Δ_b·(c_{t−1} + ε)
             "node_events": [e.to_dict() for e in cr.tree.unit_events()],
-            "rho_spent_per_document": cr.tree.rho_per_document(t),
-            "rho_per_document": cr.tree.rho_per_document()}
+            # the premise checks' ρ included (a document's worst atom: epoch 1, one check; a
+            # user: one check per epoch)
+            "rho_spent_per_document": (cr.tree.rho_per_document(t)
+                                       + cr.premise.rho * min(t, cr.premise.checks_per_atom)),
+            "rho_per_document": (cr.tree.rho_per_document()
+                                 + cr.premise.rho * cr.premise.checks_per_atom)}
 
     def restore(self, cr: "ContinualRelease", state: dict) -> BLTAggregator:
         # the running mechanism's (θ, ω) fix σ and every future reservation: keep them, even if
@@ -315,7 +334,7 @@ class _TreeKind:
         return None
 
     def unit_rho(self, cr: "ContinualRelease", share: float | None) -> float:
-        return cr.rho / cr.depth                 # each document is in one node per level
+        return cr.release_rho / cr.depth         # each document is in one node per level
 
     def make(self, cr: "ContinualRelease", spender) -> TreeAggregator:
         return TreeAggregator(cr.horizon, cr.mechanism, spender, label=cr.label, codec=NODES_CODEC)
@@ -337,10 +356,26 @@ class _TreeKind:
                 largest = max(largest, n + int(part.sketch.n_docs))
         return largest
 
+    def premise_checks(self, cr: "ContinualRelease") -> int:
+        """A document is in one node per level; a check counts the largest completing node."""
+        return cr.depth
+
+    def premise_partition(self, cr: "ContinualRelease", t: int) -> str:
+        top = max(completing_levels(t, cr.horizon))     # the completing nodes are nested
+        return epoch_partition(t - (1 << top) + 1, t)
+
+    def empty_completing(self, cr: "ContinualRelease", t: int) -> None:
+        """Noise only: the nodes completing at t are drawn from zero sums (their raw partials
+        would hold more documents than the check allows)."""
+        for level in completing_levels(t, cr.horizon):
+            if level >= 1 and cr.tree._raw.get(level) is not None:
+                cr.tree._raw[level] = cr._as_epoch_sums(None)
+
     def report_fields(self, cr: "ContinualRelease", t: int) -> dict:
         return {"tree_depth": cr.depth,
                 "nodes_summed": [list(r) for r in cr.tree.covering_nodes(t)],
-                "rho_per_document": cr.depth * cr.rho_node,
+                "rho_per_document": (cr.depth * cr.rho_node
+                                     + cr.premise.rho * cr.premise.checks_per_atom),
                 "node_events": [e.to_dict() for e in cr.tree.node_events(1, 1)]}
 
     def restore(self, cr: "ContinualRelease", state: dict) -> TreeAggregator:
@@ -388,7 +423,8 @@ class ContinualRelease:
                  refinement: RefinementConfig | None = None, aggregator: str = "blt",
                  blt_params: BLTParams | None = None,
                  max_documents: int = DEFAULT_MAX_DOCUMENTS_PER_SUM,
-                 privacy_unit: str = "document") -> None:
+                 privacy_unit: str = "document",
+                 user_max_documents: int | None = None) -> None:
         if aggregator not in AGGREGATORS:
             raise ValueError(f"aggregator must be one of {AGGREGATORS}, got {aggregator!r}")
         self.aggregator = aggregator
@@ -407,7 +443,19 @@ class ContinualRelease:
         # user unit: N_max also bounds every stream document released so far (a user's
         # documents can sit in every epoch; docs/privacy.md "The user-level unit")
         self.privacy_unit = privacy_unit
+        # M: a user's most documents of weight > 0 (user unit: the premise check's sensitivity)
+        self.user_max_documents = user_max_documents
+        if privacy_unit == "user" and rho is not None and user_max_documents is None:
+            raise ValueError("a private user-level continual release needs user_max_documents "
+                             "(M, the premise check's sensitivity)")
         self.documents_released = 0
+        # the noised premise check (docs/privacy.md "The premise check"): the draw of the epoch
+        # being closed, kept until that epoch is drawn (a retry never draws it again), and the
+        # last epoch's check (public: reported with its snapshot)
+        self.premise: PremiseCheck | None = None
+        self.release_rho: float | None = None
+        self.premise_kept: dict | None = None
+        self.last_premise: dict | None = None
         self.rho = rho
         self.sampler = sampler
         # epochs whose documents were refined under an earlier snapshot (public: it only
@@ -434,9 +482,20 @@ class ContinualRelease:
     def _build(self, spender) -> None:
         """The node/noise mechanism and the aggregator (again after loading other BLT params)."""
         share = None if self.refinement is None else self.refinement.share
+        # the premise checks' ρ is carved from the stream's ρ here (plan.premise_split, the one
+        # place); the releases get the rest. A user's count (all stream documents so far) enters
+        # every check through the last epoch, a document's 1 (BLT) or depth (tree) checks
+        if self.privacy_unit == "user":
+            checks = self.horizon if self.depth is not None else DEFAULT_MAX_EPOCHS
+            sens = float(self.user_max_documents)
+        else:
+            checks, sens = self._kind.premise_checks(self), 1.0
+        self.release_rho, self.premise = premise_split(self.rho, checks_per_atom=checks,
+                                                       sensitivity=sens)
         self.rho_node = self._kind.unit_rho(self, share)
         self.mechanism = SketchNodeMechanism(self.subspace, self.clip, self.split, self.rho_node,
                                              self.sampler, share, max_documents=self.max_documents)
+        self.mechanism.premise_checked = True
         self.tree = self._kind.make(self, spender)
 
     @property
@@ -498,12 +557,23 @@ class ContinualRelease:
                                  self._exact.refine)
             sd = None
         else:
-            # the rounding premise, checked before anything is reserved (noise_sums checks again)
-            require_within_premise(self._largest_raw_sum(sums), self.max_documents,
-                                   f"{self.aggregator} epoch {self.epoch + 1}")
-            self.require_user_premise(int(sums.sketch.n_docs))
+            # the rounding premise: a noised, charged check decides, from the released ñ only,
+            # whether the epoch is drawn from its sums or from noise only — never a refusal
+            t = self.epoch + 1
+            if t > self.epoch_limit:
+                self.tree.add_epoch(sums)           # raises HorizonExceeded (nothing drawn)
+            noisy, partition = self._premise_draw(t, sums)
+            passed = self.premise.passes(noisy, self.max_documents)
+            if not passed:
+                sums = self._as_epoch_sums(None)
+                self._kind.empty_completing(self, t)
             released = self.tree.add_epoch(sums)
-            self.documents_released += int(sums.sketch.n_docs)
+            self.premise_kept = None
+            self.last_premise = {"epoch": t, "noisy_count": noisy, "passed": passed,
+                                 "partition": partition,
+                                 "threshold": self.premise.threshold(self.max_documents)}
+            if passed:
+                self.documents_released += int(sums.sketch.n_docs)
             mult = self.noise_multiplier()
             sd = noise_scales(self.mechanism.plan(STREAM), mult)
             if self.refinement is not None:
@@ -523,6 +593,31 @@ class ContinualRelease:
         snap = self._snapshot(released, sd)
         self.pending = None
         return snap
+
+    # ------------------------------------------------------------ the premise check
+    def _premise_count(self, sums: EpochSums) -> int:
+        """The exact count the check noises: the largest raw sum the epoch would noise
+        (document unit), or every stream document released so far plus this epoch's (user)."""
+        if self.privacy_unit == "user":
+            return self.documents_released + int(sums.sketch.n_docs)
+        return self._largest_raw_sum(sums)
+
+    def _premise_draw(self, t: int, sums: EpochSums) -> tuple[float, str]:
+        """ñ of epoch t through the spend protocol, kept until epoch t is drawn: a retry
+        (after a refusal or an exception before the epoch's draw) reuses it, never draws again."""
+        partition = STREAM if self.privacy_unit == "user" else self._kind.premise_partition(self, t)
+        event = self.premise.event(partition)
+        label = f"{self.label}:premise:epoch={t}"
+        kept = self.premise_kept
+        if kept is not None and kept["epoch"] == t:
+            recommit_kept(self.tree.spender, [event], label=label)
+            return float(kept["noisy_count"]), partition
+        n = self._premise_count(sums)
+        noisy = spend(self.tree.spender, [event], label=label,
+                      draw=lambda: float(np.asarray(self.mechanism.sampler.add_noise(
+                          np.array([float(n)]), self.premise.sigma), dtype=np.float64)[0]))
+        self.premise_kept = {"epoch": t, "noisy_count": float(noisy)}
+        return float(noisy), partition
 
     def require_user_premise(self, more_documents: int) -> None:
         """User unit, private: refuse (before anything is reserved) a release that would bring
@@ -577,6 +672,12 @@ class ContinualRelease:
                 **self.refinement.to_dict(), "refined_epochs": self.refined_epochs})
         if not private:
             privacy["mechanism"] = "none"
+        else:
+            # the rounding premise's noised check (public: ñ is a released value; whether this
+            # epoch was drawn from its sums or from noise only is decided from it alone)
+            privacy["premise_check"] = {**self.premise.to_dict(),
+                                        "max_documents": self.max_documents,
+                                        "epoch": self.last_premise}
         snap = TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=lambdas,
                              n_docs=float(released.sketch.count), privacy=privacy,
                              mechanism=self.aggregator if private else "none",
@@ -609,7 +710,8 @@ class ContinualRelease:
         state = self.tree.state_dict(lambda s: s.to_dict())
         return {"horizon": self.horizon, **state, "refined_epochs": self.refined_epochs,
                 "documents_released": self.documents_released, "pending": pending,
-                "published_topics": published}
+                "published_topics": published, "premise_kept": self.premise_kept,
+                "last_premise": self.last_premise}
 
     def load_state(self, state: dict) -> "ContinualRelease":
         self.refined_epochs = int(state.get("refined_epochs", 0))
@@ -617,6 +719,8 @@ class ContinualRelease:
         self.published_topics = (None if published is None else np.asarray(
             ser.unpack_array(published, name="published_topics"), dtype=np.float64))
         self.documents_released = int(state.get("documents_released", 0))
+        self.premise_kept = state.get("premise_kept")
+        self.last_premise = state.get("last_premise")
         pending = state.get("pending")
         self.pending = None if pending is None else (EpochSums.from_dict(pending["sums"]),
                                                      pending["sd"])

@@ -150,7 +150,9 @@ class StreamingSpectralLDA:
                                    sum (warm-up, stream, tree node, refinement). Sensitivities
                                    include the float64 rounding headroom for sums of that size
                                    (+1.9% σ at the default 10⁹); a larger sum is refused before
-                                   anything is noised (docs/privacy.md, "Floating point")
+                                   anything is noised, except continual epochs: a noised,
+                                   charged check draws one over it from noise only
+                                   (docs/privacy.md, "Floating point", "The premise check")
     privacy_unit : {"document", "user"}
                                    "document" (default): add/remove one document. "user":
                                    add/remove every document of one user — pass ``users=`` (one
@@ -456,7 +458,9 @@ class StreamingSpectralLDA:
                 sampler=self.sampler, spender=self._spender, power=self.power,
                 denoise=self.denoise, refinement=self.refinement,
                 aggregator=self.continual_aggregator,
-                max_documents=self.max_documents_per_sum, privacy_unit=self.privacy_unit)
+                max_documents=self.max_documents_per_sum, privacy_unit=self.privacy_unit,
+                user_max_documents=(self._stream_users.max_docs
+                                    if self.privacy_unit == "user" else None))
             epoch_sketches = EpochSketches(
                 subspace, clip, self.epochs,
                 n_topics=self.n_topics if self.refinement is not None else None,
@@ -536,10 +540,8 @@ class StreamingSpectralLDA:
             snaps.append(self._epoch_released(self.continual_.post_process()))
         limit = self.continual_.epoch_limit
         target = int(min(self.epochs.closable_through(watermark), limit))
-        # user unit: all stream documents released so far within the premise (the one check,
-        # ContinualRelease.require_user_premise), refused before any epoch of this call closes
-        self.continual_.require_user_premise(sum(
-            sk.n_rows for e, sk in self._epoch_sketches.open.items() if e <= target))
+        # the rounding premise (user unit: all stream documents so far) is a noised, charged
+        # check inside draw_epoch: an epoch over it is drawn from noise only, never refused
         for epoch in range(self._epoch_sketches.closed_through + 1, target + 1):
             # one epoch at a time: its snapshot is the model of the documents of epoch + L
             ((_, sums),) = self._epoch_sketches.pop_through(epoch)

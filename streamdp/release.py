@@ -44,7 +44,7 @@ WITHHOLDABLE = ("m1", "z")
 
 
 def noise_sums(sums: SketchSums, events: list[GaussianEvent], sampler: GaussianSampler,
-               Q: np.ndarray, *, max_documents: int = DEFAULT_MAX_DOCUMENTS_PER_SUM) -> SketchSums:
+               Q: np.ndarray, *, max_documents: int | None = DEFAULT_MAX_DOCUMENTS_PER_SUM) -> SketchSums:
     """Add the planned noise to each block; derive un-noised s1/s2 from m1/z.
 
     Noise goes through ``sampler.add_noise`` (for OpenDP's sampler the true
@@ -55,8 +55,10 @@ def noise_sums(sums: SketchSums, events: list[GaussianEvent], sampler: GaussianS
 
     Before any draw, a private call refuses sums of more than ``max_documents`` documents
     (the premise of the sensitivities' rounding headroom; DocumentCountExceeded).
+    ``max_documents=None``: the caller has decided the premise by a noised, charged check
+    (streamdp.continual, docs/privacy.md "The premise check") and no exact count may refuse.
     """
-    if events:
+    if events and max_documents is not None:
         require_within_premise(sums.n_docs, max_documents, "release")
     by_block = {e.block: e for e in events}
     out = {}

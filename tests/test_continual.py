@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from streamdp import ClipBounds, EpochClock, StreamingSpectralLDA, WhitenedSketch
+from streamdp.privacy.plan import PREMISE_SHARE
 from streamdp.continual import ContinualRelease, EpochSketches, SketchNodeMechanism, zero_sums
 from streamdp.privacy.accountant import Accountant, BudgetExhausted, LoadTally
 from streamdp.refinement import topic_order
@@ -139,7 +140,11 @@ def test_every_document_costs_depth_times_rho_node_and_the_horizon_is_enforced(c
 
     cr = ContinualRelease(sub, clip, n_topics=3, alpha0=1.0, rho=rho, horizon=T,
                           sampler=CSPRNGGaussianSampler(1), spender=Recording(), aggregator="tree")
-    assert cr.depth == 3 and math.isclose(cr.rho_node, rho / 3)
+    # the premise checks' share is carved out first (plan.premise_split); a document enters
+    # ≤ depth checks, each at share·ρ/depth
+    assert math.isclose(cr.release_rho, rho * (1 - PREMISE_SHARE))
+    assert cr.depth == 3 and math.isclose(cr.rho_node, cr.release_rho / 3)
+    assert math.isclose(cr.premise.rho, rho * PREMISE_SHARE / 3)
     sums = _epoch_sums(X, sub, clip, T)
     for t, s in enumerate(sums, start=1):
         snap = cr.close_epoch(s)
@@ -156,7 +161,13 @@ def test_every_document_costs_depth_times_rho_node_and_the_horizon_is_enforced(c
     for e in seen:
         tally.add(parse_partition(e.partition), e.rho)
     per_epoch = [tally.atom(epoch=e) for e in range(1, T + 1)]
-    np.testing.assert_allclose(per_epoch, [rho] * 4 + [2 * cr.rho_node] * 2, rtol=1e-9)
+    # premise checks count the largest completing node: epoch 1 is in those of t = 1, 2, 4,
+    # epoch 2 in t = 2, 4, epoch 3 in t = 3, 4, epoch 4 in t = 4, epoch 5 in t = 5, 6, epoch 6 in 6
+    checks = [3, 2, 2, 1, 2, 1]
+    nodes = [3] * 4 + [2] * 2
+    np.testing.assert_allclose(per_epoch, [n * cr.rho_node + c * cr.premise.rho
+                                           for n, c in zip(nodes, checks)], rtol=1e-9)
+    assert per_epoch[0] == pytest.approx(rho, rel=1e-9)
     with pytest.raises(HorizonExceeded):
         cr.close_epoch(sums[0])
     assert cr.epoch == T and acct.report()["reservations"] == rep["reservations"]
@@ -175,7 +186,15 @@ def test_a_refused_epoch_changes_nothing(corpus):
     before = acct.report()
     with pytest.raises(BudgetExhausted):
         cr.close_epoch(s2)
-    assert cr.epoch == 1 and acct.report()["rho_worst_case"] == before["rho_worst_case"]
+    # nothing changes but epoch 2's premise check, drawn (and charged) before the nodes were
+    # refused; it is kept: the next attempt of epoch 2 reuses it, never draws it again
+    assert cr.epoch == 1 and cr.premise_kept["epoch"] == 2
+    assert acct.report()["rho_worst_case"] == pytest.approx(
+        before["rho_worst_case"] + cr.premise.rho, rel=1e-9)
+    with pytest.raises(BudgetExhausted):
+        cr.close_epoch(s2)
+    assert acct.report()["rho_worst_case"] == pytest.approx(
+        before["rho_worst_case"] + cr.premise.rho, rel=1e-9)
 
 
 def test_checkpoint_round_trip_continues_identically(corpus):

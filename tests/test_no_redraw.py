@@ -189,7 +189,10 @@ def test_release_service_persists_the_draw_and_post_processes_it_after_a_crash(
     np.testing.assert_array_equal(seen[0], seen[1])
     recs = FileLedger(cfg.ledger).read()
     labels = [r.payload.get("label") for r in recs if r.kind == "reserve"]
-    assert [x for x in labels if x.startswith("tree:")] == ["tree:epoch=1", "tree:epoch=2"]
+    assert [x for x in labels if x.startswith("tree:epoch=")] == ["tree:epoch=1", "tree:epoch=2"]
+    # the premise check of each epoch is drawn once too (kept with the epoch's draw)
+    assert [x for x in labels if x.startswith("tree:premise:")] == [
+        "tree:premise:epoch=1", "tree:premise:epoch=2"]
     assert {r.key for r in recs if r.kind == "reserve"} == {r.key for r in recs if r.kind == "commit"}
 
 

@@ -394,27 +394,47 @@ def test_premise_refuses_warmup_and_refinement(small_corpus):
 
 
 @pytest.mark.parametrize("aggregator", ["tree", "blt"])
-def test_premise_refuses_continual_sums(small_corpus, aggregator):
-    """tree: node [1, 2] is one raw sum of both epochs; blt: each epoch's sum is noised alone."""
+def test_premise_check_draws_an_epoch_over_the_premise_from_noise_only(small_corpus, aggregator):
+    """The continual release never refuses on the premise (issue 23 item 2): a noised, charged
+    check ñ = n + N(0, σ_p²) of the largest raw sum decides, and an epoch with ñ > N_max − zσ_p
+    is drawn from noise only, on schedule. tree: node [1, 2] is one raw sum of both epochs (300
+    > 250); blt: each epoch's sum is noised alone (epoch 3: 300 > 250). ε = 3000 makes σ_p < 3,
+    so the check is sharp here (zσ_p < 36 documents: 200 passes, 300 does not)."""
     X = small_corpus
     clock = EpochClock(0.0, 10.0)
-    est = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast", non_production=True,
-                                        epochs=clock, horizon=4, max_documents_per_sum=250,
-                                        refinement=None, continual_aggregator=aggregator)
+    est = streamdp.StreamingSpectralLDA(3, epsilon=3000.0, clip_length=20, sampler="fast",
+                                        non_production=True, epochs=clock, horizon=4,
+                                        max_documents_per_sum=250, refinement=None,
+                                        continual_aggregator=aggregator)
     est.warmup(X[:200])
     est.partial_fit(X[200:400], timestamps=np.full(200, 5.0))     # epoch 1: 200 documents
     est.partial_fit(X[400:500], timestamps=np.full(100, 15.0))    # epoch 2: 100 documents
     est.partial_fit(X[400:700], timestamps=np.full(300, 25.0))    # epoch 3: 300 documents
-    assert len(est.close_epochs(10.0)) == 1
+    snaps = est.close_epochs(30.0)                               # never refused
+    assert [s.epoch for s in snaps] == [1, 2, 3]
+    checks = [s.privacy["premise_check"] for s in snaps]
+    sigma = checks[0]["sigma"]
+    assert 0.1 < sigma < 3 and checks[0]["z"] == 12.0 and checks[0]["max_documents"] == 250
+    # tree: node [1, 2] (300) and leaf [3, 3] (300) are over; blt: epoch 3 (300)
+    passed = {"tree": [True, False, False], "blt": [True, True, False]}[aggregator]
+    assert [c["epoch"]["passed"] for c in checks] == passed
+    for c in checks:                    # the decision reads the released ñ only
+        assert c["epoch"]["passed"] == (c["epoch"]["noisy_count"] <= 250 - 12.0 * sigma)
+    # noise only: blt's epoch 3 adds no document to the released count; the tree's epoch-2
+    # release is node [1, 2] drawn from zero sums (epoch 1's documents leave it too)
+    count_sd = max(s.privacy["noise_sd"]["count"] for s in snaps)
+    assert count_sd < 10
+    # (n_docs is the released count block: Σ of the documents' clip factors)
     if aggregator == "blt":
-        assert len(est.close_epochs(20.0)) == 1
-    spent = est.accountant.report()["rho_worst_case"]
-    epoch = est.continual_.epoch
-    with pytest.raises(DocumentCountExceeded, match="max_documents_per_sum=250"):
-        # tree: node [1, 2] holds 300 > 250; blt: epoch 3 alone holds 300 > 250
-        est.close_epochs(20.0 if aggregator == "tree" else 30.0)
-    assert est.accountant.report()["rho_worst_case"] == spent     # refused before reserving
-    assert est.continual_.epoch == epoch
+        assert abs(snaps[2].n_docs - snaps[1].n_docs) < 8 * count_sd
+        assert snaps[1].n_docs - snaps[0].n_docs > 40 * count_sd
+    else:
+        assert snaps[0].n_docs > 40 * count_sd
+        assert abs(snaps[1].n_docs) < 8 * count_sd
+    # the checks are charged: ρ and δ = Φ(−12) per check on the stream atoms
+    rep = est.accountant.report()
+    assert 0 < rep["delta_of_approximate_events_by_atom"]["stream_worst"] < 1e-30
+    assert rep["rho_worst_case"] <= est.accountant.rho_budget * (1 + 1e-9)
 
 
 def test_service_config_key():

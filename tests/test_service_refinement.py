@@ -101,7 +101,7 @@ def test_private_refinement_end_to_end(kafka_broker, tmp_path):
     assert acc["uncommitted"] == 0 and acc["refusals"] == 0
     recs = FileLedger(cfg.ledger).read()
     labels = [r.payload.get("label") for r in recs if r.kind == "reserve"]
-    assert [x for x in labels if x.startswith("tree:")] == [f"tree:epoch={e}" for e in (1, 2, 3)]
+    assert [x for x in labels if x.startswith("tree:epoch=")] == [f"tree:epoch={e}" for e in (1, 2, 3)]
 
 
 def _exact_refine(pipe: Pipeline) -> np.ndarray:

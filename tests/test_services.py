@@ -235,7 +235,9 @@ def test_end_to_end_private(kafka_broker, tmp_path):
     recs = FileLedger(cfg.ledger).read()
     assert recs[0].kind == "budget" and recs[0].payload["epsilon"] == eps
     labels = [r.payload.get("label") for r in recs if r.kind == "reserve"]
-    assert [x for x in labels if x.startswith("tree:")] == [f"tree:epoch={e}" for e in (1, 2, 3)]
+    assert [x for x in labels if x.startswith("tree:epoch=")] == [f"tree:epoch={e}" for e in (1, 2, 3)]
+    assert [x for x in labels if x.startswith("tree:premise:")] == [
+        f"tree:premise:epoch={e}" for e in (1, 2, 3)]
     reserved = {r.key for r in recs if r.kind == "reserve"}
     committed = {r.key for r in recs if r.kind == "commit"}
     assert reserved == committed and len(reserved) == acc["reservations"]

@@ -434,9 +434,9 @@ def test_user_mode_refuses_what_it_cannot_bound():
 @pytest.mark.parametrize("aggregator", ["blt", "tree"])
 def test_continual_user_mode_within_budget_and_premise_covers_all_stream_documents(aggregator):
     """Continual release in user mode: every epoch's snapshot states the unit, the worst atom
-    stays within ρ, and the float64 premise is checked on all stream documents released so
-    far (a user's documents can sit in every epoch), not per epoch."""
-    from streamdp.privacy.rounding import DocumentCountExceeded
+    stays within ρ, and the float64 premise is checked, noised, on all stream documents released
+    so far (a user's documents can sit in every epoch), at sensitivity M; over the premise an
+    epoch is drawn from noise only, never refused (issue 23 item 2)."""
     X, users, _ = _fit_data(5000, seed=3)
     clock = EpochClock(stream_start=100.0, epoch_seconds=10.0)
     ts = np.sort(np.random.default_rng(0).uniform(100.0, 140.0, size=4000))
@@ -457,15 +457,19 @@ def test_continual_user_mode_within_budget_and_premise_covers_all_stream_documen
     for s in snaps:
         assert s.privacy["privacy_unit"] == "user"
         assert s.privacy["accountant"]["rho_worst_case"] <= e.rho_ * (1 + 1e-12)
-    # every epoch alone is within the premise, all four together are not: refused, nothing spent
+        check = s.privacy["premise_check"]
+        assert check["sensitivity"] == 6.0 and check["epoch"]["partition"] == "stream"
+        assert check["epoch"]["passed"]
+    # a premise every epoch alone is within but all four together are not: its noised check
+    # (σ_p ≫ the counts at this ε) draws every epoch from noise only, on schedule, no refusal
     n_epoch = max(sk.n_rows for sk in est(10**9)._epoch_sketches.open.values())
     premise = max(n_epoch, est(10**9, stream=False)._warmup.n_docs) + 1
     e2 = est(premise)
-    before = e2.accountant.report()["reservations"]
     assert premise < sum(sk.n_rows for sk in e2._epoch_sketches.open.values())
-    with pytest.raises(DocumentCountExceeded, match="all stream documents"):
-        e2.close_epochs(140.0)
-    assert e2.accountant.report()["reservations"] == before
+    snaps2 = e2.close_epochs(140.0)
+    assert [s.epoch for s in snaps2] == [1, 2, 3, 4]
+    assert not any(s.privacy["premise_check"]["epoch"]["passed"] for s in snaps2)
+    assert e2.accountant.report()["delta_of_approximate_events_by_atom"]["stream_worst"] > 0
 
 
 # ------------------------------------------------- the documents' optional user field

@@ -149,3 +149,69 @@ def plan_release(rho: float, clip: ClipBounds, split: BudgetSplit, mechanism: st
             events.append(GaussianEvent(block, sens[block], sigma_for_rho(sens[block], r),
                                         partition=partition, mechanism=mechanism))
     return events
+
+
+#: the noised premise check of the continual release (docs/privacy.md "The premise check"): the
+#: share of the stream's ρ it is carved from, and z of its margin N_max − z·σ_p (Φ(−12) ≈ 1.8e-33
+#: per check, charged to δ)
+PREMISE_SHARE = 1e-4
+PREMISE_Z = 12.0
+PREMISE_BLOCK = "premise_count"
+
+
+def gaussian_tail(z: float) -> float:
+    """Φ(−z), rounded up (erfc is accurate to a few ulps; 1e-9 relative covers them)."""
+    return math.erfc(z / math.sqrt(2.0)) / 2.0 * (1.0 + 1e-9)
+
+
+@dataclass(frozen=True)
+class PremiseCheck:
+    """One noised check of the rounding premise N_max: ñ = n + N(0, σ²) of the documents in the
+    largest raw sum an epoch would noise; the epoch is drawn from its sums iff
+    ñ ≤ N_max − z·σ (:meth:`passes`), else from noise only (as an empty epoch).
+
+    ``sensitivity``: 1 (a document) or M (a user's most documents of weight > 0; under first-K
+    admission the displaced user's rows leave as the new user's enter, so the count still moves
+    by ≤ M). ``rho`` per check = the premise share of ρ_stream / ``checks_per_atom`` (how many
+    checks one document's or user's count can enter), so all checks cost ≤ share·ρ_stream per
+    atom; ``delta`` = Φ(−z + (s − 1)/σ) ≥ the probability that a neighbour of a sum over N_max
+    passes (Φ(−z) for documents)."""
+
+    rho: float
+    sensitivity: float
+    sigma: float
+    z: float
+    delta: float
+    checks_per_atom: int
+
+    def threshold(self, max_documents: int) -> float:
+        return float(max_documents) - self.z * self.sigma
+
+    def passes(self, noisy_count: float, max_documents: int) -> bool:
+        """THE decision: from the released ñ and public constants only."""
+        return float(noisy_count) <= self.threshold(max_documents)
+
+    def event(self, partition: str) -> GaussianEvent:
+        return GaussianEvent(PREMISE_BLOCK, self.sensitivity, self.sigma, partition=partition,
+                             mechanism="premise", delta=self.delta)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def premise_split(stream_rho: float, *, checks_per_atom: int, sensitivity: float = 1.0,
+                  share: float = PREMISE_SHARE, z: float = PREMISE_Z) -> tuple[float, PremiseCheck]:
+    """(ρ left for the stream's releases, the :class:`PremiseCheck`): ``share`` of ρ_stream is
+    carved out for the premise checks, the releases keep the rest (the one place)."""
+    if not (0 < share < 1):
+        raise ValueError(f"premise share must be in (0, 1), got {share!r}")
+    checks = int(checks_per_atom)
+    if checks < 1:
+        raise ValueError(f"checks_per_atom must be >= 1, got {checks_per_atom!r}")
+    rho = stream_rho * share / checks
+    sigma = sigma_for_rho(float(sensitivity), rho)
+    # a neighbour of a count over N_max has a count ≥ N_max − s + 1: it passes with probability
+    # ≤ Φ(−z + (s − 1)/σ) (docs/privacy.md "The premise check", proof (b))
+    delta = gaussian_tail(z - (float(sensitivity) - 1.0) / sigma)
+    return stream_rho * (1.0 - share), PremiseCheck(rho, float(sensitivity), sigma, float(z),
+                                                    delta, checks)

@@ -71,7 +71,7 @@ from typing import Any, Callable, Protocol, Sequence, TypeVar
 import numpy as np
 
 from streamdp import serialization as ser
-from streamdp.privacy.accountant import Accountant, Reservation
+from streamdp.privacy.accountant import Accountant, AlreadySpent, Reservation
 from streamdp.privacy.events import BudgetSpender, GaussianEvent
 
 log = logging.getLogger(__name__)
@@ -246,6 +246,21 @@ def spend(spender: BudgetSpender | None, events: Sequence[GaussianEvent], *, lab
     out = draw()
     spender.commit(token)
     return out
+
+
+def recommit_kept(spender: BudgetSpender | None, events: Sequence[GaussianEvent], *,
+                  label: str) -> None:
+    """A draw kept in memory (no redraw: :mod:`streamdp.privacy.kept_draws`) whose session
+    discarded its reservation (its release was refused or raised before being persisted) is
+    committed with the release that finally uses it: the same key reserved again — uncharged,
+    ``fulfilling`` — and committed at the session's next :meth:`SpendSession.persisted`. Other
+    spenders committed it when it was drawn."""
+    if not isinstance(spender, SpendSession):
+        return
+    try:
+        spender.commit(spender.reserve(events, label=label))
+    except AlreadySpent:
+        pass
 
 
 def run_spend(session: SpendSession, draw: Callable[[], object],

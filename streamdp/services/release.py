@@ -543,6 +543,12 @@ class ReleaseService:
             return self.store.read_latest(control.VOCABULARY_KEY) is not None
         if key.startswith("warmup"):
             return self.subspace is not None or self.warmup_draw is not None
+        if key.startswith("tree:premise:epoch="):     # used by that epoch's persisted draw
+            try:
+                t = int(key.split("=", 1)[1])
+            except ValueError:
+                return False
+            return self.continual is not None and t <= self.continual.epoch
         if key.startswith("tree:epoch="):
             try:
                 t = int(key.split("=", 1)[1])
@@ -579,7 +585,15 @@ class ReleaseService:
             spender=self.spend, power=PowerMethodConfig(seed=self.cfg.seed),
             denoise=DenoiseConfig(), refinement=self.refinement,
             aggregator=self.cfg.continual_aggregator,
-            max_documents=self.cfg.max_documents_per_sum, privacy_unit=self.cfg.privacy_unit)
+            max_documents=self.cfg.max_documents_per_sum, privacy_unit=self.cfg.privacy_unit,
+            user_max_documents=(self.cfg.user_bounds[1] if self.cfg.privacy_unit == "user"
+                                else None))
+        premise = self.continual.premise
+        if premise is not None and premise.threshold(self.cfg.max_documents_per_sum) <= 0:
+            log.warning("max_documents_per_sum=%d is below the premise check's margin 12·σ_p = "
+                        "%.3g: every epoch will be released from noise only; raise it (docs/"
+                        "privacy.md 'The premise check')", self.cfg.max_documents_per_sum,
+                        premise.z * premise.sigma)
 
     # ------------------------------------------------------------ lifecycle
     def stop(self, *_args) -> None:
