@@ -16,6 +16,8 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
+
+from streamdp.privacy.plan import PREMISE_SHARE
 import pytest
 
 from streamdp.evaluation import matched_topic_error
@@ -466,7 +468,8 @@ def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, poin
     B = rep["rho_budget"]
     # the clean run's report: warm-up and each stream epoch at exactly ρ_budget
     assert rep["uncommitted"] == 0 and rep["refusals"] == 0
-    assert rep["reservations"] == 4
+    # warm-up (2), each epoch's draw and its premise check (issue 23 item 2)
+    assert rep["reservations"] == 6
     assert rep["rho_worst_case"] == pytest.approx(B, rel=1e-9)
     assert rep["rho_by_atom"]["warmup"] == pytest.approx(B, rel=1e-9)
     assert rep["epsilon_worst_case"] <= cfg.epsilon * (1 + 1e-9)
@@ -475,8 +478,11 @@ def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, poin
         assert rep["rho_by_atom"]["stream_worst_epoch_rho"] == pytest.approx(B, rel=1e-9)
         assert sorted(parts) == ["stream:epochs=1-1", "stream:epochs=1-2", "stream:epochs=2-2",
                                  "warmup"]
-        for p in ("stream:epochs=1-1", "stream:epochs=1-2", "stream:epochs=2-2"):
+        # nodes at ρ_node = (1 − share)·B/2; the premise checks (share·B/2 each) of t = 1 on
+        # [1, 1] and of t = 2 on the largest completing node [1, 2]
+        for p in ("stream:epochs=1-1", "stream:epochs=1-2"):
             assert parts[p] == pytest.approx(B / 2, rel=1e-9)
+        assert parts["stream:epochs=2-2"] == pytest.approx(B * (1 - PREMISE_SHARE) / 2, rel=1e-9)
     else:
         # BLT: epochs 1 and 2 charged at (c_0 + ε) and (c_1 + ε) times the unit plan (ε: the
         # rounding term), once each, the samplers' rounding included (charged_total); the
@@ -487,12 +493,18 @@ def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, poin
         c = blt.coefs(2) + eps
         expected = charged_total(agg.unit_events(), float(c.sum()), float((c * c).sum()), 2)
         assert agg.charged_rho_bound() <= B
-        assert expected == pytest.approx(B * float(np.sum(c * c)) / agg.charge_weight(), rel=1e-6)
-        assert sorted(parts) == ["stream", "warmup"]
+        assert expected == pytest.approx(B * (1 - PREMISE_SHARE) * float(np.sum(c * c))
+                                         / agg.charge_weight(), rel=1e-6)
+        # each epoch's premise check on its own epoch (share·B each)
+        assert sorted(parts) == ["stream", "stream:epochs=1-1", "stream:epochs=2-2", "warmup"]
+        for p in ("stream:epochs=1-1", "stream:epochs=2-2"):
+            assert parts[p] == pytest.approx(B * PREMISE_SHARE, rel=1e-9)
         assert parts["stream"] == pytest.approx(expected, rel=1e-9)
-        assert rep["rho_by_atom"]["stream_worst_epoch_rho"] == pytest.approx(expected, rel=1e-9)
+        assert rep["rho_by_atom"]["stream_worst_epoch_rho"] == pytest.approx(
+            expected + B * PREMISE_SHARE, rel=1e-9)
     keys = [r.key for r in FileLedger(cfg.ledger).read() if r.kind == "reserve"]
-    assert sorted(keys) == ["tree:epoch=1", "tree:epoch=2", "warmup", "warmup-clip-histogram"]
+    assert sorted(keys) == ["tree:epoch=1", "tree:epoch=2", "tree:premise:epoch=1",
+                            "tree:premise:epoch=2", "warmup", "warmup-clip-histogram"]
     assert by_epoch[2][0].privacy["accountant"]["uncommitted"] == 0
 
 
