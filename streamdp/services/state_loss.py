@@ -46,9 +46,9 @@ log = logging.getLogger("streamdp.release")
 
 LOSS_KEY = "deployment/state_loss"
 #: the idempotency keys of the release service's draws (streamdp.services.release): the private
-#: vocabulary selection, the warm-up (clip histogram, range finder), the epochs; a committed one
-#: proves this deployment released something
-RELEASE_SPEND_PREFIXES = ("vocabulary", "warmup", "tree:epoch=")
+#: vocabulary selection, the warm-up (clip histogram, range finder), the epochs and their premise
+#: checks; a committed one proves this deployment released something
+RELEASE_SPEND_PREFIXES = ("vocabulary", "warmup", "tree:epoch=", "tree:premise:epoch=")
 #: control messages the release service sends only after a spent record is persisted
 SPENT_ANNOUNCEMENTS = ("subspace_ready", "epochs_closed")
 
