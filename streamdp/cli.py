@@ -449,16 +449,17 @@ def _topics(a) -> int:
                          "release service's snapshot_dir")
     if a.vocabulary is None:        # the release service keeps a copy next to the snapshots
         a.vocabulary = str(Path(a.snapshot_dir) / "vocabulary.txt")
+    # then the vocabulary (trends need none): both are the user's to fix, an empty folder may fill
+    if not a.trends and not Path(a.vocabulary).is_file():
+        raise ValueError(f"no vocabulary file at {a.vocabulary!r}: pass --vocabulary FILE, the "
+                         "vocabulary the snapshots were released with (the release service "
+                         "writes it to <snapshot_dir>/vocabulary.txt; the demo to "
+                         "<workdir>/vocabulary.txt)")
     snap = snapshots.latest(a.snapshot_dir)     # the newest release (largest epoch)
     if snap is None:
         raise ValueError(f"no snapshots in {a.snapshot_dir} (the release service writes epoch-*.msgpack)")
     if a.trends:
         return _print_trends(a, snapshots)
-    if not Path(a.vocabulary).is_file():
-        raise ValueError(f"no vocabulary file at {a.vocabulary!r}: pass --vocabulary FILE, the "
-                         "vocabulary the snapshots were released with (the release service "
-                         "writes it to <snapshot_dir>/vocabulary.txt; the demo to "
-                         "<workdir>/vocabulary.txt)")
     try:
         vocab = Vocabulary.load(a.vocabulary)
     except (OSError, UnicodeDecodeError) as exc:

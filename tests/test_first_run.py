@@ -43,9 +43,10 @@ def test_topics_with_a_missing_vocabulary_names_the_file_and_the_flag(tmp_path):
     # without --vocabulary it looks next to the snapshots, and says so
     r = run_cli("topics", "--snapshot-dir", str(tmp_path / "snaps"))
     one_line_error(r, str(tmp_path / "snaps" / "vocabulary.txt"), "--vocabulary")
+    # a missing folder is named first (issue 27: it used to complain about the vocabulary)
     r = run_cli("topics", "--snapshot-dir", str(tmp_path / "missing-dir"),
                 "--vocabulary", str(tmp_path / "nope.txt"))
-    one_line_error(r, "nope.txt")
+    one_line_error(r, "missing-dir", "--snapshot-dir")
 
 
 # ------------------------------------------------------------------ 2. produce, bad lines
