@@ -223,12 +223,12 @@ def _topics_found(X, Q, model, rule, rng, sd, k, n_shared):
 def test_documents_sharing_a_dominant_direction_are_spread_over_the_clusters():
     """Issue 22 (movie reviews, 2.3/20 distinct at ε = 4): every document shares the corpus's
     frequent words, so y = Qᵀc/‖c‖ points mostly along one shared direction; the first
-    assignment by random directions put most documents in one or two clusters, whose noised
-    centres then decide little. The centre draw removes the shared direction and the Lloyd sums
-    add unit vectors: the clusters start balanced and every topic gets one."""
+    assignment by random directions put the documents in one or two clusters, whose noised
+    centres then decide little (here: all of them in two). The centre draw removes the shared
+    direction and the Lloyd sums add unit vectors: the clusters start balanced."""
     d, k, sd = 120, 8, 8.0                              # sd: the released values' noise
     model = make_lda_model(d, k, alpha0=1.0, beta=0.05, seed=11)
-    found_before, found_after = [], []
+    found = []
     for seed in range(4):
         rng = np.random.default_rng(seed)
         X = sample_documents(model, 4_000, mean_length=12, seed=12).toarray()
@@ -238,14 +238,15 @@ def test_documents_sharing_a_dominant_direction_are_spread_over_the_clusters():
         Q, _ = np.linalg.qr(np.c_[model.topics.T, background, rng.standard_normal((d, 3))])
         uncentred = C.Assignment.random(k, Q.shape[1], 0)          # the rule before the fix
         _, counts, _ = C.cluster_sums([X], Q, uncentred)
-        assert np.sort(counts)[-2:].sum() > 0.5 * X.shape[0]       # the collapse
+        assert np.sort(counts)[-2:].sum() > 0.9 * X.shape[0]       # the collapse (measured: 100%)
         S, n, M, _ = C.centre_sums([X], Q)
         centre, frame = C.centred_frame(S + rng.normal(0, sd, S.shape), n + rng.normal(0, sd),
                                         M + rng.normal(0, sd, M.shape), sd, k)
         rule = C.Assignment.random(k, Q.shape[1], 0, centre, frame)
         _, counts, _ = C.cluster_sums([X], Q, rule)
+        # balanced from the first assignment (measured: largest cluster 19% of the documents)
         assert counts.max() < 0.3 * X.shape[0] and counts.min() > 0.02 * X.shape[0]
-        found_after.append(_topics_found(X, Q, model, rule, rng, sd, k, 6))
-        found_before.append(_topics_found(X, Q, model, uncentred, rng, sd, k, 6))
-    # measured: 8, 8, 8, 8 of 8 topics against 6–7 from the uncentred rule
-    assert min(found_after) >= k - 1 and sum(found_after) > sum(found_before)
+        found.append(_topics_found(X, Q, model, rule, rng, sd, k, 6))
+    # and the noised Lloyd iterations from there give (nearly) every topic a cluster
+    # (measured: 7, 8, 7, 8 of 8)
+    assert min(found) >= k - 1
