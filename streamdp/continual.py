@@ -284,11 +284,13 @@ class _BLTKind:
         return int(sums.sketch.n_docs)          # the epoch's own sum is what is noised
 
     def premise_checks(self, cr: "ContinualRelease") -> int:
-        """How many premise checks one document's count enters: its epoch's only."""
-        return 1
+        """Every check is charged to every atom (T_max of them): a BLT step noises the raw
+        buffers of all earlier epochs, so an epoch over N_max that passes its check (the δ
+        event) breaks the rounding bound F_b of every later step, for every atom's document."""
+        return DEFAULT_MAX_EPOCHS
 
     def premise_partition(self, cr: "ContinualRelease", t: int) -> str:
-        return epoch_partition(t, t)
+        return STREAM
 
     def empty_completing(self, cr: "ContinualRelease", t: int) -> None:
         """Noise only: nothing but the epoch's own sum is noised (it is replaced by zeros)."""

@@ -398,11 +398,13 @@ def test_premise_check_draws_an_epoch_over_the_premise_from_noise_only(small_cor
     """The continual release never refuses on the premise (issue 23 item 2): a noised, charged
     check ñ = n + N(0, σ_p²) of the largest raw sum decides, and an epoch with ñ > N_max − zσ_p
     is drawn from noise only, on schedule. tree: node [1, 2] is one raw sum of both epochs (300
-    > 250); blt: each epoch's sum is noised alone (epoch 3: 300 > 250). ε = 3000 makes σ_p < 3,
-    so the check is sharp here (zσ_p < 36 documents: 200 passes, 300 does not)."""
+    > 250); blt: each epoch's sum is noised alone (epoch 3: 300 > 250). ε = 3000 (tree) and
+    10⁹ (blt: every check is charged to every atom, 10⁶ of them) make σ_p < 3, so the check is
+    sharp here (zσ_p < 36 documents: 200 passes, 300 does not)."""
     X = small_corpus
     clock = EpochClock(0.0, 10.0)
-    est = streamdp.StreamingSpectralLDA(3, epsilon=3000.0, clip_length=20, sampler="fast",
+    eps = {"tree": 3000.0, "blt": 1e9}[aggregator]
+    est = streamdp.StreamingSpectralLDA(3, epsilon=eps, clip_length=20, sampler="fast",
                                         non_production=True, epochs=clock, horizon=4,
                                         max_documents_per_sum=250, refinement=None,
                                         continual_aggregator=aggregator)

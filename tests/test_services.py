@@ -487,7 +487,7 @@ def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, poin
         # BLT: epochs 1 and 2 charged at (c_0 + ε) and (c_1 + ε) times the unit plan (ε: the
         # rounding term), once each, the samplers' rounding included (charged_total); the
         # unit plan is calibrated so that T_max epochs are charged ≤ ρ
-        from streamdp.privacy.blt import charged_total
+        from streamdp.privacy.blt import DEFAULT_MAX_EPOCHS, charged_total
         blt, agg = release.continual.blt_params, release.continual.tree
         eps = agg.rounding_ratio()
         c = blt.coefs(2) + eps
@@ -495,13 +495,12 @@ def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, poin
         assert agg.charged_rho_bound() <= B
         assert expected == pytest.approx(B * (1 - PREMISE_SHARE) * float(np.sum(c * c))
                                          / agg.charge_weight(), rel=1e-6)
-        # each epoch's premise check on its own epoch (share·B each)
-        assert sorted(parts) == ["stream", "stream:epochs=1-1", "stream:epochs=2-2", "warmup"]
-        for p in ("stream:epochs=1-1", "stream:epochs=2-2"):
-            assert parts[p] == pytest.approx(B * PREMISE_SHARE, rel=1e-9)
-        assert parts["stream"] == pytest.approx(expected, rel=1e-9)
+        # each epoch's premise check is charged to every atom (share·B / T_max each)
+        premise = 2 * B * PREMISE_SHARE / DEFAULT_MAX_EPOCHS
+        assert sorted(parts) == ["stream", "warmup"]
+        assert parts["stream"] == pytest.approx(expected + premise, rel=1e-9)
         assert rep["rho_by_atom"]["stream_worst_epoch_rho"] == pytest.approx(
-            expected + B * PREMISE_SHARE, rel=1e-9)
+            expected + premise, rel=1e-9)
     keys = [r.key for r in FileLedger(cfg.ledger).read() if r.kind == "reserve"]
     assert sorted(keys) == ["tree:epoch=1", "tree:epoch=2", "tree:premise:epoch=1",
                             "tree:premise:epoch=2", "warmup", "warmup-clip-histogram"]
