@@ -512,9 +512,6 @@ def test_stream_atoms_carry_delta_per_atom_known_answers():
     assert loads.worst_stream == pytest.approx(0.6) and loads.worst_epoch == 3
     assert loads.stream_delta == pytest.approx(1.1e-8)        # epoch 7: 1e-9 + 1e-8 (> epoch 3's 7e-9)
     acc = Accountant(1.0, 1e-6, MemoryLedger())
-    # the warm-up carries no δ
-    with pytest.raises(ValueError, match="carries no delta"):
-        acc.reserve([GaussianEvent("x", 1.0, 10.0, partition="warmup", delta=1e-9)])
     limit = zcdp_rho(1.0, 1e-6 - 4e-7)
     assert limit < acc.rho_budget
     # a stream event with δ 4e-7: ρ just above the δ-reduced limit is refused, just below accepted
@@ -549,3 +546,32 @@ def test_a_delta_below_float_resolution_still_rounds_the_limit_down():
     acc = Accountant(1.0, delta, MemoryLedger())
     assert acc.rho_limit(used) <= zcdp_rho(1.0, delta)
     assert acc.rho_limit(used) == pytest.approx(acc.rho_budget, rel=1e-9)
+
+
+def test_the_warmup_atom_carries_its_own_delta_known_answers():
+    """The warm-up's noised premise check is a δ-approximate event on the warm-up atom (issue 23
+    item 2): its ρ limit is zcdp_rho(ε, δ − δ_w), the stream atoms keep theirs (parallel), and
+    the report converts the warm-up at δ − δ_w."""
+    from streamdp.privacy.conversions import zcdp_rho
+    acc = Accountant(1.0, 1e-6, MemoryLedger())
+    limit = zcdp_rho(1.0, 1e-6 - 4e-7)
+    over = 1.0 / math.sqrt(2 * limit * 1.001)
+    with pytest.raises(BudgetExhausted, match="δ_w") as err:
+        acc.reserve([GaussianEvent("p", 1.0, over, partition="warmup", delta=4e-7)])
+    assert err.value.atom == "warmup"
+    ok = 1.0 / math.sqrt(2 * limit * 0.999)
+    acc.reserve([GaussianEvent("p", 1.0, ok, partition="warmup", delta=4e-7)])
+    loads = acc.loads()
+    assert loads.warmup_delta == pytest.approx(4e-7) and loads.stream_delta == 0.0
+    rep = acc.report()
+    assert rep["delta_of_approximate_events_by_atom"]["warmup"] == pytest.approx(4e-7)
+    assert rep["epsilon_worst_case"] == pytest.approx(zcdp_epsilon(0.999 * limit, 6e-7), rel=1e-6)
+    assert rep["rho_remaining_by_atom"]["warmup"] == pytest.approx(0.001 * limit, rel=1e-3)
+    # the stream atoms are another atom: their whole ρ budget is left
+    acc.reserve([GaussianEvent("s", 1.0, 1.0 / math.sqrt(2 * acc.rho_budget * 0.999),
+                               partition="stream")])
+    # a second warm-up δ adds up: 4e-7 + 6e-7 = δ can never be converted
+    with pytest.raises(BudgetExhausted):
+        acc.reserve([GaussianEvent("q", 1.0, 1e6, partition="warmup", delta=6e-7)])
+    # the ledger replays the δ
+    assert Accountant(1.0, 1e-6, acc.ledger).loads().warmup_delta == pytest.approx(4e-7)

@@ -39,7 +39,8 @@ conversion, rounded down), and δ_A < δ; ``reserve`` refuses otherwise. Such ev
 on the ``"vocabulary"`` partition and on stream partitions (``"stream"``,
 ``"stream:epochs=a-b"``); the stream atoms are checked together, conservatively: the worst
 stream ρ against the limit of the worst stream δ (the limit only falls as δ_A grows). The
-warm-up carries no δ. Atoms with δ_A = 0 have the plain ρ_budget.
+warm-up atom accepts them too (its noised premise check, docs/privacy.md "The premise check"),
+with its own δ_w. Atoms with δ_A = 0 have the plain ρ_budget.
 
 Filter semantics
 ----------------
@@ -101,8 +102,8 @@ COMPOSITION = ("zCDP: rho adds up over events covering an atom (sequential, adap
                "a document's loss is the max over atoms (parallel composition); atoms are "
                "the warm-up and each stream epoch, assigned by document timestamp, and the "
                "vocabulary-selection slice; 'stream' covers every epoch, 'stream:epochs=a-b' "
-               "epochs a..b; approximate (rho, delta) events on 'vocabulary' and stream "
-               "partitions: delta adds per atom, whose rho limit is zcdp_rho(eps, delta - "
+               "epochs a..b; approximate (rho, delta) events on 'vocabulary', 'warmup' and "
+               "stream partitions: delta adds per atom, whose rho limit is zcdp_rho(eps, delta - "
                "its delta sum)")
 
 
@@ -188,6 +189,7 @@ class AtomLoads:
     vocabulary : float      ρ of a vocabulary-selection document
     vocabulary_delta : float  Σ δ of the approximate events on that atom (rounded up)
     stream_delta : float    the largest Σ δ of approximate events on one stream atom (rounded up)
+    warmup_delta : float    Σ δ of the approximate events on the warm-up atom (rounded up)
     """
 
     warmup: float
@@ -200,6 +202,7 @@ class AtomLoads:
     vocabulary: float = 0.0
     vocabulary_delta: float = 0.0
     stream_delta: float = 0.0
+    warmup_delta: float = 0.0
 
 
 class LoadTally:
@@ -216,6 +219,7 @@ class LoadTally:
         self.delta: dict[int, int] = {}          # epoch → change of range coverage there
         self.vocab = 0
         self.vocab_delta = 0                      # Σ δ of approximate events (fixed point)
+        self.warm_delta = 0                       # Σ δ of approximate "warmup" events
         self.all_delta = 0                        # Σ δ of approximate "stream" events
         self.range_delta: dict[int, int] = {}     # epoch → change of range δ coverage there
 
@@ -223,20 +227,19 @@ class LoadTally:
         out = LoadTally()
         out.warm, out.all, out.delta = self.warm, self.all, dict(self.delta)
         out.vocab, out.vocab_delta = self.vocab, self.vocab_delta
+        out.warm_delta = self.warm_delta
         out.all_delta, out.range_delta = self.all_delta, dict(self.range_delta)
         return out
 
     def add(self, part: Partition, rho: float, delta: float = 0.0) -> None:
         r = _fixed(rho)
-        if delta and part.kind == WARMUP:
-            raise ValueError(f"an approximate event (delta={delta}) on partition {part}: the "
-                             f"{WARMUP!r} partition carries no delta")
         dl = _fixed(delta) if delta else 0
         if part.kind == VOCABULARY:
             self.vocab += r
             self.vocab_delta += dl
         elif part.kind == WARMUP:
             self.warm += r
+            self.warm_delta += dl
         elif part.epochs is None:
             self.all += r
             self.all_delta += dl
@@ -283,7 +286,8 @@ class LoadTally:
                          worst_stream=_float_up(stream), worst=_float_up(worst),
                          worst_atom=atom, vocabulary=_float_up(self.vocab),
                          vocabulary_delta=_float_up(self.vocab_delta),
-                         stream_delta=_float_up(self.all_delta + best_delta))
+                         stream_delta=_float_up(self.all_delta + best_delta),
+                         warmup_delta=_float_up(self.warm_delta))
 
 
 def atom_loads(items: Iterable[tuple]) -> AtomLoads:
@@ -327,7 +331,8 @@ def _epsilon_worst_case(loads: AtomLoads, delta: float) -> float:
             return 0.0
         rest = _delta_left(delta, used)
         return zcdp_epsilon(rho, rest) if rest > 0 else math.inf
-    eps = max(conv(loads.warmup, 0.0), conv(loads.worst_stream, loads.stream_delta))
+    eps = max(conv(loads.warmup, loads.warmup_delta),
+              conv(loads.worst_stream, loads.stream_delta))
     if loads.vocabulary > 0:
         eps = max(eps, conv(loads.vocabulary, loads.vocabulary_delta))
     if loads.warmup > 0 or loads.worst_stream > 0 or loads.vocabulary > 0:
@@ -480,10 +485,6 @@ class Accountant:
                 raise ValueError(f"event {e.block!r} is {e.unit}-level but the ledger "
                                  f"{self.ledger!r} protects users: its sensitivity does not "
                                  "cover all documents of a user (docs/privacy.md)")
-            if e.delta and parts[-1].kind == WARMUP:
-                raise ValueError(f"event {e.block!r} is approximate (delta={e.delta}) on partition "
-                                 f"{e.partition!r}: the {WARMUP!r} partition carries no delta "
-                                 "(module docstring)")
         if key is not None and (not isinstance(key, str) or not key or key.startswith("refuse:")
                                 or key == "budget"):
             raise ValueError(f"bad reservation key {key!r}")
@@ -516,6 +517,8 @@ class Accountant:
                 err = self._vocabulary_refusal(label, requested, before, after)
             elif not self._stream_within(after):
                 err = self._stream_refusal(label, requested, before, after)
+            elif not self._warmup_within(after):
+                err = self._warmup_refusal(label, requested, before, after)
             if err is not None:
                 self.ledger.append(LedgerRecord("refuse", f"refuse:{uuid.uuid4().hex}", {
                     **payload, "atom": err.atom, "load_after": err.load_after,
@@ -556,6 +559,25 @@ class Accountant:
                f"there: {max(0.0, limit - had):.6g}. Nothing was spent.")
         return BudgetExhausted(msg, label=label, requested=requested, atom=atom,
                                load_after=after.worst_stream, remaining=max(0.0, limit - had),
+                               budget=limit)
+
+    def _warmup_within(self, loads: AtomLoads) -> bool:
+        if loads.warmup_delta <= 0:
+            return True
+        return (loads.warmup_delta < self.delta
+                and loads.warmup <= self.rho_limit(loads.warmup_delta) * (1.0 + RHO_RTOL))
+
+    def _warmup_refusal(self, label: str, requested: dict[str, float], before: LoadTally,
+                        after: AtomLoads) -> BudgetExhausted:
+        limit = self.rho_limit(after.warmup_delta)
+        had = before.atom(warmup=True)
+        msg = (f"privacy budget exhausted: refused {label or 'reservation'!r}: warm-up documents "
+               f"would reach ρ={after.warmup:.6g} with δ_w={after.warmup_delta:.3g} of "
+               f"approximate events; with δ − δ_w left for the conversion their limit is "
+               f"ρ={limit:.6g} (ε={self.epsilon:g}, δ={self.delta:g}, {UNIT}); ρ remaining "
+               f"there: {max(0.0, limit - had):.6g}. Nothing was spent.")
+        return BudgetExhausted(msg, label=label, requested=requested, atom=WARMUP,
+                               load_after=after.warmup, remaining=max(0.0, limit - had),
                                budget=limit)
 
     def _vocabulary_within(self, loads: AtomLoads) -> bool:
@@ -650,13 +672,14 @@ class Accountant:
                 "stream_worst_epoch_rho": loads.worst_stream,
             },
             "delta_of_approximate_events_by_atom": {"vocabulary": loads.vocabulary_delta,
-                                                    "stream_worst": loads.stream_delta},
+                                                    "stream_worst": loads.stream_delta,
+                                                    "warmup": loads.warmup_delta},
             "rho_worst_case": loads.worst,
             "worst_case_atom": loads.worst_atom,
             "epsilon_worst_case": _epsilon_worst_case(loads, self.delta),
             "rho_remaining": max(0.0, self.rho_budget - loads.worst),
             "rho_remaining_by_atom": {
-                "warmup": max(0.0, self.rho_budget - loads.warmup),
+                "warmup": max(0.0, self.rho_limit(loads.warmup_delta) - loads.warmup),
                 "vocabulary": max(0.0, self.vocabulary_rho_limit(loads.vocabulary_delta)
                                   - loads.vocabulary),
                 "stream_worst_epoch": max(0.0, self.rho_limit(loads.stream_delta)
