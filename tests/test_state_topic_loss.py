@@ -123,3 +123,41 @@ def test_a_deployment_that_released_only_its_warm_up_and_lost_the_ledger_too_is_
     assert "committed draw(s)" not in msg and "snapshots topic" not in msg, msg
     assert not Path(lost_ledger.ledger).exists()
     assert _state_records(bootstrap, names) == {}
+
+
+def test_a_new_deployment_on_documents_an_earlier_deployment_released_is_refused(
+        kafka_broker, tmp_path):
+    """A deployment releases its warm-up and epoch 1; then everything but the documents topic is
+    replaced (state, snapshots and control topics deleted and re-created, a new ledger): a "new
+    deployment" on the same documents. Before: nothing left proved the spend and the new
+    deployment started, re-releasing the same documents on a fresh budget. Now the release
+    service's marker (offsets committed by the group ``streamdp-released.<documents topic>``
+    after each spent record, kept by the broker with the documents topic) refuses it before any
+    side effect, unless the operator confirms (confirm_state_loss, recorded and signed)."""
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(300, 600, 2, seed=13)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=1.0)
+    with Pipeline(cfg, sketchers=1) as pipe:
+        produce(bootstrap, names.documents, corpus.records())
+        send_control(bootstrap, names, "close", through=1)
+        pipe.wait_released(1, timeout=120)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    gone = [names.state, names.snapshots, names.control]
+    for fut in admin.delete_topics(gone, operation_timeout=15).values():
+        fut.result(30)
+    wait_for(lambda: not set(gone) & set(admin.list_topics(timeout=10).topics), 30,
+             "the deployment's topics to be deleted")
+    ensure_topics(bootstrap, names, partitions=2)
+    new = replace(cfg, ledger=str(tmp_path / "new-deployment-ledger.jsonl"))
+    with pytest.raises(ConfigError, match="state topic was lost") as info:
+        ReleaseService(new)
+    msg = str(info.value)
+    assert names.documents in msg and "streamdp-released" in msg, msg
+    assert not Path(new.ledger).exists()
+    assert _state_records(bootstrap, names) == {}
+    # confirmed: accepted and recorded with the marker as evidence
+    ReleaseService(replace(new, confirm_state_loss=True)).close()
+    with StateStore(None, bootstrap, names.state) as store:
+        rec = store.read_latest(LOSS_KEY)
+    assert rec is not None and any(names.documents in e for e in rec.meta["evidence"])

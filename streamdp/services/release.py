@@ -359,6 +359,14 @@ class ReleaseService:
 
     def _send_control(self, type_: str, **fields) -> None:
         self.sinks.announce(type_, **fields)
+        if self.cfg.private and type_ in ("vocabulary_ready", "epochs_closed"):
+            # sent only after a spent record is persisted: mark the documents topic as released
+            # (state_loss: a later deployment on these documents is refused unless confirmed)
+            try:
+                state_loss.mark_released(self.cfg)
+            except Exception as e:        # noqa: BLE001 - best effort, refreshed at each release
+                log.error("could not mark documents topic %r as released (retried at the next "
+                          "release): %s", self.cfg.topics.documents, e)
 
     def _write_vocabulary_file(self) -> None:
         self.sinks.write_vocabulary(self.vocabulary_report())

@@ -20,6 +20,13 @@ the state topic with the evidence of spending kept elsewhere:
   release state is persisted (this catches a deployment that released only its warm-up and
   lost both the state topic and the ledger). Topics with time retention may have dropped them:
   this evidence is best effort; the ledger is the authority.
+* the documents topic's cluster: after each spent record (warm-up, epoch release) the release
+  service commits offsets on the documents topic for the group :func:`released_group`
+  (``streamdp-released.<documents topic>``, :func:`mark_released`). The broker keeps them with
+  the documents topic, so a "new deployment" that replaced everything else (state, snapshots and
+  control topics, ledger) but reads the same documents is refused too. Brokers drop the
+  offsets of a group without members after ``offsets.retention.minutes`` (Kafka: 7 days): the
+  marker is refreshed at every release, and is best effort after a longer outage.
 
 Evidence without any spent release record on the state topic is refused with
 :class:`StateTopicLost`, a message that says what was lost and what to do. The operator may
@@ -121,6 +128,48 @@ def announcements(cfg: ServiceConfig, key: bytes, timeout: float = 10.0) -> dict
         consumer.close()
 
 
+def released_group(cfg: ServiceConfig) -> str:
+    """The consumer group whose committed offsets on the documents topic mark that a release
+    service released from it (named after the documents topic, not the ledger or the state)."""
+    return f"streamdp-released.{cfg.topics.documents}"
+
+
+def mark_released(cfg: ServiceConfig, timeout: float = 10.0) -> None:
+    """Commit the documents topic's high watermarks for :func:`released_group` (a public marker:
+    it says only that this documents topic fed a release). Called after a spent record is
+    persisted; raises on a failed commit (the caller logs and retries at the next release)."""
+    topic = cfg.topics.documents
+    consumer = Consumer(service_client_config(cfg.bootstrap, cfg.kafka, "consumer", **{
+        "group.id": released_group(cfg), "enable.auto.commit": False}))
+    try:
+        md = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if md is None or md.error is not None:
+            return
+        offsets = [TopicPartition(topic, p, max(0, consumer.get_watermark_offsets(
+            TopicPartition(topic, p), timeout=timeout)[1])) for p in sorted(md.partitions)]
+        for tp in consumer.commit(offsets=offsets, asynchronous=False) or []:
+            if tp.error is not None:
+                raise RuntimeError(f"marking {topic!r} as released: {tp.error}")
+    finally:
+        consumer.close()
+
+
+def released_marker(cfg: ServiceConfig, timeout: float = 10.0) -> int:
+    """How many partitions of the documents topic carry :func:`released_group`'s marker."""
+    topic = cfg.topics.documents
+    consumer = Consumer(service_client_config(cfg.bootstrap, cfg.kafka, "consumer", **{
+        "group.id": released_group(cfg), "enable.auto.commit": False}))
+    try:
+        md = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if md is None or md.error is not None:
+            return 0
+        got = consumer.committed([TopicPartition(topic, p) for p in md.partitions],
+                                 timeout=timeout)
+        return sum(1 for tp in got if tp.error is None and tp.offset >= 0)
+    finally:
+        consumer.close()
+
+
 def evidence(cfg: ServiceConfig) -> list[str]:
     """The evidence of spending kept outside the state topic (see the module docstring)."""
     out = []
@@ -135,6 +184,12 @@ def evidence(cfg: ServiceConfig) -> list[str]:
     if said:
         out.append(f"the control topic {cfg.topics.control!r} holds the release service's signed "
                    "announcements " + ", ".join(f"{t} x{n}" for t, n in sorted(said.items())))
+    marked = released_marker(cfg)
+    if marked:
+        out.append(f"the documents topic {cfg.topics.documents!r} fed a release before: the group "
+                   f"{released_group(cfg)!r} has offsets committed on {marked} of its partitions "
+                   "(a new deployment on documents an earlier one released re-spends their "
+                   "budget)")
     return out
 
 
