@@ -44,7 +44,7 @@ from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.text.vocab_selection import (SelectionConfig, default_candidates, document_key,
                                            in_selection_slice, select_from_documents)
 from streamdp.whitening.warmup import (WarmupSketch, clip_bounds_from_histogram,
-                                       subspace_from_draw)
+                                       premise_decision, subspace_from_draw)
 
 DEFAULT_CLIP_QUANTILE = 0.97
 DEFAULT_CLIP_BUDGET_SHARE = 0.05
@@ -150,8 +150,9 @@ class StreamingSpectralLDA:
                                    sum (warm-up, stream, tree node, refinement). Sensitivities
                                    include the float64 rounding headroom for sums of that size
                                    (+1.9% σ at the default 10⁹); a larger sum is refused before
-                                   anything is noised, except continual epochs: a noised,
-                                   charged check draws one over it from noise only
+                                   anything is noised, except continual epochs and the
+                                   warm-up: a noised, charged check draws one over it from
+                                   noise only
                                    (docs/privacy.md, "Floating point", "The premise check")
     privacy_unit : {"document", "user"}
                                    "document" (default): add/remove one document. "user":
@@ -436,15 +437,23 @@ class StreamingSpectralLDA:
         # failure after a draw (the orthonormalisation, a later step) is retried from them
         with self._kept.operation_of(("warmup",)) as kept:
             clip = self.clip
+            premise = None
+            if plan.premise is not None:
+                # the rounding premise N_max: a noised, charged count decides, from ñ alone,
+                # whether the warm-up is drawn from its sums or from noise only (never refused)
+                noisy = kept.draw(lambda: warm.draw_premise_count(
+                    plan.premise, self.sampler, self._spender, partition=plan.premise_partition))
+                warm, premise = premise_decision(warm, plan.premise, noisy,
+                                                 self.max_documents_per_sum)
             if self._auto_clip:
                 hist, _ = kept.draw(lambda: warm.draw_histogram(plan.clip_rho, self.sampler,
                                                                 self._spender, **where))
                 clip = clip_bounds_from_histogram(hist, self.clip_quantile, warm.clip)
             Y, events = kept.draw(lambda: warm.draw_range(
                 rho, self.sampler, self._spender, max_documents=self.max_documents_per_sum,
-                **where))
+                premise_checked=premise is not None, **where))
             self._finish_subspace(subspace_from_draw(Y, events, omega_seed=warm.seed,
-                                                     clip=warm.clip), clip)
+                                                     clip=warm.clip, premise_check=premise), clip)
         self._warmup = None   # the warm-up's raw sums are no longer needed
 
     def _finish_subspace(self, subspace, clip: ClipBounds) -> None:
@@ -505,7 +514,9 @@ class StreamingSpectralLDA:
         rule, shared with the release service)."""
         return warmup_plan(self.rho_, privacy_unit=self.privacy_unit,
                            warmup_boundary=self.warmup_boundary, warmup_share=self.warmup_share,
-                           auto_clip=self._auto_clip, clip_budget_share=self.clip_budget_share)
+                           auto_clip=self._auto_clip, clip_budget_share=self.clip_budget_share,
+                           user_max_documents=(self._warmup_users.max_docs
+                                               if self.privacy_unit == "user" else None))
 
     @property
     def stream_rho_(self) -> float | None:
@@ -856,6 +867,7 @@ class StreamingSpectralLDA:
         privacy = add_budget_context(
             snap.privacy, epsilon=self.epsilon, delta=self.delta, rho_budget=self.rho_,
             warmup_events=self.subspace_.provenance.get("events", []), accountant=self.accountant,
+            warmup_premise_check=self.subspace_.provenance.get("premise_check"),
             stream_events=[e.to_dict() for e in self._stream_events],
             rho_stream_spent=float(sum(e.rho for e in self._stream_events)),
             warmup_boundary=self.warmup_boundary,

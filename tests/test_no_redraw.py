@@ -413,5 +413,6 @@ def test_release_service_post_processes_the_persisted_warmup_draw_after_a_failur
     assert second.clip.m1 == real(seen[0], cfg.clip_quantile)
     recs = FileLedger(cfg.ledger).read()
     labels = [r.payload.get("label") for r in recs if r.kind == "reserve"]
-    assert sorted(x for x in labels if x.startswith("warmup")) == ["warmup", "warmup-clip-histogram"]
+    assert sorted(x for x in labels if x.startswith("warmup")) == ["warmup", "warmup-clip-histogram",
+                                                                      "warmup-premise"]
     assert {r.key for r in recs if r.kind == "reserve"} == {r.key for r in recs if r.kind == "commit"}

@@ -171,8 +171,11 @@ def test_release_after_an_outage_is_published_without_overspend(tmp_path):
             pipe.stop()
         rep = Accountant(cfg.epsilon, cfg.delta, cfg.ledger).report()
         keys = sorted({r.key for r in FileLedger(cfg.ledger).read() if r.kind == "reserve"})
-        assert keys == sorted(["warmup-clip-histogram", "warmup", "tree:epoch=1", "tree:epoch=2"]) \
-            or keys == sorted(["warmup", "tree:epoch=1", "tree:epoch=2"]), keys
+        # each release and its noised premise check (issue 23 item 2: warm-up and epochs)
+        premise = ["warmup-premise", "tree:premise:epoch=1", "tree:premise:epoch=2"]
+        assert keys == sorted(["warmup-clip-histogram", "warmup", "tree:epoch=1", "tree:epoch=2"]
+                              + premise) \
+            or keys == sorted(["warmup", "tree:epoch=1", "tree:epoch=2"] + premise), keys
         assert rep["uncommitted"] == 0 and rep["refusals"] == 0
         assert rep["epsilon_worst_case"] <= cfg.epsilon * (1 + 1e-9)
     finally:

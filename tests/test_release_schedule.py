@@ -420,3 +420,44 @@ def test_one_document_over_a_tiny_max_documents_per_sum_releases_on_schedule(kaf
         assert check["epoch"]["passed"] == (check["epoch"]["noisy_count"]
                                              <= check["epoch"]["threshold"])
         assert release.exhausted is None, (name, release.exhausted)
+
+
+@pytest.mark.slow
+def test_one_warmup_document_over_a_tiny_max_documents_per_sum_releases_on_schedule(kafka_broker,
+                                                                                   tmp_path):
+    """The control-plane audit at the warm-up's rounding premise (issue 23 item 2):
+    max_documents_per_sum = 40, A's warm-up holds exactly 40 usable documents, B's one more.
+    The same close orders: both must publish epochs 1 and 2 with the same created_at and go on
+    releasing. On main before the warm-up's premise check, B's warm-up was refused
+    (DocumentCountExceeded, 'releases have ended') and A's was released: an exact count against
+    a public constant decided whether any release ever happened. Now a noised, charged check
+    decides (N_max = 40 is far below z·σ_p: both warm-ups are drawn from noise only)."""
+    from service_helpers import make_config, make_corpus
+    from streamdp.documents import MIN_DOC_LENGTH
+
+    n_max = 40
+    corpus = make_corpus(n_max + 6, 200, 2, seed=19)
+    recs = corpus.records()
+    lengths = np.asarray(corpus.counts().counts.sum(axis=1)).ravel()    # rows in input order
+    usable = [i for i in range(corpus.n_warm) if lengths[i] >= MIN_DOC_LENGTH]
+    if len(usable) < n_max + 1:     # the setup, not the behaviour (not an AssertionError)
+        raise ValueError(f"only {len(usable)} usable warm-up documents")
+    # A: exactly n_max usable warm-up documents (other warm-up records dropped); B: one more
+    keep_a = set(usable[:n_max])
+    warm_drop_a = {i for i in range(corpus.n_warm) if i not in keep_a}
+    base = [r for i, r in enumerate(recs) if i not in warm_drop_a]
+    b = sorted(base + [recs[usable[n_max]]], key=lambda r: r["ts"])
+    at = time.time() + 20.0
+
+    def make_cfg(folder, bootstrap, names):
+        return make_config(folder, bootstrap, names, corpus, epsilon=1.0, noise_seed=None,
+                           sampler="fast", non_production=True, refinement=False,
+                           max_documents_per_sum=n_max)
+    got, releases = _run_pair(kafka_broker, tmp_path, {"A": base, "B": b},
+                              [(1, at), (2, at + 5.0)], make_cfg)
+    assert got["A"] == got["B"] == {1: pytest.approx(at), 2: pytest.approx(at + 5.0)}, got
+    for name, release in releases.items():          # decided from the released ñ only
+        check = release.published[0].privacy["warmup_premise_check"]
+        assert check["max_documents"] == n_max and check["sensitivity"] == 1.0, name
+        assert check["passed"] == (check["noisy_count"] <= check["threshold"]), name
+        assert release.exhausted is None and release.releases_ended is None, name

@@ -377,13 +377,28 @@ def test_premise_refuses_one_shot_release_before_spending(small_corpus):
     assert set(s.privacy["rounding"]["sensitivity_inflation"]) >= {"z", "s3", "m1", "count"}
 
 
-def test_premise_refuses_warmup_and_refinement(small_corpus):
+def test_premise_check_draws_a_warmup_over_the_premise_from_noise_only(small_corpus):
+    """The warm-up never refuses on the premise (issue 23 item 2): a noised, charged check of
+    its document count decides. ε = 10⁹ makes σ_p small, so the check is sharp here: 200 warm-up
+    documents pass N_max = 250 and are drawn from their sums, and fail N_max = 100 (before: a
+    DocumentCountExceeded refusal) and are drawn from noise only."""
     X = small_corpus
-    est = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast", non_production=True,
-                                        max_documents_per_sum=100)
-    est.warmup(X[:200])
-    with pytest.raises(DocumentCountExceeded, match="warm-up"):
+    subspaces = {}
+    for n_max in (100, 250):
+        est = streamdp.StreamingSpectralLDA(3, epsilon=1e9, clip_length=20, sampler="fast",
+                                            non_production=True, max_documents_per_sum=n_max)
+        est.warmup(X[:200])
         est.partial_fit(X[200:250])
+        check = est.subspace_.provenance["premise_check"]
+        assert 12 * check["sigma"] < 10 and check["passed"] == (n_max == 250), check
+        subspaces[n_max] = est.subspace_.Q
+    # noise only at σ_w ≈ 0 is a range of zeros: not the warm-up's range
+    assert not np.allclose(np.abs(subspaces[100].T @ subspaces[250]), np.eye(subspaces[100].shape[1]),
+                           atol=1e-3)
+
+
+def test_premise_refuses_refinement(small_corpus):
+    X = small_corpus
     est2 = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast", non_production=True,
                                          max_documents_per_sum=300)
     est2.warmup(X[:200])

@@ -468,8 +468,9 @@ def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, poin
     B = rep["rho_budget"]
     # the clean run's report: warm-up and each stream epoch at exactly ρ_budget
     assert rep["uncommitted"] == 0 and rep["refusals"] == 0
-    # warm-up (2), each epoch's draw and its premise check (issue 23 item 2)
-    assert rep["reservations"] == 6
+    # warm-up (its premise check and 2 draws), each epoch's draw and its premise check (issue 23
+    # item 2)
+    assert rep["reservations"] == 7
     assert rep["rho_worst_case"] == pytest.approx(B, rel=1e-9)
     assert rep["rho_by_atom"]["warmup"] == pytest.approx(B, rel=1e-9)
     assert rep["epsilon_worst_case"] <= cfg.epsilon * (1 + 1e-9)
@@ -503,7 +504,8 @@ def test_release_killed_at_each_step_then_restarted(kafka_broker, tmp_path, poin
             expected + premise, rel=1e-9)
     keys = [r.key for r in FileLedger(cfg.ledger).read() if r.kind == "reserve"]
     assert sorted(keys) == ["tree:epoch=1", "tree:epoch=2", "tree:premise:epoch=1",
-                            "tree:premise:epoch=2", "warmup", "warmup-clip-histogram"]
+                            "tree:premise:epoch=2", "warmup", "warmup-clip-histogram",
+                            "warmup-premise"]
     assert by_epoch[2][0].privacy["accountant"]["uncommitted"] == 0
 
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from streamdp.moments.clipping import ClipBounds
-from streamdp.privacy.events import STREAM, GaussianEvent, sigma_for_rho
+from streamdp.privacy.events import STREAM, WARMUP, GaussianEvent, sigma_for_rho
 from streamdp.privacy.rounding import DEFAULT_MAX_DOCUMENTS_PER_SUM
 from streamdp.privacy.sensitivity import block_sensitivities
 
@@ -80,12 +80,20 @@ class WarmupPlan:
     ``clip_rho``: the clip-norm histograms (None: fixed clip bounds, or non-private);
     ``subspace_rho``: the DP range finder; ``stream_rho``: every stream release;
     ``where``: the warm-up events' ``partition``/``sensitivity_factor`` (empty: the warm-up is
-    its own atom, parallel composition with the stream)."""
+    its own atom, parallel composition with the stream); ``premise``: the noised check of the
+    rounding premise N_max on the warm-up's document count (its ρ carved from the range
+    finder's, docs/privacy.md "The premise check"), None when non-private."""
 
     clip_rho: float | None
     subspace_rho: float | None
     stream_rho: float | None
     where: dict
+    premise: "PremiseCheck | None" = None
+
+    @property
+    def premise_partition(self) -> str:
+        """The partition the premise check is charged to: the warm-up events' own."""
+        return self.where.get("partition", WARMUP)
 
     @property
     def sequential(self) -> bool:
@@ -95,7 +103,8 @@ class WarmupPlan:
 
 def warmup_plan(rho: float | None, *, privacy_unit: str = "document",
                 warmup_boundary: str = "document", warmup_share: float = WARMUP_SHARE,
-                auto_clip: bool = True, clip_budget_share: float = 0.05) -> WarmupPlan:
+                auto_clip: bool = True, clip_budget_share: float = 0.05,
+                user_max_documents: int | None = None) -> WarmupPlan:
     """The :class:`WarmupPlan` of a ρ budget.
 
     * per-document (time) boundary, document unit: the warm-up documents are disjoint from the
@@ -104,6 +113,11 @@ def warmup_plan(rho: float | None, *, privacy_unit: str = "document",
       partition, ``warmup_share`` of ρ, sensitivity factor 2 (a replace moves one row across);
     * user unit: a user may have documents on both sides — sequential, on the stream partition,
       ``warmup_share`` of ρ, sensitivity factor 1 (add/remove of the user).
+
+    The warm-up's premise check (a noised count of its documents against N_max) gets
+    :data:`PREMISE_SHARE` of the range finder's ρ: sensitivity 1 per document (user unit: M =
+    ``user_max_documents``, a user's most documents of weight > 0), times the sensitivity factor
+    (a row-count boundary: 2, conservatively).
     """
     if privacy_unit not in ("document", "user"):
         raise ValueError(f"privacy_unit must be 'document' or 'user', got {privacy_unit!r}")
@@ -117,7 +131,14 @@ def warmup_plan(rho: float | None, *, privacy_unit: str = "document",
         warm, stream = rho * warmup_share, rho * (1.0 - warmup_share)
         where = {"partition": STREAM, "sensitivity_factor": 1.0}
     clip_rho = warm * clip_budget_share if auto_clip else None
-    return WarmupPlan(clip_rho, warm - clip_rho if auto_clip else warm, stream, where)
+    if privacy_unit == "user" and user_max_documents is None:
+        raise ValueError("a private user-level warm-up needs user_max_documents (M, the premise "
+                         "check's sensitivity)")
+    sens = (float(user_max_documents) if privacy_unit == "user" else 1.0) \
+        * float(where.get("sensitivity_factor", 1.0))
+    subspace_rho, premise = premise_split(warm - clip_rho if auto_clip else warm,
+                                          checks_per_atom=1, sensitivity=sens)
+    return WarmupPlan(clip_rho, subspace_rho, stream, where, premise)
 
 
 def plan_release(rho: float, clip: ClipBounds, split: BudgetSplit, mechanism: str,

@@ -40,8 +40,8 @@ The premise
 N_max (``max_documents_per_sum``) is public configuration: the largest number of documents
 in any one raw sum that is ever noised. A float64 pipeline cannot avoid it (the last
 rounding of a sum of N terms alone is u·|S| ∝ N). :func:`require_within_premise` refuses,
-before any noise is drawn, a sum with more documents (one-shot, warm-up, refinement passes);
-continual epochs use a noised, charged check instead (streamdp.privacy.plan.PremiseCheck,
+before any noise is drawn, a sum with more documents (one-shot, refinement passes); continual
+epochs and the warm-up use a noised, charged check instead (streamdp.privacy.plan.PremiseCheck,
 docs/privacy.md "The premise check").
 """
 from __future__ import annotations

@@ -78,7 +78,7 @@ from streamdp.moments.clipping import ClipBounds
 from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
 from streamdp.kafka.state_store import WriterFenced, WriterReinitialised
 from streamdp.privacy.accountant import BudgetExhausted
-from streamdp.privacy.spend import SpendSession
+from streamdp.privacy.spend import SpendSession, recommit_kept
 from streamdp.privacy.noise import make_sampler
 from streamdp.privacy.report import add_budget_context
 from streamdp.privacy.rounding import DocumentCountExceeded
@@ -113,7 +113,7 @@ from streamdp.services.release_writer import (SPENT_KEYS, WRITER_KEY, Fenced,  #
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.subspace import Subspace
-from streamdp.whitening.warmup import WarmupDraw, WarmupSketch
+from streamdp.whitening.warmup import PREMISE_LABEL, WarmupDraw, WarmupSketch, premise_decision
 
 log = logging.getLogger("streamdp.release")
 
@@ -221,7 +221,9 @@ class ReleaseService:
             # warm-up on the stream partition, warmup_share of ρ; document unit: parallel)
             self.plan = warmup_plan(self.rho, privacy_unit=cfg.privacy_unit,
                                     warmup_share=cfg.warmup_share,
-                                    clip_budget_share=cfg.clip_budget_share)
+                                    clip_budget_share=cfg.clip_budget_share,
+                                    user_max_documents=(cfg.user_bounds[1]
+                                                        if cfg.privacy_unit == "user" else None))
             self.producer = Producer(service_client_config(cfg.bootstrap, cfg.kafka, "producer", **{
                 "enable.idempotence": True, "acks": "all"}))
             self.sinks = ReleaseSinks(self.producer, self.topics, cfg.snapshot_dir,
@@ -232,6 +234,9 @@ class ReleaseService:
                 cfg, auth=lambda: StateAuth(self._control_key(), cfg.topic_prefix))
             self.subspace: Subspace | None = None
             self.warmup_draw: WarmupDraw | None = None    # drawn, persisted, not post-processed
+            # the warm-up premise check's ñ, kept from its draw until the warm-up draw is
+            # persisted: a retry after a refusal or an exception reuses it, never draws again
+            self.warmup_premise_kept: float | None = None
             self.clip: ClipBounds | None = None
             self.continual: ContinualRelease | None = None
             # The snapshot in the durable release state (None before the first release). Not
@@ -863,16 +868,33 @@ class ReleaseService:
             return
         try:                        # spend protocol: reserve (keyed) → draw, here ...
             plan = self.plan
-            hist, hist_events = merged.draw_histogram(plan.clip_rho, self.sampler, self.spend,
-                                                      **plan.where)
-            Y, events = merged.draw_range(plan.subspace_rho, self.sampler, self.spend,
-                                          max_documents=self.cfg.max_documents_per_sum,
-                                          **plan.where)
+            # the rounding premise N_max: a noised, charged count decides, from ñ alone, whether
+            # the warm-up is drawn from its sums or from noise only — never a refusal
+            noisy = self.warmup_premise_kept
+            if noisy is None:
+                noisy = merged.draw_premise_count(plan.premise, self.sampler, self.spend,
+                                                  partition=plan.premise_partition)
+                self.warmup_premise_kept = noisy
+            else:
+                recommit_kept(self.spend, [plan.premise.event(plan.premise_partition)],
+                              label=PREMISE_LABEL)
+            drawn, premise = premise_decision(merged, plan.premise, noisy,
+                                              self.cfg.max_documents_per_sum)
+            if not premise["passed"]:
+                log.warning("the warm-up's premise check failed (ñ = %.6g > N_max − z·σ_p = %.6g): "
+                            "its subspace and clip bounds are noise only; raise "
+                            "max_documents_per_sum (docs/privacy.md 'The premise check')",
+                            noisy, premise["threshold"])
+            hist, hist_events = drawn.draw_histogram(plan.clip_rho, self.sampler, self.spend,
+                                                     **plan.where)
+            Y, events = drawn.draw_range(plan.subspace_rho, self.sampler, self.spend,
+                                         max_documents=self.cfg.max_documents_per_sum,
+                                         premise_checked=True, **plan.where)
         except (BudgetExhausted, DocumentCountExceeded) as exc:
             self._refused(exc)
             return
         draw = WarmupDraw(hist, hist_events, Y, events, omega_seed=merged.seed, clip=merged.clip,
-                          n_docs=merged.n_docs)
+                          n_docs=merged.n_docs, premise_check=premise)
         # ... → persist the noised values → commit, before any post-processing (issue 23
         # item 4): a failure or a crash in the orthonormalisation or later post-processes
         # this persisted draw again (_release_warmup_draw, at the next step or start)
@@ -881,6 +903,7 @@ class ReleaseService:
             meta["ledger"] = self.accountant.head()
         if not self._persist(control.WARMUP_DRAW_KEY, draw.to_bytes(), meta):
             return
+        self.warmup_premise_kept = None
         self.warmup_draw = draw
         self._release_warmup_draw(t0)
 
@@ -974,6 +997,7 @@ class ReleaseService:
         privacy = add_budget_context(
             snap.privacy, epsilon=self.cfg.epsilon, delta=self.cfg.delta, rho_budget=self.rho,
             warmup_events=self.subspace.provenance.get("events", []), accountant=self.accountant,
+            warmup_premise_check=self.subspace.provenance.get("premise_check"),
             vocabulary_id=self.vocabulary.id, vocabulary=self.vocabulary_report(),
             privacy_unit=self.cfg.privacy_unit, user_bounding=self.cfg.user_bounding_report(),
             **self.cfg.privacy_fields())

@@ -27,6 +27,7 @@ from streamdp.moments.sketch import _pending_weights_from
 from streamdp.privacy import rounding
 from streamdp.privacy.events import WARMUP, BudgetSpender, EventLog, GaussianEvent, sigma_for_rho
 from streamdp.privacy.noise import GaussianSampler
+from streamdp.privacy.plan import PremiseCheck
 from streamdp.privacy.sensitivity import block_sensitivities
 from streamdp.privacy.spend import spend
 from streamdp.whitening.subspace import Subspace
@@ -94,14 +95,33 @@ def clip_bounds_from_histogram(hist: np.ndarray, quantile: float, warmup_clip: f
 
 
 def subspace_from_draw(Y: np.ndarray, events: list[GaussianEvent], *, omega_seed: int,
-                       clip: float) -> Subspace:
+                       clip: float, premise_check: dict | None = None) -> Subspace:
     """Q = orth(Y) from the (noised) range sum: post-processing only, deterministic, so a
-    kept or persisted draw gives the same subspace every time it is post-processed."""
+    kept or persisted draw gives the same subspace every time it is post-processed.
+    ``premise_check``: the warm-up's noised premise check (:func:`premise_decision`), reported."""
     Q = orthonormal_basis(Y)
-    return Subspace(Q, provenance={
-        "source": "dp-range-finder" if events else "range-finder (non-private)",
-        "omega_seed": int(omega_seed), "clip": float(clip),
-        "events": [e.to_dict() for e in events]})
+    provenance = {"source": "dp-range-finder" if events else "range-finder (non-private)",
+                  "omega_seed": int(omega_seed), "clip": float(clip),
+                  "events": [e.to_dict() for e in events]}
+    if premise_check is not None:
+        provenance["premise_check"] = dict(premise_check)
+    return Subspace(Q, provenance=provenance)
+
+
+PREMISE_LABEL = "warmup-premise"
+
+
+def premise_decision(warm: "WarmupSketch", check: PremiseCheck, noisy_count: float,
+                     max_documents: int) -> tuple["WarmupSketch", dict]:
+    """The warm-up's premise rule (issue 23 item 2, docs/privacy.md "The premise check"), from
+    the released ñ and public constants only: the warm-up's own sums if ``check.passes``, else an
+    empty warm-up of the same public parameters — released from noise only, on schedule, never
+    refused. Returns (the sketch to draw from, the check's report)."""
+    passed = check.passes(noisy_count, max_documents)
+    report = {**check.to_dict(), "max_documents": int(max_documents),
+              "noisy_count": float(noisy_count), "threshold": check.threshold(max_documents),
+              "passed": bool(passed)}
+    return (warm if passed else warm.noise_only()), report
 
 
 class WarmupSketch:
@@ -271,6 +291,25 @@ class WarmupSketch:
                          draw=lambda: sampler.add_noise(noisy, e.sigma))
         return hist, events
 
+    def draw_premise_count(self, check: PremiseCheck, sampler: GaussianSampler | None,
+                           spender: BudgetSpender | None = None, *,
+                           partition: str = WARMUP) -> float:
+        """ñ = n + N(0, σ_p²) of the warm-up's documents (rows of weight > 0, pending rows
+        included): the premise check's one draw, through the spend protocol (label
+        ``warmup-premise``), before the histogram's and the range finder's."""
+        if sampler is None:
+            raise ValueError("a private warm-up premise check needs a noise sampler")
+        n = float(self.n_docs)
+        return float(spend(spender if spender is not None else EventLog(),
+                           [check.event(partition)], label=PREMISE_LABEL,
+                           draw=lambda: float(np.asarray(sampler.add_noise(
+                               np.array([n]), check.sigma), dtype=np.float64)[0])))
+
+    def noise_only(self) -> "WarmupSketch":
+        """An empty warm-up of the same public parameters (d, k', clip, Ω seed): what a warm-up
+        whose premise check failed is drawn from."""
+        return WarmupSketch(self.d, self.k_prime, clip=self.clip, seed=self.seed)
+
     def merge(self, other: "WarmupSketch") -> "WarmupSketch":
         if (other.d, other.k_prime, other.clip, other.seed) != (self.d, self.k_prime, self.clip, self.seed):
             raise ValueError("cannot merge warm-up sketches with different d, k', clip or Ω seed")
@@ -328,16 +367,18 @@ class WarmupSketch:
     def draw_range(self, rho: float | None, sampler: GaussianSampler | None = None,
                    spender: BudgetSpender | None = None, *, partition: str = WARMUP,
                    sensitivity_factor: float = 1.0,
-                   max_documents: int = rounding.DEFAULT_MAX_DOCUMENTS_PER_SUM
+                   max_documents: int = rounding.DEFAULT_MAX_DOCUMENTS_PER_SUM,
+                   premise_checked: bool = False
                    ) -> tuple[np.ndarray, list[GaussianEvent]]:
         """Y = Σ clip(e2 Ω) + noise (d × k') and its event: the range finder's one draw.
-        ``rho=None``: the exact sum, no event."""
+        ``rho=None``: the exact sum, no event. ``premise_checked``: the caller decided the premise
+        N_max by the noised check (:func:`premise_decision`): no exact count may refuse."""
         if self.n_docs == 0 and rho is None:
             raise ValueError("the warm-up has seen no documents of length >= 3; "
                              "call warmup() with documents before partial_fit()")
         events = self.plan(rho, partition=partition, sensitivity_factor=sensitivity_factor,
                            max_documents=max_documents)
-        if events:
+        if events and not premise_checked:
             rounding.require_within_premise(self.n_docs, max_documents, "warm-up range finder")
         Y = self.range_sum()
         if events:
@@ -384,27 +425,31 @@ class WarmupDraw:
     """The warm-up's noised values, kept (and persisted by the release service) between the
     draws and the post-processing (issue 23 item 4): the noised norm histograms and their
     events, the noised range sum Y and its events, and the public parameters the
-    post-processing needs. :meth:`post_process` is a deterministic function of them."""
+    post-processing needs. :meth:`post_process` is a deterministic function of them.
+    ``premise_check``: the noised premise check that decided what Y was drawn from
+    (:func:`premise_decision`; None in records written before it existed)."""
 
     KIND = "warmup_draw"
 
     def __init__(self, hist, hist_events, Y, events, *, omega_seed: int, clip: float,
-                 n_docs: int) -> None:
+                 n_docs: int, premise_check: dict | None = None) -> None:
         self.hist, self.Y = np.asarray(hist, dtype=np.float64), np.asarray(Y, dtype=np.float64)
         self.hist_events, self.events = list(hist_events), list(events)
         self.omega_seed, self.clip, self.n_docs = int(omega_seed), float(clip), int(n_docs)
+        self.premise_check = None if premise_check is None else dict(premise_check)
 
     def post_process(self, quantile: float) -> tuple[ClipBounds, Subspace]:
         """The clip bounds (quantiles) and the subspace (orthonormal basis): no privacy cost."""
         clip = clip_bounds_from_histogram(self.hist, quantile, self.clip)
         return clip, subspace_from_draw(self.Y, self.events, omega_seed=self.omega_seed,
-                                        clip=self.clip)
+                                        clip=self.clip, premise_check=self.premise_check)
 
     def to_bytes(self) -> bytes:
         return ser.dumps({"kind": self.KIND, "v": SCHEMA_VERSION, "hist": ser.pack_array(self.hist),
                           "hist_events": [e.to_dict() for e in self.hist_events],
                           "Y": ser.pack_array(self.Y), "events": [e.to_dict() for e in self.events],
-                          "omega_seed": self.omega_seed, "clip": self.clip, "n_docs": self.n_docs})
+                          "omega_seed": self.omega_seed, "clip": self.clip, "n_docs": self.n_docs,
+                          "premise_check": self.premise_check})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "WarmupDraw":
@@ -416,4 +461,4 @@ class WarmupDraw:
         return cls(ser.unpack_array(obj["hist"], name="hist"), events(obj["hist_events"]),
                    ser.unpack_array(obj["Y"], name="Y"), events(obj["events"]),
                    omega_seed=int(obj["omega_seed"]), clip=float(obj["clip"]),
-                   n_docs=int(obj["n_docs"]))
+                   n_docs=int(obj["n_docs"]), premise_check=obj.get("premise_check"))
