@@ -93,7 +93,9 @@ def test_public_start_end_to_end_and_restarts_keep_it(kafka_broker, tmp_path):
         assert pr["public_start"]["source"] == "test: help pages declared public"
         assert pr["start"]["choice"]["rule"] == "configured (start: public)"
     labels = _reserve_labels(cfg)
-    assert [x for x in labels if not x.startswith("warmup")] == [f"tree:epoch={e}" for e in (1, 2, 3)]
+    # each epoch: its noised premise check, then its draw (issue 23 item 2)
+    assert [x for x in labels if not x.startswith("warmup")] == [
+        k for e in (1, 2, 3) for k in (f"tree:premise:epoch={e}", f"tree:epoch={e}")]
     acc = snaps[-1].privacy["accountant"]
     assert acc["rho_worst_case"] == pytest.approx(acc["rho_budget"], rel=1e-6)
 

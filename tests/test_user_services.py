@@ -448,6 +448,9 @@ def test_user_mode_pipeline_end_to_end_and_a_restart_with_another_unit_is_refuse
     assert acc["rho_worst_case"] <= acc["rho_budget"] * (1 + 1e-9)
     # ... with warmup_share of ρ (the range finder: all but the clip histogram's share)
     warm_rho = sum(e["rho"] for e in pr["warmup"])
+    # ... and its noised premise check (PREMISE_SHARE of the range finder's, sensitivity M)
+    assert pr["warmup_premise_check"]["sensitivity"] == cfg.user_bounds[1]
+    warm_rho += pr["warmup_premise_check"]["rho"]
     assert warm_rho == pytest.approx(0.25 * (1 - cfg.clip_budget_share) * acc["rho_budget"],
                                      rel=1e-9)
     recs = FileLedger(cfg.ledger).read()
