@@ -367,11 +367,35 @@ class ReleaseService:
         if self.cfg.private and type_ in ("vocabulary_ready", "epochs_closed"):
             # sent only after a spent record is persisted: mark the documents topic as released
             # (state_loss: a later deployment on these documents is refused unless confirmed)
+            self._mark_released()
+
+    def _mark_released(self, wait: float = 15.0) -> None:
+        """state_loss.mark_released, bounded: a synchronous offset commit waits for the group
+        coordinator without a timeout of its own, and the release loop must not hang on it
+        (best effort: refreshed at every release; one attempt in flight at a time)."""
+        pending = getattr(self, "_marking", None)
+        docs = self.cfg.topics.documents
+        if pending is not None and pending.is_alive():
+            log.error("the release marker of documents topic %r is still being committed; "
+                      "retried at the next release", docs)
+            return
+        failed: list[Exception] = []
+
+        def run() -> None:
             try:
                 state_loss.mark_released(self.cfg)
-            except Exception as e:        # noqa: BLE001 - best effort, refreshed at each release
-                log.error("could not mark documents topic %r as released (retried at the next "
-                          "release): %s", self.cfg.topics.documents, e)
+            except Exception as e:        # noqa: BLE001 - logged below
+                failed.append(e)
+        t = threading.Thread(target=run, name="mark-released", daemon=True)
+        t.start()
+        t.join(wait)
+        self._marking = t
+        if t.is_alive():
+            log.error("could not mark documents topic %r as released within %.0f s (retried at "
+                      "the next release)", docs, wait)
+        elif failed:
+            log.error("could not mark documents topic %r as released (retried at the next "
+                      "release): %s", docs, failed[0])
 
     def _write_vocabulary_file(self) -> None:
         self.sinks.write_vocabulary(self.vocabulary_report())
