@@ -416,3 +416,48 @@ def test_release_service_post_processes_the_persisted_warmup_draw_after_a_failur
     assert sorted(x for x in labels if x.startswith("warmup")) == ["warmup", "warmup-clip-histogram",
                                                                       "warmup-premise"]
     assert {r.key for r in recs if r.kind == "reserve"} == {r.key for r in recs if r.kind == "commit"}
+
+
+def test_release_service_never_draws_the_warmup_premise_check_again_after_a_failure(
+        kafka_broker, tmp_path, monkeypatch):
+    """The warm-up's premise check (issue 23 item 2) is persisted on the state topic right after
+    its draw: the warm-up's histogram draw then raises (the release service dies), and the next
+    release service reads ñ back and decides from it — ñ is drawn once, its reservation is one,
+    committed, and the published check carries that ñ."""
+    from service_helpers import fresh_topics, make_config, make_corpus
+    from streamdp.privacy.ledger import FileLedger
+
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(300, 300, 1, seed=6)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=2.0, noise_seed=None,
+                      sampler="fast", non_production=True)
+    real_count = warmup_mod.WarmupSketch.draw_premise_count
+    real_hist = warmup_mod.WarmupSketch.draw_histogram
+    drawn, calls = [], {"hist": 0}
+
+    def counting(self, *a, **kw):
+        drawn.append(real_count(self, *a, **kw))
+        return drawn[-1]
+
+    def broken(self, *a, **kw):
+        calls["hist"] += 1
+        if calls["hist"] == 1:
+            raise FloatingPointError("injected failure in the warm-up's histogram draw")
+        return real_hist(self, *a, **kw)
+
+    monkeypatch.setattr(warmup_mod.WarmupSketch, "draw_premise_count", counting)
+    monkeypatch.setattr(warmup_mod.WarmupSketch, "draw_histogram", broken)
+    second = _fail_then_restart(
+        cfg, names, corpus,
+        nothing_released=lambda rel: rel.subspace is None,
+        restarted=lambda rel: rel.warmup_premise_kept == drawn[0] or pytest.fail(
+            f"the restart did not read the persisted ñ: {rel.warmup_premise_kept} != {drawn}"),
+        released=lambda s: s.published is not None)
+    assert len(drawn) == 1                          # ñ was drawn once, before the failure
+    check = second.published[0].privacy["warmup_premise_check"]
+    assert check["noisy_count"] == drawn[0] and check["passed"]
+    recs = FileLedger(cfg.ledger).read()
+    labels = [r.payload.get("label") for r in recs if r.kind == "reserve"]
+    assert labels.count("warmup-premise") == 1
+    assert {r.key for r in recs if r.kind == "reserve"} == {r.key for r in recs if r.kind == "commit"}

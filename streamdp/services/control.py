@@ -50,6 +50,8 @@ VOCABULARY_KEY = "release/vocabulary"
 SUBSPACE_KEY = "release/subspace"
 # the warm-up's noised values, persisted between the draw and the subspace (issue 23 item 4)
 WARMUP_DRAW_KEY = "release/warmup_draw"
+# the warm-up premise check's noised count, persisted before it decides anything (issue 23 item 2)
+WARMUP_PREMISE_KEY = "release/warmup_premise"
 RELEASE_STATE_KEY = "release/tree"
 MIN_KEY_BYTES = 32
 MAC_FIELD = "mac"

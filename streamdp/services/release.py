@@ -446,7 +446,11 @@ class ReleaseService:
         persisted = None                         # the release state record's content, if any
         rec = self.store.read_latest(control.SUBSPACE_KEY)
         self.warmup_draw = None
+        self.warmup_premise_kept = None
         if rec is None:
+            premise = self.store.read_latest(control.WARMUP_PREMISE_KEY)
+            if premise is not None:       # ñ persisted before a crash: never drawn again
+                self.warmup_premise_kept = float(ser.loads(premise.payload)["noisy_count"])
             drawn = self.store.read_latest(control.WARMUP_DRAW_KEY)
             if drawn is not None:
                 if self.vocabulary is None or drawn.meta.get("vocabulary_id") != self.vocabulary.id:
@@ -899,6 +903,14 @@ class ReleaseService:
                 noisy = merged.draw_premise_count(plan.premise, self.sampler, self.spend,
                                                   partition=plan.premise_partition)
                 self.warmup_premise_kept = noisy
+                # persisted (and committed) before it decides anything: a crash or an
+                # exception after this point never draws ñ again (kept_draws rule)
+                meta = {"vocabulary_id": self.vocabulary.id, "writer_epoch": self.writer_epoch}
+                if self.accountant is not None:
+                    meta["ledger"] = self.accountant.head()
+                if not self._persist(control.WARMUP_PREMISE_KEY,
+                                     ser.dumps({"noisy_count": float(noisy)}), meta):
+                    return
             else:
                 recommit_kept(self.spend, [plan.premise.event(plan.premise_partition)],
                               label=PREMISE_LABEL)

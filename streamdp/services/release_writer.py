@@ -53,8 +53,8 @@ WRITER_TAKEOVER_SECONDS = 8.0
 WRITER_WATCH_SECONDS = 1.0
 # records that carry the head of the ledger that paid for them (a private selection's
 # vocabulary record only has one when the ledger paid: public/file records are skipped)
-SPENT_KEYS = (control.VOCABULARY_KEY, control.WARMUP_DRAW_KEY, control.SUBSPACE_KEY,
-              control.RELEASE_STATE_KEY)
+SPENT_KEYS = (control.VOCABULARY_KEY, control.WARMUP_PREMISE_KEY, control.WARMUP_DRAW_KEY,
+              control.SUBSPACE_KEY, control.RELEASE_STATE_KEY)
 
 LEDGER_FIX = ("Fix: start the release service with the deployment's own ledger file (restore "
               "it from backup to this path or point --ledger at it); never start a spent "
