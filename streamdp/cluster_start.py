@@ -54,6 +54,14 @@ DOMINANCE_GAP = 4.0
 #: smallest whitening eigenvalue, relative to the largest (a direction of no variance is not
 #: blown up without bound)
 WHITEN_FLOOR = 1e-3
+#: the summand's radius, in root-mean-square norms of the centred, whitened documents (from the
+#: released covariance): a document nearer the centre than RADIUS_RMS × that norm adds
+#: (y − μ)·frame / radius, shorter than 1, instead of a unit vector. Generic documents (only the
+#: corpus background, near the centre) then weigh less in the centres than distinctive ones;
+#: as unit vectors their arbitrary directions blended small subjects into one cluster (Debian
+#: ε = 4, 3 seeds: NPMI 0.089 -> 0.107). Measured on seeds 0-2 of Debian and the movie reviews
+#: at 1.5 (docs/benchmarks.md, "The summand radius")
+RADIUS_RMS = 1.5
 #: rows per chunk product of the cluster sums (the rounding analysis' BATCH_ROWS_MAX)
 CHUNK = rounding.BATCH_ROWS_MAX
 
@@ -147,8 +155,9 @@ class Assignment:
     """A public assignment rule: argmax_j (u(y) − mean)·D_j with D_j unit directions (k × k′).
 
     ``centre`` (k′,) and ``frame`` (k′ × k′), from the centre draw (:func:`centred_frame`), or
-    None: the vector a document adds to its cluster's sum is u(y) = v/‖v‖ with
-    v = (y − centre)·frame — centred, whitened and of unit norm: the shared corpus direction
+    None: the vector a document adds to its cluster's sum is u(y) = v/max(‖v‖, radius) with
+    v = (y − centre)·frame — centred, whitened and of norm ≤ 1 (unit beyond the radius; radius
+    0: always unit; :data:`RADIUS_RMS`): the shared corpus direction
     (most of ‖y‖) is removed, the few directions of largest variance (on the movie reviews:
     the review site's style) no longer decide every assignment, and the clip radius 1 is spent
     on what tells documents apart. Without a centre u(y) = y."""
@@ -157,14 +166,16 @@ class Assignment:
     mean: np.ndarray
     centre: np.ndarray | None = None
     frame: np.ndarray | None = None
+    radius: float = 0.0
 
     @classmethod
     def random(cls, k: int, k_prime: int, seed: int, centre: np.ndarray | None = None,
-               frame: np.ndarray | None = None) -> "Assignment":
+               frame: np.ndarray | None = None, radius: float = 0.0) -> "Assignment":
         """Iteration 1: public random directions (the seed is public), no centring of u."""
         r = k_prime if frame is None else frame.shape[1]
         G = np.random.default_rng([int(seed), 0x5EED]).standard_normal((k, r))
-        return cls(G / np.linalg.norm(G, axis=1, keepdims=True), np.zeros(r), centre, frame)
+        return cls(G / np.linalg.norm(G, axis=1, keepdims=True), np.zeros(r), centre, frame,
+                   radius)
 
     @classmethod
     def from_released(cls, sums: np.ndarray, counts: np.ndarray,
@@ -183,11 +194,13 @@ class Assignment:
         out[ok] = D[ok] / norms[ok, None]
         if previous is not None:
             out[~ok] = previous.directions[~ok]
-        return cls(out, mean, None if previous is None else previous.centre,
-                   None if previous is None else previous.frame)
+        if previous is None:
+            return cls(out, mean)
+        return cls(out, mean, previous.centre, previous.frame, previous.radius)
 
     def summand(self, Y: np.ndarray) -> np.ndarray:
-        """What each document adds to its cluster's sum: u(y), norm ≤ 1 on the computed value."""
+        """What each document adds to its cluster's sum: u(y), norm ≤ 1 on the computed value
+        (v/max(‖v‖, radius); radius 0: v/‖v‖)."""
         if self.centre is None:
             return Y
         U = Y - self.centre[None, :]
@@ -195,7 +208,7 @@ class Assignment:
             U = U @ self.frame
         un = np.sqrt(np.einsum("ij,ij->i", U, U))
         # a document exactly at the centre adds 0; the max(·, 1) guard keeps ‖u‖ ≤ 1 under rounding
-        U = U / np.where(un > 0, un, 1.0)[:, None]
+        U = U / np.where(un > 0, np.maximum(un, self.radius), 1.0)[:, None]
         un = np.sqrt(np.einsum("ij,ij->i", U, U))
         return U / np.maximum(un, 1.0)[:, None]
 
@@ -240,8 +253,8 @@ def centre_sums(batches, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 
 def centred_frame(sums: np.ndarray, counts: np.ndarray, moment: np.ndarray,
-                  moment_sd: float = 0.0, n_clusters: int | None = None
-                  ) -> tuple[np.ndarray, np.ndarray]:
+                  moment_sd: float = 0.0, n_clusters: int | None = None, *,
+                  with_radius: bool = False):
     """The centre μ = Σy/n and the whitening frame V Λ^{-1/2} of the covariance
     C = Σ y yᵀ/n − μμᵀ, from the centre draw's released values (post-processing only).
 
@@ -255,7 +268,10 @@ def centred_frame(sums: np.ndarray, counts: np.ndarray, moment: np.ndarray,
     (≈ σ√(2k′)/n after symmetrising) are kept; the others, which the noise decides one by one,
     are all set to their mean (trace(C) minus the kept ones, over their number — the trace's
     noise is only ≈ σ√k′/n), so that subspace is scaled as a whole and its noisy eigenvectors
-    do not matter. No eigenvalue goes below WHITEN_FLOOR × the largest."""
+    do not matter. No eigenvalue goes below WHITEN_FLOOR × the largest.
+
+    With ``with_radius``, also the summand radius (:data:`RADIUS_RMS` × the root-mean-square
+    norm of the centred, whitened documents that this spectrum implies: √Σ rest_i/λ_i)."""
     n = max(float(np.asarray(counts).ravel()[0]), 1.0)
     mu = np.asarray(sums, dtype=np.float64).ravel() / n
     M = np.asarray(moment, dtype=np.float64)
@@ -281,7 +297,11 @@ def centred_frame(sums: np.ndarray, counts: np.ndarray, moment: np.ndarray,
         if gaps[i] >= DOMINANCE_GAP:
             floor = float(srt[i + 1])
     lam = np.maximum(rest, max(floor, WHITEN_FLOOR * top))
-    return mu, V / np.sqrt(lam)[None, :]
+    frame = V / np.sqrt(lam)[None, :]
+    if not with_radius:
+        return mu, frame
+    rms = math.sqrt(max(float(np.sum(np.maximum(rest, 0.0) / lam)), 0.0))
+    return mu, frame, RADIUS_RMS * rms
 
 
 def _chunks(batches, d: int):

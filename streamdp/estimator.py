@@ -705,8 +705,10 @@ class StreamingSpectralLDA:
                                  max_documents=self.max_documents_per_sum)
                 S, counts, M = draw((S, counts, M), ev, n)
                 moment_sd = ev[2].sigma
-            centre, frame = centred_frame(S, counts, M, moment_sd, k)
-        rule = Assignment.random(k, Q.shape[1], seed, centre, frame)
+            centre, frame, radius = centred_frame(S, counts, M, moment_sd, k, with_radius=True)
+        else:
+            radius = 0.0
+        rule = Assignment.random(k, Q.shape[1], seed, centre, frame, radius)
         it_rho = None if lloyd_rho is None else lloyd_rho * (1.0 - cfg.centre_share) / cfg.iterations
         for _ in range(cfg.iterations):
             S, counts, n = cluster_sums(batches, Q, rule)

@@ -84,11 +84,15 @@ def test_a_maximal_document_moves_each_released_sum_by_at_most_its_sensitivity(r
         assert np.linalg.norm(M1 - M0) <= sens[C.MOMENT_BLOCK]
     # a centred, whitened rule from (noised) released values, or any public frame: u(y) has
     # norm <= 1, the adversary's own point included (the centre itself maps to 0)
-    centre, frame = C.centred_frame(Sy0 + 0.5, c0 + 3, M0 + rng.standard_normal(M0.shape), 1.0, 4)
+    centre, frame, radius = C.centred_frame(Sy0 + 0.5, c0 + 3, M0 + rng.standard_normal(M0.shape),
+                                            1.0, 4, with_radius=True)
+    assert radius > 0
     for f in (frame, 1e6 * rng.standard_normal(frame.shape)):
-        U = C.Assignment.random(4, Q.shape[1], 0, centre, f).summand(np.vstack([Y, centre[None, :]]))
-        assert np.all(np.linalg.norm(U, axis=1) <= 1.0) and not U[-1].any()
-    whitened = C.Assignment.random(4, Q.shape[1], 0, centre, frame)
+        for r in (0.0, radius, 1e-12, 1e12):        # the released radius, or any other
+            U = C.Assignment.random(4, Q.shape[1], 0, centre, f, r).summand(
+                np.vstack([Y, centre[None, :]]))
+            assert np.all(np.linalg.norm(U, axis=1) <= 1.0) and not U[-1].any()
+    whitened = C.Assignment.random(4, Q.shape[1], 0, centre, frame, radius)
     for rule in (C.Assignment.random(4, Q.shape[1], 0), whitened,
                  C.Assignment(np.linalg.qr(rng.standard_normal((8, 4)))[0].T, 0.1 * np.ones(8))):
         S0, n0, _ = C.cluster_sums([base], Q, rule)
@@ -250,3 +254,24 @@ def test_documents_sharing_a_dominant_direction_are_spread_over_the_clusters():
     # and the noised Lloyd iterations from there give (nearly) every topic a cluster
     # (measured: 7, 8, 7, 8 of 8)
     assert min(found) >= k - 1
+
+
+def test_summand_radius_weighs_documents_near_the_centre_less():
+    """With the released radius, a document near the centre (only the corpus background) adds a
+    vector shorter than one far out; without it (radius 0) both add unit vectors. The radius is
+    RADIUS_RMS times the root-mean-square norm the released covariance implies."""
+    rng = np.random.default_rng(3)
+    kp, n = 6, 4000
+    Y = 0.3 + 0.05 * rng.standard_normal((n, kp)) * np.arange(1, kp + 1)
+    centre, frame, radius = C.centred_frame(Y.sum(axis=0, keepdims=True), np.array([float(n)]),
+                                            Y.T @ Y, 0.0, 8, with_radius=True)
+    V = (Y - centre) @ frame
+    rms = np.sqrt(np.mean(np.einsum("ij,ij->i", V, V)))
+    assert radius == pytest.approx(C.RADIUS_RMS * rms, rel=1e-6)
+    near, far = centre + 0.01 * (Y[0] - centre), centre + 10 * (Y[0] - centre)
+    weighted = C.Assignment.random(8, kp, 0, centre, frame, radius).summand(np.vstack([near, far]))
+    unit = C.Assignment.random(8, kp, 0, centre, frame).summand(np.vstack([near, far]))
+    assert np.allclose(np.linalg.norm(unit, axis=1), 1.0)
+    assert np.linalg.norm(weighted[0]) < 0.05 and np.linalg.norm(weighted[1]) == pytest.approx(1.0)
+    # the same direction: only the weight changes
+    assert np.allclose(weighted / np.linalg.norm(weighted, axis=1, keepdims=True), unit)
