@@ -447,17 +447,25 @@ def _topics(a) -> int:
     if not Path(a.snapshot_dir).is_dir():
         raise ValueError(f"no snapshot folder at {a.snapshot_dir!r}: pass --snapshot-dir DIR, the "
                          "release service's snapshot_dir")
-    if a.vocabulary is None:        # the release service keeps a copy next to the snapshots
+    implicit_vocabulary = a.vocabulary is None
+    if implicit_vocabulary:         # the release service keeps a copy next to the snapshots
         a.vocabulary = str(Path(a.snapshot_dir) / "vocabulary.txt")
-    # then the vocabulary (trends need none): both are the user's to fix, an empty folder may fill
-    if not a.trends and not Path(a.vocabulary).is_file():
-        raise ValueError(f"no vocabulary file at {a.vocabulary!r}: pass --vocabulary FILE, the "
-                         "vocabulary the snapshots were released with (the release service "
-                         "writes it to <snapshot_dir>/vocabulary.txt; the demo to "
-                         "<workdir>/vocabulary.txt)")
+    vocabulary_missing = not a.trends and not Path(a.vocabulary).is_file()   # trends need none
+    # a --vocabulary the user named and that is missing is their mistake to fix now; the default
+    # one appears with the first snapshot, so an empty folder says both
+    no_vocabulary = (f"no vocabulary file at {a.vocabulary!r}: pass --vocabulary FILE, the "
+                     "vocabulary the snapshots were released with (the release service writes it "
+                     "to <snapshot_dir>/vocabulary.txt; the demo to <workdir>/vocabulary.txt)")
+    if vocabulary_missing and not implicit_vocabulary:
+        raise ValueError(no_vocabulary)
     snap = snapshots.latest(a.snapshot_dir)     # the newest release (largest epoch)
     if snap is None:
-        raise ValueError(f"no snapshots in {a.snapshot_dir} (the release service writes epoch-*.msgpack)")
+        also = (f" and its vocabulary {a.vocabulary} there; pass --vocabulary FILE if yours is "
+                "elsewhere" if implicit_vocabulary else "")
+        raise ValueError(f"no snapshots in {a.snapshot_dir} yet (the release service writes "
+                         f"epoch-*.msgpack{also})")
+    if vocabulary_missing:
+        raise ValueError(no_vocabulary)
     if a.trends:
         return _print_trends(a, snapshots)
     try:
