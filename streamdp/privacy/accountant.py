@@ -513,12 +513,10 @@ class Accountant:
             err = None
             if not self._within(after.worst):
                 err = self._refusal(label, requested, before, after)
-            elif not self._vocabulary_within(after):
-                err = self._vocabulary_refusal(label, requested, before, after)
-            elif not self._stream_within(after):
-                err = self._stream_refusal(label, requested, before, after)
-            elif not self._warmup_within(after):
-                err = self._warmup_refusal(label, requested, before, after)
+            else:
+                err = next((self._approximate_refusal(label, requested, *atom)
+                            for atom in self._approximate_atoms(before, after)
+                            if not self._approximate_within(atom[3], atom[4])), None)
             if err is not None:
                 self.ledger.append(LedgerRecord("refuse", f"refuse:{uuid.uuid4().hex}", {
                     **payload, "atom": err.atom, "load_after": err.load_after,
@@ -540,65 +538,37 @@ class Accountant:
         """:meth:`rho_limit` of the vocabulary-selection atom."""
         return self.rho_limit(delta_vocabulary)
 
-    def _stream_within(self, loads: AtomLoads) -> bool:
-        if loads.stream_delta <= 0:
+    def _approximate_atoms(self, before: LoadTally, after: AtomLoads):
+        """Each atom that may carry approximate events, in the order refusals are checked:
+        (atom, who, δ symbol, ρ load after, δ used after, ρ load before)."""
+        stream_atom = (f"{STREAM} (every epoch)" if after.worst_epoch is None
+                       else f"{STREAM} epoch {after.worst_epoch}")
+        return ((VOCABULARY, f"documents of the {VOCABULARY} selection", "δ_v", after.vocabulary,
+                 after.vocabulary_delta, lambda: before.atom(vocabulary=True)),
+                (stream_atom, "stream documents", "δ_s", after.worst_stream, after.stream_delta,
+                 lambda: before.atom(epoch=after.worst_epoch)),
+                (WARMUP, "warm-up documents", "δ_w", after.warmup, after.warmup_delta,
+                 lambda: before.atom(warmup=True)))
+
+    def _approximate_within(self, load: float, delta_used: float) -> bool:
+        """The one rule for an atom with approximate events: its δ sum below δ, and its ρ within
+        zcdp_rho(ε, δ − δ_used) (Bun & Steinke 2016, Lemma 8.3: ρ's and δ's add per atom)."""
+        if delta_used <= 0:
             return True
-        return (loads.stream_delta < self.delta
-                and loads.worst_stream <= self.rho_limit(loads.stream_delta) * (1.0 + RHO_RTOL))
+        return delta_used < self.delta and load <= self.rho_limit(delta_used) * (1.0 + RHO_RTOL)
 
-    def _stream_refusal(self, label: str, requested: dict[str, float], before: LoadTally,
-                        after: AtomLoads) -> BudgetExhausted:
-        limit = self.rho_limit(after.stream_delta)
-        had = before.atom(epoch=after.worst_epoch)
-        atom = (f"{STREAM} (every epoch)" if after.worst_epoch is None
-                else f"{STREAM} epoch {after.worst_epoch}")
-        msg = (f"privacy budget exhausted: refused {label or 'reservation'!r}: stream documents "
-               f"would reach ρ={after.worst_stream:.6g} with δ_s={after.stream_delta:.3g} of "
-               f"approximate events; with δ − δ_s left for the conversion their limit is "
-               f"ρ={limit:.6g} (ε={self.epsilon:g}, δ={self.delta:g}, {UNIT}); ρ remaining "
-               f"there: {max(0.0, limit - had):.6g}. Nothing was spent.")
-        return BudgetExhausted(msg, label=label, requested=requested, atom=atom,
-                               load_after=after.worst_stream, remaining=max(0.0, limit - had),
-                               budget=limit)
-
-    def _warmup_within(self, loads: AtomLoads) -> bool:
-        if loads.warmup_delta <= 0:
-            return True
-        return (loads.warmup_delta < self.delta
-                and loads.warmup <= self.rho_limit(loads.warmup_delta) * (1.0 + RHO_RTOL))
-
-    def _warmup_refusal(self, label: str, requested: dict[str, float], before: LoadTally,
-                        after: AtomLoads) -> BudgetExhausted:
-        limit = self.rho_limit(after.warmup_delta)
-        had = before.atom(warmup=True)
-        msg = (f"privacy budget exhausted: refused {label or 'reservation'!r}: warm-up documents "
-               f"would reach ρ={after.warmup:.6g} with δ_w={after.warmup_delta:.3g} of "
-               f"approximate events; with δ − δ_w left for the conversion their limit is "
-               f"ρ={limit:.6g} (ε={self.epsilon:g}, δ={self.delta:g}, {UNIT}); ρ remaining "
-               f"there: {max(0.0, limit - had):.6g}. Nothing was spent.")
-        return BudgetExhausted(msg, label=label, requested=requested, atom=WARMUP,
-                               load_after=after.warmup, remaining=max(0.0, limit - had),
-                               budget=limit)
-
-    def _vocabulary_within(self, loads: AtomLoads) -> bool:
-        if loads.vocabulary_delta <= 0:
-            return True
-        return (loads.vocabulary_delta < self.delta
-                and loads.vocabulary <= self.vocabulary_rho_limit(loads.vocabulary_delta)
-                * (1.0 + RHO_RTOL))
-
-    def _vocabulary_refusal(self, label: str, requested: dict[str, float], before: LoadTally,
-                            after: AtomLoads) -> BudgetExhausted:
-        limit = self.vocabulary_rho_limit(after.vocabulary_delta)
-        had = before.atom(vocabulary=True)
-        msg = (f"privacy budget exhausted: refused {label or 'reservation'!r}: documents of the "
-               f"{VOCABULARY} selection would reach ρ={after.vocabulary:.6g} with δ_v="
-               f"{after.vocabulary_delta:.3g} of approximate events; with δ − δ_v left for the "
-               f"conversion their limit is ρ={limit:.6g} (ε={self.epsilon:g}, δ={self.delta:g}, "
-               f"{UNIT}); ρ remaining there: {max(0.0, limit - had):.6g}. Nothing was spent.")
-        return BudgetExhausted(msg, label=label, requested=requested, atom=VOCABULARY,
-                               load_after=after.vocabulary, remaining=max(0.0, limit - had),
-                               budget=limit)
+    def _approximate_refusal(self, label: str, requested: dict[str, float], atom: str, who: str,
+                             symbol: str, load: float, delta_used: float,
+                             had_before) -> BudgetExhausted:
+        limit = self.rho_limit(delta_used)
+        had = had_before()
+        msg = (f"privacy budget exhausted: refused {label or 'reservation'!r}: {who} would reach "
+               f"ρ={load:.6g} with {symbol}={delta_used:.3g} of approximate events; with "
+               f"δ − {symbol} left for the conversion their limit is ρ={limit:.6g} "
+               f"(ε={self.epsilon:g}, δ={self.delta:g}, {UNIT}); ρ remaining there: "
+               f"{max(0.0, limit - had):.6g}. Nothing was spent.")
+        return BudgetExhausted(msg, label=label, requested=requested, atom=atom, load_after=load,
+                               remaining=max(0.0, limit - had), budget=limit)
 
     def uncommitted(self) -> list[Reservation]:
         """Reservations on the ledger that were never committed, oldest first."""
