@@ -37,6 +37,7 @@ committed this deployment's draws cannot be reused: its reservations are spent.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -134,40 +135,43 @@ def released_group(cfg: ServiceConfig) -> str:
     return f"streamdp-released.{cfg.topics.documents}"
 
 
+@contextlib.contextmanager
+def _marker_partitions(cfg: ServiceConfig, timeout: float):
+    """A consumer of :func:`released_group` and the documents topic's partitions ([] if the
+    topic is missing), closed on exit."""
+    topic = cfg.topics.documents
+    consumer = Consumer(service_client_config(cfg.bootstrap, cfg.kafka, "consumer", **{
+        "group.id": released_group(cfg), "enable.auto.commit": False}))
+    try:
+        md = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        ok = md is not None and md.error is None
+        yield consumer, [TopicPartition(topic, p) for p in sorted(md.partitions)] if ok else []
+    finally:
+        consumer.close()
+
+
 def mark_released(cfg: ServiceConfig, timeout: float = 10.0) -> None:
     """Commit the documents topic's high watermarks for :func:`released_group` (a public marker:
     it says only that this documents topic fed a release). Called after a spent record is
     persisted; raises on a failed commit (the caller logs and retries at the next release)."""
-    topic = cfg.topics.documents
-    consumer = Consumer(service_client_config(cfg.bootstrap, cfg.kafka, "consumer", **{
-        "group.id": released_group(cfg), "enable.auto.commit": False}))
-    try:
-        md = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if md is None or md.error is not None:
+    with _marker_partitions(cfg, timeout) as (consumer, parts):
+        if not parts:
             return
-        offsets = [TopicPartition(topic, p, max(0, consumer.get_watermark_offsets(
-            TopicPartition(topic, p), timeout=timeout)[1])) for p in sorted(md.partitions)]
+        offsets = [TopicPartition(tp.topic, tp.partition,
+                                  max(0, consumer.get_watermark_offsets(tp, timeout=timeout)[1]))
+                   for tp in parts]
         for tp in consumer.commit(offsets=offsets, asynchronous=False) or []:
             if tp.error is not None:
-                raise RuntimeError(f"marking {topic!r} as released: {tp.error}")
-    finally:
-        consumer.close()
+                raise RuntimeError(f"marking {tp.topic!r} as released: {tp.error}")
 
 
 def released_marker(cfg: ServiceConfig, timeout: float = 10.0) -> int:
     """How many partitions of the documents topic carry :func:`released_group`'s marker."""
-    topic = cfg.topics.documents
-    consumer = Consumer(service_client_config(cfg.bootstrap, cfg.kafka, "consumer", **{
-        "group.id": released_group(cfg), "enable.auto.commit": False}))
-    try:
-        md = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if md is None or md.error is not None:
+    with _marker_partitions(cfg, timeout) as (consumer, parts):
+        if not parts:
             return 0
-        got = consumer.committed([TopicPartition(topic, p) for p in md.partitions],
-                                 timeout=timeout)
+        got = consumer.committed(parts, timeout=timeout)
         return sum(1 for tp in got if tp.error is None and tp.offset >= 0)
-    finally:
-        consumer.close()
 
 
 def evidence(cfg: ServiceConfig) -> list[str]:
