@@ -151,3 +151,18 @@ def test_unsigned_release_records_are_refused_until_the_operator_signs_them(kafk
     finally:
         store.close()
     ReleaseService(cfg).close()
+
+
+def test_a_failed_selection_s_public_record_never_quotes_the_private_count():
+    """The private record's error quotes the exact number of selection documents ("this count is
+    private"); public/vocabulary, which sketchers and anyone reading public/* get, carries a
+    fixed text instead (found in review: it copied the private text)."""
+    from streamdp.services.public_records import (FAILED_SELECTION_ERROR, VOCABULARY_KEY,
+                                                  public_meta)
+    private = {"vocabulary_id": None, "mode": "private", "status": "failed",
+               "error": "private vocabulary selection kept 3 words (< min_words=50): ... the "
+                        "selection slice has 1234 documents (this count is private: do not "
+                        "publish it)", "selection_documents": 1234}
+    pub = public_meta(VOCABULARY_KEY, private)
+    assert pub["status"] == "failed" and pub["error"] == FAILED_SELECTION_ERROR
+    assert "1234" not in repr(pub)

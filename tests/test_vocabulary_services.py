@@ -316,6 +316,11 @@ def test_too_small_selection_window_fails_with_the_numbers_and_the_fix(kafka_bro
     assert "min_words" in msg and "σ" in msg
     rec = read_record(bootstrap, names, control.VOCABULARY_KEY)
     assert rec.meta["status"] == "failed" and rec.meta["error"] == msg
+    # the sketchers' public record says it failed, never the private text with its exact count
+    from streamdp.services.public_records import FAILED_SELECTION_ERROR, VOCABULARY_KEY
+    pub = read_record(bootstrap, names, VOCABULARY_KEY)
+    assert pub.meta["status"] == "failed" and pub.meta["error"] == FAILED_SELECTION_ERROR
+    assert "documents (this count is private" in msg and not any(c.isdigit() for c in pub.meta["error"])
     from streamdp.privacy.accountant import Accountant
     rep = Accountant(cfg.epsilon, cfg.delta, cfg.ledger).report()
     assert rep["uncommitted"] == 0 and rep["reservations"] == 1

@@ -8,7 +8,8 @@ with the deployment's control key (:mod:`streamdp.services.state_auth`, the one 
   and its clip bounds; meta ``{"clip", "subspace_id", "vocabulary_id"}``;
 * :data:`VOCABULARY_KEY` ``public/vocabulary`` (``vocabulary_mode`` public/private): the
   deployment's vocabulary (payload: ``Vocabulary.canonical_bytes``); meta ``{"vocabulary_id",
-  "mode"}`` and, for a failed selection, ``{"status", "error"}``;
+  "mode"}`` and, for a failed selection, ``{"status", "error"}`` (a fixed error text: the private
+  record's quotes the exact count of selection documents);
 * ``public/release`` (:mod:`streamdp.services.public_release`): the last released epoch and
   the released refinement models.
 
@@ -30,11 +31,18 @@ PUBLIC_FIELDS = {
     SUBSPACE_KEY: ("clip", "subspace_id", "vocabulary_id"),
     VOCABULARY_KEY: ("vocabulary_id", "mode", "status", "error"),
 }
+#: what a failed selection's public record says: the private record's error quotes the exact
+#: count of selection documents ("this count is private"), so it stays in release/vocabulary
+FAILED_SELECTION_ERROR = ("the private vocabulary selection kept too few words; the release "
+                          "service's log says why and how to fix it (docs/vocabulary.md)")
 
 
 def public_meta(key: str, meta: dict) -> dict:
     """The released fields of a private record's ``meta`` (see :data:`PUBLIC_FIELDS`)."""
-    return {k: meta[k] for k in PUBLIC_FIELDS[key] if k in meta}
+    pub = {k: meta[k] for k in PUBLIC_FIELDS[key] if k in meta}
+    if "error" in pub:                  # never the private text (it quotes an exact count)
+        pub["error"] = FAILED_SELECTION_ERROR
+    return pub
 
 
 def write(store, auth: StateAuth, key: str, payload: bytes, meta: dict) -> None:
