@@ -49,15 +49,21 @@ def _state_records(bootstrap: str, names) -> dict:
         return store.read_all_latest()
 
 
-def test_a_lost_state_topic_is_refused_and_a_confirmed_restart_is_recorded(kafka_broker, tmp_path):
-    bootstrap = kafka_broker.bootstrap
-    corpus = make_corpus(300, 600, 2, seed=11)
+
+def _released_epoch_1(bootstrap, tmp_path, seed):
+    """A fresh ε = 1 deployment that released its warm-up and epoch 1: (topic names, config)."""
+    corpus = make_corpus(300, 600, 2, seed=seed)
     names = fresh_topics(bootstrap)
     cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=1.0)
     with Pipeline(cfg, sketchers=1) as pipe:
         produce(bootstrap, names.documents, corpus.records())
         send_control(bootstrap, names, "close", through=1)
         pipe.wait_released(1, timeout=120)
+    return names, cfg
+
+def test_a_lost_state_topic_is_refused_and_a_confirmed_restart_is_recorded(kafka_broker, tmp_path):
+    bootstrap = kafka_broker.bootstrap
+    names, cfg = _released_epoch_1(bootstrap, tmp_path, seed=11)
     _lose_state_topic(bootstrap, names)
     assert _state_records(bootstrap, names) == {}
     ledger = Path(cfg.ledger)
@@ -135,13 +141,7 @@ def test_a_new_deployment_on_documents_an_earlier_deployment_released_is_refused
     after each spent record, kept by the broker with the documents topic) refuses it before any
     side effect, unless the operator confirms (confirm_state_loss, recorded and signed)."""
     bootstrap = kafka_broker.bootstrap
-    corpus = make_corpus(300, 600, 2, seed=13)
-    names = fresh_topics(bootstrap)
-    cfg = make_config(tmp_path, bootstrap, names, corpus, epsilon=1.0)
-    with Pipeline(cfg, sketchers=1) as pipe:
-        produce(bootstrap, names.documents, corpus.records())
-        send_control(bootstrap, names, "close", through=1)
-        pipe.wait_released(1, timeout=120)
+    names, cfg = _released_epoch_1(bootstrap, tmp_path, seed=13)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     gone = [names.state, names.snapshots, names.control]
     for fut in admin.delete_topics(gone, operation_timeout=15).values():
