@@ -75,7 +75,9 @@ from streamdp import serialization as ser
 from streamdp.continual import ContinualRelease, EpochSums
 from streamdp.trends import TrendTracker
 from streamdp.moments.clipping import ClipBounds
-from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
+from streamdp.observability.health import HealthState
+from streamdp.observability.http_server import ObservabilityServer
+from streamdp.observability.service_metrics import ServiceMetrics
 from streamdp.kafka.state_store import WriterFenced, WriterReinitialised
 from streamdp.privacy.accountant import BudgetExhausted
 from streamdp.privacy.spend import SpendSession, recommit_kept

@@ -29,7 +29,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from streamdp.kafka.clients import open_state_store, service_client_config
 from streamdp.kafka.connectivity import BrokerProbe, OutageGuard, check_bootstrap
 from streamdp.kafka.topics import TopicConfigError, check_broker_time
-from streamdp.observability import HealthState, ObservabilityServer, ServiceMetrics
+from streamdp.observability.health import HealthState
+from streamdp.observability.http_server import ObservabilityServer
+from streamdp.observability.service_metrics import ServiceMetrics
 from streamdp.services import control
 from streamdp.services.contract import check_contract, record_contract
 from streamdp.services.record_limits import check_limits, vocabulary_size
