@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "streamdp.whitening.warmup", "streamdp.tensor.private",
                 "streamdp.text.vocab_selection", "streamdp.trends")),
     # messages, Kafka, HTTP metrics/health, packaged corpora
-    ("io", ("streamdp.messages", "streamdp.kafka.*", "streamdp.observability.*",
+    ("io", ("streamdp.messages.*", "streamdp.kafka.*", "streamdp.observability.*",
             "streamdp.evaluation.corpora")),
     ("services", ("streamdp.services.*",)),
     # what a person runs: the CLI, the report, the demo, the snapshot reader library
