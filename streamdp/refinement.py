@@ -46,6 +46,7 @@ import scipy.sparse as sp
 from streamdp import serialization as ser
 from streamdp.documents import as_count_batch
 from streamdp.privacy import rounding
+from streamdp.moments.accumulator import ChunkedAccumulator, Part
 from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy.events import STREAM, GaussianEvent, sigma_for_rho
 from streamdp.privacy.sensitivity import block_sensitivities
@@ -482,36 +483,35 @@ class RefinementSketch:
     def __init__(self, k: int, d: int) -> None:
         rounding.check_vocabulary(d)
         self._k, self._d = int(k), int(d)
-        # closed chunks: a compensated pair (value = acc + comp; Sum2 steps in place), kept
-        # d × k like the chunk sums; read as the renormalised k × d double-double
-        self._acc = np.zeros((self._d, self._k))
-        self._comp = np.zeros((self._d, self._k))
-        self.pending = None                    # (d, k) running sum of the partial chunk
-        self.pending_rows = 0
+        # closed chunks: a compensated pair (Sum2 steps in place), kept d × k like the chunk
+        # sums; read as the renormalised k × d double-double. The open chunk: its running sum
+        self.acc = ChunkedAccumulator({"sums": (self._d, self._k)}, REFINE_CHUNK)
         self.n_docs = 0
+
+    # the closed chunks' pair and the open chunk's (d, k) running sum (None when empty)
+    _acc, _comp = Part("sums"), Part("sums", low=True)
+
+    @property
+    def pending(self) -> np.ndarray | None:
+        return (self.acc.open_sums() or {}).get("sums")
+
+    @pending.setter
+    def pending(self, value: np.ndarray) -> None:
+        self.acc.open = {"sums": value}
+
+    @property
+    def pending_rows(self) -> int:
+        return self.acc.open_rows
 
     @property
     def shape(self) -> tuple[int, int]:
         return (self._k, self._d)
 
-    def _flush_pending(self) -> None:
-        """Close the partial chunk (ends this sketch's chunk sequence: merges do this)."""
-        if self.pending_rows:
-            rounding.accumulate(self._acc, self._comp, self.pending)
-        self.pending, self.pending_rows = None, 0
-
-    def _pair(self) -> tuple[np.ndarray, np.ndarray]:
-        """(acc, comp) with the pending chunk closed as the final chunk, on copies if needed."""
-        if not self.pending_rows:
-            return self._acc, self._comp
-        acc, comp = self._acc.copy(), self._comp.copy()
-        rounding.accumulate(acc, comp, self.pending)
-        return acc, comp
-
     def total(self) -> tuple[np.ndarray, np.ndarray]:
         """(sums, sums_lo), k × d: the sum rounded once and its remainder, with the pending
         chunk added as the final chunk; the sketch is unchanged."""
-        hi, lo = rounding.two_sum(*self._pair())
+        closed = self.acc.closed()
+        hi, lo = rounding.two_sum(closed.hi["sums"], closed.lo["sums"])
         return np.ascontiguousarray(hi.T), np.ascontiguousarray(lo.T)
 
     @property
@@ -534,23 +534,16 @@ class RefinementSketch:
         if weights is not None:
             from streamdp.moments.sketch import weighted_rows
             X, w = weighted_rows(X, weights)
-        a, n = 0, X.shape[0]
-        while a < n:          # segments end where this sketch's chunks end
-            take = min(REFINE_CHUNK - self.pending_rows, n - a)
-            Xb = X[a:a + take]
+        for a, b in self.acc.segments(X.shape[0]):     # they end where this sketch's chunks end
+            Xb = X[a:b]
             if Xb.nnz:
                 vals, nb = model.document_terms(Xb)
                 if w is not None:
-                    vals = vals * w[a:a + take][_row_ids(Xb)][:, None]
-                self.pending = _sequential_column_sum(
-                    Xb.indices, vals, d, self.pending if self.pending_rows else None)
+                    vals = vals * w[a:b][_row_ids(Xb)][:, None]
+                self.pending = _sequential_column_sum(Xb.indices, vals, d, self.pending)
                 self.n_docs += nb
-            elif not self.pending_rows:
+            elif self.pending is None:
                 self.pending = np.zeros((d, self._k))
-            self.pending_rows += take
-            if self.pending_rows == REFINE_CHUNK:
-                self._flush_pending()
-            a += take
         return self
 
     def merge(self, other: "RefinementSketch") -> "RefinementSketch":
@@ -559,8 +552,8 @@ class RefinementSketch:
         the two sequences and the merge order."""
         if other.shape != self.shape:
             raise ValueError("cannot merge refinement sketches of different shapes")
-        self._flush_pending()
-        rounding.merge_into(self._acc, self._comp, *other._pair())
+        self.acc.close()
+        self.acc.merge(other.acc)
         self.n_docs += other.n_docs
         return self
 
@@ -582,7 +575,7 @@ class RefinementSketch:
             lo = ser.unpack_array(obj["sums_lo"], name="sums_lo")
             if lo.shape != sums.shape:
                 raise ser.SchemaError(f"refinement compensation: shape {lo.shape}, expected {sums.shape}")
-            out._comp = np.array(lo.T, dtype=np.float64, order="C")
+            out.acc.lo["sums"] = np.array(lo.T, dtype=np.float64, order="C")
         pend = obj.get("pending")       # states written before chunking have none
         if pend:
             rows = int(pend["rows"])
@@ -590,7 +583,7 @@ class RefinementSketch:
             if not 0 < rows < REFINE_CHUNK or acc.shape != sums.shape[::-1]:
                 raise ser.SchemaError(f"refinement pending chunk: {rows} rows of shape {acc.shape}, "
                                       f"expected < {REFINE_CHUNK} rows of {sums.shape[::-1]}")
-            out.pending, out.pending_rows = np.array(acc, dtype=np.float64, order="C"), rows
+            out.acc.load_open({"sums": np.array(acc, dtype=np.float64, order="C")}, rows)
         return out
 
 

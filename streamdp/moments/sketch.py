@@ -41,9 +41,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from streamdp import serialization as ser
-from streamdp.documents import (MIN_DOC_LENGTH, PendingRows, as_count_batch,
-                                keep_long_documents)
+from streamdp.documents import MIN_DOC_LENGTH, as_count_batch, keep_long_documents
 from streamdp.moments import clipping, symmetric3
+from streamdp.moments.accumulator import ChunkedAccumulator, Part
 from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy import rounding
 from streamdp.privacy.rounding import BATCH_ROWS_MAX, READ_CHUNK_MAX, MAGNITUDE_FACTOR
@@ -176,18 +176,35 @@ class WhitenedSketch:
         self.n_docs = 0
         self.n_rows = 0            # every row offered (also short documents): the premise count
         self._n_clipped = 0           # in processed chunks
-        self.weight_sum = 0.0
-        self.weight_sum_lo = 0.0
-        self.m1 = np.zeros(d)
-        self.zacc = np.zeros((d, k))
-        self.a2 = np.zeros(d)
-        self.b3 = np.zeros((d, k))
-        self.a3 = np.zeros(d)
-        self.t3 = np.zeros(symmetric3.packed_size(k))    # Σ w3 y⊗y⊗y, packed a ≤ b ≤ c
-        # compensation (low) part of every accumulator: value = accumulator + compensation
-        self.comp = {n: np.zeros_like(getattr(self, n)) for n in _ACCUMULATORS}
-        self.pending = PendingRows(d, BATCH_ROWS_MAX)
-        self.pending_weights = np.ones(0)     # the pending rows' user-level weights
+        # "count": Σ scale (a scalar sum); t3: Σ w3 y⊗y⊗y, packed a ≤ b ≤ c
+        self.acc = ChunkedAccumulator(
+            {"count": (), "m1": (d,), "zacc": (d, k), "a2": (d,), "b3": (d, k), "a3": (d,),
+             "t3": (symmetric3.packed_size(k),)}, BATCH_ROWS_MAX, rows_of=d)
+
+    # the accumulators' high parts as attributes (the arrays themselves)
+    m1, zacc, a2, b3, a3, t3 = Part(), Part(), Part(), Part(), Part(), Part()
+
+    @property
+    def comp(self) -> dict[str, np.ndarray]:
+        """The compensation (low) part of every accumulator: value = accumulator + comp."""
+        return self.acc.lo
+
+    @property
+    def pending(self):
+        """The open chunk's rows (raw counts)."""
+        return self.acc.pending
+
+    @property
+    def pending_weights(self) -> np.ndarray:
+        return self.acc.pending_weights
+
+    @property
+    def weight_sum(self) -> float:
+        return float(self.acc.hi["count"])
+
+    @property
+    def weight_sum_lo(self) -> float:
+        return float(self.acc.lo["count"])
 
     # ------------------------------------------------------------------ update
     def update(self, X, weights=None) -> "WhitenedSketch":
@@ -202,15 +219,12 @@ class WhitenedSketch:
         X, w = keep_long_weighted(X, w)
         self.n_docs += X.shape[0]
         # exactly BATCH_ROWS_MAX terms per product, chunks counted in this sketch's sequence
-        self.pending_weights = self.pending.feed_weighted(X, w, self.pending_weights,
-                                                          self._update_chunk)
+        self.acc.feed(X, w, self._update_chunk)
         return self
 
     def _flush_pending(self) -> None:
         """Process the pending rows as this sketch's final chunk (ends its chunk sequence)."""
-        if self.pending.n:
-            self._update_chunk(self.pending.take(), self.pending_weights)
-            self.pending_weights = np.ones(0)
+        self.acc.close(self._update_chunk)
 
     @property
     def n_clipped(self) -> int:
@@ -220,9 +234,6 @@ class WhitenedSketch:
             lengths = np.asarray(X.sum(axis=1)).ravel()
             n += int(np.count_nonzero(self.document_scale(X, lengths, X @ self.subspace.Q) < 1.0))
         return n
-
-    def _add(self, name: str, value) -> None:
-        rounding.accumulate(getattr(self, name), self.comp[name], value)
 
     def _update_chunk(self, X: sp.csr_matrix, weights: np.ndarray | None = None) -> None:
         if X.shape[0] == 0:
@@ -239,18 +250,18 @@ class WhitenedSketch:
         w2 = w1 / (lengths - 1)
         w3 = w2 / (lengths - 2)
         Xt = X.T.tocsr()
-        self._add("m1", Xt @ w1)
-        self._add("zacc", Xt @ (Y * w2[:, None]))
-        self._add("a2", Xt @ w2)
+        add = self.acc.add
+        add("m1", Xt @ w1)
+        add("zacc", Xt @ (Y * w2[:, None]))
+        add("a2", Xt @ w2)
         W3Y = Y * w3[:, None]
-        self._add("b3", Xt @ W3Y)
-        self._add("a3", Xt @ w3)
+        add("b3", Xt @ W3Y)
+        add("a3", Xt @ w3)
         # only the distinct entries a ≤ b ≤ c of the symmetric Σ w3 y⊗y⊗y (documents in
         # blocks summed plainly: a term passes ≤ n + 1 additions)
-        self._add("t3", symmetric3.cube_sums(np.ascontiguousarray(Y.T), np.ascontiguousarray(W3Y.T)))
+        add("t3", symmetric3.cube_sums(np.ascontiguousarray(Y.T), np.ascontiguousarray(W3Y.T)))
         self._n_clipped += int(np.count_nonzero(scale < 1.0))
-        self.weight_sum, self.weight_sum_lo = rounding.accumulate_scalar(
-            self.weight_sum, self.weight_sum_lo, float(scale.sum()))
+        add("count", float(scale.sum()))
 
     def document_scale(self, X: sp.csr_matrix, lengths: np.ndarray, Y: np.ndarray) -> np.ndarray:
         """Clipping factor per document (see :mod:`streamdp.moments.clipping`).
@@ -314,33 +325,23 @@ class WhitenedSketch:
         if other.pending.n:
             other = other.copy()
             other._flush_pending()
-        for name in _ACCUMULATORS:
-            rounding.merge_into(getattr(self, name), self.comp[name], getattr(other, name),
-                                other.comp[name])
+        self.acc.merge(other.acc)
         self.n_docs += other.n_docs
         self.n_rows += other.n_rows
         self._n_clipped += other._n_clipped      # other: flushed above
-        self.weight_sum, lo = rounding.accumulate_scalar(self.weight_sum, self.weight_sum_lo,
-                                                         other.weight_sum)
-        self.weight_sum_lo = lo + other.weight_sum_lo
         return self
 
     def copy(self) -> "WhitenedSketch":
         """An independent copy of the whole state (accumulators, counters, pending rows)."""
         out = WhitenedSketch(self.subspace, self.clip)
-        for name in _ACCUMULATORS:
-            setattr(out, name, getattr(self, name).copy())
-            out.comp[name] = self.comp[name].copy()
         out.n_docs, out.n_rows, out._n_clipped = self.n_docs, self.n_rows, self._n_clipped
-        out.weight_sum, out.weight_sum_lo = self.weight_sum, self.weight_sum_lo
-        out.pending = self.pending.copy()
-        out.pending_weights = self.pending_weights.copy()
+        out.acc = self.acc.copy()
         return out
 
     # -------------------------------------------------------------------- read
     def value(self, name: str) -> np.ndarray:
         """An accumulator's value: the compensated pair rounded once."""
-        return rounding.collapse(getattr(self, name), self.comp[name])
+        return self.acc.value(name)
 
     def sums(self) -> SketchSums:
         """Expand the accumulators into the block sums (O(d·k'³)).
@@ -391,8 +392,7 @@ class WhitenedSketch:
 
     @property
     def nbytes(self) -> int:
-        return (sum(getattr(self, n).nbytes + self.comp[n].nbytes for n in _ACCUMULATORS)
-                + self.pending.nbytes)
+        return self.acc.nbytes
 
     # --------------------------------------------------------------- serialise
     def to_dict(self) -> dict:
@@ -402,11 +402,8 @@ class WhitenedSketch:
                 "weight_sum": self.weight_sum, "weight_sum_lo": self.weight_sum_lo,
                 "acc": {n: ser.pack_array(getattr(self, n)) for n in _ACCUMULATORS},
                 "comp": {n: ser.pack_array(self.comp[n]) for n in _ACCUMULATORS},
-                # rows of the partial last chunk (raw counts; n_docs already counts them)
-                "pending": self.pending.to_dict(),
-                # their user-level weights (only when some is not 1: older states stay as they were)
-                **({"pending_weights": ser.pack_array(self.pending_weights)}
-                   if np.any(self.pending_weights != 1.0) else {})}
+                # rows of the partial last chunk (n_docs already counts them), their weights
+                **self.acc.rows_to_dict()}
 
     def to_bytes(self) -> bytes:
         return ser.dumps(self.to_dict())
@@ -437,11 +434,10 @@ class WhitenedSketch:
         out.n_docs = int(obj["n_docs"])
         out.n_rows = int(obj.get("n_rows", obj["n_docs"]))
         out._n_clipped = int(obj["n_clipped"])      # processed chunks; pending recounted
-        out.weight_sum = float(obj["weight_sum"])
-        out.weight_sum_lo = float(obj.get("weight_sum_lo", 0.0))
+        out.acc.hi["count"] = np.array(float(obj["weight_sum"]))
+        out.acc.lo["count"] = np.array(float(obj.get("weight_sum_lo", 0.0)))
         # states written before pending rows existed have none (their chunks were all processed)
-        out.pending = PendingRows.from_dict(obj.get("pending"), subspace.d, BATCH_ROWS_MAX)
-        out.pending_weights = _pending_weights_from(obj.get("pending_weights"), out.pending.n)
+        out.acc.load_rows(obj)
         return out
 
     @classmethod
@@ -479,13 +475,3 @@ def keep_long_weighted(X: sp.csr_matrix, w: np.ndarray | None):
         return keep_long_documents(X)[0], None
     keep = np.asarray(X.sum(axis=1)).ravel() >= MIN_DOC_LENGTH
     return (X, w) if keep.all() else (X[keep], w[keep])
-
-
-def _pending_weights_from(obj, n: int) -> np.ndarray:
-    """Pending rows' weights of a checkpoint (absent: all 1, as written before weights)."""
-    if obj is None:
-        return np.ones(n)
-    w = ser.unpack_array(obj, name="pending_weights").astype(np.float64)
-    if w.shape != (n,) or not np.all((w > 0) & (w <= 1)):
-        raise ser.SchemaError(f"pending weights: {w.shape} for {n} pending rows, or out of (0, 1]")
-    return w

@@ -20,10 +20,10 @@ import numpy as np
 from scipy.linalg import solve_triangular
 
 from streamdp import serialization as ser
-from streamdp.documents import MIN_DOC_LENGTH, PendingRows, as_count_batch
+from streamdp.documents import MIN_DOC_LENGTH, as_count_batch
 from streamdp.moments import clipping
+from streamdp.moments.accumulator import ChunkedAccumulator, Part
 from streamdp.moments.clipping import ClipBounds
-from streamdp.moments.sketch import _pending_weights_from
 from streamdp.privacy import rounding
 from streamdp.privacy.events import WARMUP, BudgetSpender, EventLog, GaussianEvent, sigma_for_rho
 from streamdp.privacy.noise import GaussianSampler
@@ -144,18 +144,20 @@ class WarmupSketch:
         self.d, self.k_prime, self.clip, self.seed = d, k_prime, float(clip), int(seed)
         self.omega = test_matrix(d, k_prime, seed)
         self._omega_rn2 = np.einsum("ij,ij->i", self.omega, self.omega)
-        self.yacc = np.zeros((d, k_prime))
-        self.a2 = np.zeros(d)
-        self.yacc_lo = np.zeros((d, k_prime))     # compensation parts (value = acc + lo)
-        self.a2_lo = np.zeros(d)
+        # chunks of exactly BATCH_ROWS_MAX documents of this sketch's own sequence (as in
+        # WhitenedSketch): the range sum does not depend on how the callers batched
+        self.acc = ChunkedAccumulator({"yacc": (d, k_prime), "a2": (d,)},
+                                      rounding.BATCH_ROWS_MAX, rows_of=d)
         # histograms of the full-space norms ‖c‖/l, ‖e2‖_F, ‖e3‖_F (3 × 122 bins)
         self.norm_hist = np.zeros((len(NORM_BLOCKS), len(NORM_BIN_EDGES) + 1))
         self.n_docs = 0
         self._n_clipped = 0            # in processed chunks
-        # chunks of exactly BATCH_ROWS_MAX documents of this sketch's own sequence (as in
-        # WhitenedSketch): the range sum does not depend on how the callers batched
-        self.pending = PendingRows(d, rounding.BATCH_ROWS_MAX)
-        self.pending_weights = np.ones(0)     # the pending rows' user-level weights
+
+    # the accumulators' parts as attributes: the arrays themselves (value = acc + lo)
+    yacc, a2 = Part(), Part()
+    yacc_lo, a2_lo = Part("yacc", low=True), Part("a2", low=True)
+    pending = property(lambda self: self.acc.pending, doc="the open chunk's rows")
+    pending_weights = property(lambda self: self.acc.pending_weights)
 
     def update(self, X, weights=None, in_histogram=None) -> "WarmupSketch":
         """Add warm-up documents. User-level unit (:mod:`streamdp.privacy.user_bounding`):
@@ -199,24 +201,19 @@ class WarmupSketch:
             for b, n in enumerate(norms):
                 self.norm_hist[b] += np.bincount(np.searchsorted(NORM_BIN_EDGES, n, side="right"),
                                                  weights=hw, minlength=self.norm_hist.shape[1])
-        self.pending_weights = self.pending.feed_weighted(X, w, self.pending_weights,
-                                                          self._update_chunk)
+        self.acc.feed(X, w, self._update_chunk)
         return self
 
     def _flush_pending(self) -> None:
         """Process the pending rows as this sketch's final chunk (ends its chunk sequence)."""
-        if self.pending.n:
-            self._update_chunk(self.pending.take(), self.pending_weights)
-            self.pending_weights = np.ones(0)
+        self.acc.close(self._update_chunk)
 
     def copy(self) -> "WarmupSketch":
         """An independent copy of the state (Ω, public, is shared: never written)."""
         out = object.__new__(WarmupSketch)
         out.__dict__.update(self.__dict__)
-        for name in ("yacc", "a2", "yacc_lo", "a2_lo", "norm_hist"):
-            setattr(out, name, getattr(self, name).copy())
-        out.pending = self.pending.copy()
-        out.pending_weights = self.pending_weights.copy()
+        out.norm_hist = self.norm_hist.copy()
+        out.acc = self.acc.copy()
         return out
 
     def _update_chunk(self, X, weights: np.ndarray | None = None) -> None:
@@ -229,8 +226,8 @@ class WarmupSketch:
             scale = scale * weights          # user-level weight (docs/privacy.md)
         w2 = scale / (lengths * (lengths - 1))
         Xt = X.T.tocsr()
-        rounding.accumulate(self.yacc, self.yacc_lo, Xt @ (U * w2[:, None]))
-        rounding.accumulate(self.a2, self.a2_lo, Xt @ w2)
+        self.acc.add("yacc", Xt @ (U * w2[:, None]))
+        self.acc.add("a2", Xt @ w2)
         self._n_clipped += int(np.count_nonzero(scale < 1))
 
     def _scale(self, X, lengths, U) -> np.ndarray:
@@ -318,8 +315,7 @@ class WarmupSketch:
         if other.pending.n:
             other = other.copy()
             other._flush_pending()
-        rounding.merge_into(self.yacc, self.yacc_lo, other.yacc, other.yacc_lo)
-        rounding.merge_into(self.a2, self.a2_lo, other.a2, other.a2_lo)
+        self.acc.merge(other.acc)
         self.norm_hist += other.norm_hist
         self.n_docs += other.n_docs
         self._n_clipped += other._n_clipped     # other: flushed above
@@ -331,8 +327,7 @@ class WarmupSketch:
             work = self.copy()
             work._flush_pending()
             return work.range_sum()
-        return (rounding.collapse(self.yacc, self.yacc_lo)
-                - rounding.collapse(self.a2, self.a2_lo)[:, None] * self.omega)
+        return self.acc.value("yacc") - self.acc.value("a2")[:, None] * self.omega
 
     def plan(self, rho: float | None, *, partition: str = WARMUP,
              sensitivity_factor: float = 1.0,
@@ -396,9 +391,7 @@ class WarmupSketch:
                           "yacc": ser.pack_array(self.yacc), "a2": ser.pack_array(self.a2),
                           "yacc_lo": ser.pack_array(self.yacc_lo), "a2_lo": ser.pack_array(self.a2_lo),
                           "norm_hist": ser.pack_array(self.norm_hist),
-                          "pending": self.pending.to_dict(),
-                          **({"pending_weights": ser.pack_array(self.pending_weights)}
-                             if np.any(self.pending_weights != 1.0) else {})})
+                          **self.acc.rows_to_dict()})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "WarmupSketch":
@@ -408,15 +401,14 @@ class WarmupSketch:
         out.yacc = ser.unpack_array(obj["yacc"], name="yacc")
         out.a2 = ser.unpack_array(obj["a2"], name="a2")
         if "yacc_lo" in obj:          # states written before compensation existed have none
-            out.yacc_lo = ser.unpack_array(obj["yacc_lo"], name="yacc_lo").copy()
-            out.a2_lo = ser.unpack_array(obj["a2_lo"], name="a2_lo").copy()
+            out.acc.lo["yacc"] = ser.unpack_array(obj["yacc_lo"], name="yacc_lo").copy()
+            out.acc.lo["a2"] = ser.unpack_array(obj["a2_lo"], name="a2_lo").copy()
             if out.yacc_lo.shape != out.yacc.shape or out.a2_lo.shape != out.a2.shape:
                 raise ser.SchemaError("warm-up compensation arrays have the wrong shape")
         out.norm_hist = ser.unpack_array(obj["norm_hist"], name="norm_hist")
         out.n_docs, out._n_clipped = int(obj["n_docs"]), int(obj["n_clipped"])
         # states written before pending rows existed have none
-        out.pending = PendingRows.from_dict(obj.get("pending"), out.d, rounding.BATCH_ROWS_MAX)
-        out.pending_weights = _pending_weights_from(obj.get("pending_weights"), out.pending.n)
+        out.acc.load_rows(obj)
         return out
 
 
