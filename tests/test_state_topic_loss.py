@@ -44,6 +44,13 @@ def _lose_state_topic(bootstrap: str, names) -> None:
     ensure_topics(bootstrap, names, partitions=2)
 
 
+def _files_next_to(ledger: str) -> list[str]:
+    """The side effects a refused start could leave on disk: the files in the ledger's folder
+    (a ledger, its ``.lease``, anything else)."""
+    folder = Path(ledger).parent
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
 def _state_records(bootstrap: str, names) -> dict:
     with StateStore(None, bootstrap, names.state) as store:
         return store.read_all_latest()
@@ -68,6 +75,7 @@ def test_a_lost_state_topic_is_refused_and_a_confirmed_restart_is_recorded(kafka
     assert _state_records(bootstrap, names) == {}
     ledger = Path(cfg.ledger)
     before = ledger.read_bytes()
+    files = _files_next_to(cfg.ledger)
 
     # the ledger kept: refused, naming the loss and the recovery, before any side effect
     t0 = time.monotonic()
@@ -80,6 +88,7 @@ def test_a_lost_state_topic_is_refused_and_a_confirmed_restart_is_recorded(kafka
     assert names.snapshots in msg and "restore the state topic" in msg, msg
     assert "confirm_state_loss" in msg, msg
     assert ledger.read_bytes() == before
+    assert _files_next_to(cfg.ledger) == files
     assert _state_records(bootstrap, names) == {}
 
     # the obvious fix, a fresh ledger: refused too (the snapshots topic proves the releases)
@@ -88,6 +97,9 @@ def test_a_lost_state_topic_is_refused_and_a_confirmed_restart_is_recorded(kafka
         ReleaseService(fresh)
     assert "committed draw(s)" not in str(info.value) and names.snapshots in str(info.value)
     assert not Path(fresh.ledger).exists()
+    # no file next to the ledger either: no new ledger, no .lease (the lease was taken before
+    # the state-loss check until this test was written)
+    assert _files_next_to(fresh.ledger) == files, "a refused start left a file next to the ledger"
     assert _state_records(bootstrap, names) == {}
 
     # confirmed on the old ledger: refused (its reservations are spent)
@@ -122,12 +134,14 @@ def test_a_deployment_that_released_only_its_warm_up_and_lost_the_ledger_too_is_
                  check=pipe.check)
     _lose_state_topic(bootstrap, names)
     lost_ledger = replace(cfg, ledger=str(tmp_path / "after-the-volume-was-lost.jsonl"))
+    files = _files_next_to(lost_ledger.ledger)
     with pytest.raises(ConfigError, match="state topic was lost") as info:
         ReleaseService(lost_ledger)
     msg = str(info.value)
     assert names.control in msg and "subspace_ready" in msg, msg
     assert "committed draw(s)" not in msg and "snapshots topic" not in msg, msg
     assert not Path(lost_ledger.ledger).exists()
+    assert _files_next_to(lost_ledger.ledger) == files     # no .lease, nothing else
     assert _state_records(bootstrap, names) == {}
 
 
@@ -150,11 +164,13 @@ def test_a_new_deployment_on_documents_an_earlier_deployment_released_is_refused
              "the deployment's topics to be deleted")
     ensure_topics(bootstrap, names, partitions=2)
     new = replace(cfg, ledger=str(tmp_path / "new-deployment-ledger.jsonl"))
+    files = _files_next_to(new.ledger)
     with pytest.raises(ConfigError, match="state topic was lost") as info:
         ReleaseService(new)
     msg = str(info.value)
     assert names.documents in msg and "streamdp-released" in msg, msg
     assert not Path(new.ledger).exists()
+    assert _files_next_to(new.ledger) == files             # no .lease, nothing else
     assert _state_records(bootstrap, names) == {}
     # confirmed: accepted and recorded with the marker as evidence
     ReleaseService(replace(new, confirm_state_loss=True)).close()

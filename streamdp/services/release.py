@@ -110,7 +110,8 @@ from streamdp.services.release_sinks import ReleaseSinks
 from streamdp.services.release_writer import (SPENT_KEYS, WRITER_KEY, Fenced,  # noqa: F401
                                               WriterWatch,
                                               LeaseHeld, ReleaseLease, ReleaseWriter, bind_ledger,
-                                              check_ledger, check_release_records, spent_records,
+                                              check_ledger, check_ledger_present,
+                                              check_release_records, spent_records,
                                               writer_transactional_id)
 from streamdp.snapshot import TopicSnapshot
 from streamdp.tensor.power_method import PowerMethodConfig
@@ -142,8 +143,9 @@ class ReleaseService:
         self._closed = False
         self.cfg = cfg
         # Every refusal comes before any side effect (issue 25): vocabulary, broker, key, then
-        # the read-only checks (contract, privacy mode, ledger), then lease, ledger, marker,
-        # contract record and - last - the transactional init that fences the running writer.
+        # the read-only checks (contract, privacy mode, release records, state loss, stream
+        # start, a missing ledger), then lease, ledger, marker, contract record and - last - the
+        # transactional init that fences the running writer.
         self._control_key_bytes = None
         self.topics = cfg.topics
         self.vocabulary = self.d = self.k_prime = None
@@ -173,7 +175,7 @@ class ReleaseService:
                          [cfg.topics.snapshots, cfg.topics.state, cfg.topics.control])
         finally:
             reader.close()
-        self.lease = ReleaseLease(cfg.ledger)
+        self.lease: ReleaseLease | None = None     # taken after the last read-only refusal
         self.writer = ReleaseWriter(cfg, self._set_fenced)
         self.spend = None
         try:
@@ -197,11 +199,16 @@ class ReleaseService:
                 ledger = Path(cfg.ledger)
                 check_stream_start(cfg, first_start=not known and not (
                     ledger.is_file() and ledger.stat().st_size > 0))
+                if cfg.private:
+                    check_ledger_present(cfg, known)
+                # the first side effects, after every read-only refusal: the lease file (and
+                # its folder), then the ledger, the privacy-mode marker and the contract record
+                self.lease = ReleaseLease(cfg.ledger)
+                self.accountant = bind_ledger(cfg, known) if cfg.private else None
                 check_privacy_mode(cfg, reader, role="release",   # never private -> non-private;
                                    document_partitions=(         # the unit never changes
                                        documents_partition_count(cfg)
                                        if cfg.privacy_unit == "user" else None))
-                self.accountant = bind_ledger(cfg, known) if cfg.private else None
                 if record:                       # first start (or first since the contract)
                     record_contract(cfg, reader, contract, role="release service")
             finally:
@@ -269,7 +276,8 @@ class ReleaseService:
             self.metrics.set_tree(0, cfg.horizon)
             self._restore()
         except BaseException:
-            self.lease.close()      # a failed start must not keep the single-writer lease
+            if self.lease is not None:  # a failed start must not keep the single-writer lease
+                self.lease.close()
             if self.writer.store is not None:
                 try:
                     self.writer.store.close()

@@ -156,10 +156,8 @@ def bind_ledger(cfg: ServiceConfig, recs: dict) -> Accountant:
     ledger that paid for them. The local ledger must extend that head. A deployment
     that has spent (a subspace or release state exists) never gets a fresh ledger.
     """
+    check_ledger_present(cfg, recs)
     path = os.path.abspath(cfg.ledger)
-    if spent_records(recs) and (not os.path.exists(path) or os.path.getsize(path) == 0):
-        raise ConfigError(f"ledger {path} is missing or empty, but {_kafka_says(cfg, recs)}. "
-                          f"{LEDGER_FIX}.")
     try:
         acc = Accountant(cfg.epsilon, cfg.delta, FileLedger(path),
                          unit=cfg.privacy_unit)        # the ledger records the unit and checks it
@@ -168,6 +166,16 @@ def bind_ledger(cfg: ServiceConfig, recs: dict) -> Accountant:
                           "(epsilon, delta) and privacy_unit the ledger records") from exc
     check_ledger(cfg, acc, recs)
     return acc
+
+
+def check_ledger_present(cfg: ServiceConfig, recs: dict) -> None:
+    """Refuse a missing or empty ledger when Kafka's release records say the deployment spent.
+    Read-only: the release service runs it before it takes the lease (issue 25: a refused start
+    leaves no file), and :func:`bind_ledger` again under the lease."""
+    path = os.path.abspath(cfg.ledger)
+    if spent_records(recs) and (not os.path.exists(path) or os.path.getsize(path) == 0):
+        raise ConfigError(f"ledger {path} is missing or empty, but {_kafka_says(cfg, recs)}. "
+                          f"{LEDGER_FIX}.")
 
 
 def check_ledger(cfg: ServiceConfig, acc: Accountant, recs: dict) -> None:
