@@ -204,7 +204,7 @@ def _given_fields(a) -> set[str]:
 def _check_producer_contract(a, cfg) -> None:
     """Refuse to produce when a given field disagrees with the recorded deployment contract."""
     from streamdp.kafka.clients import open_state_store
-    from streamdp.kafka.state_store import StateTopicMissing
+    from streamdp.kafka.state_errors import StateTopicMissing
     from streamdp.services.contract import check_producer_arguments
     try:
         store = open_state_store(cfg.bootstrap, cfg.kafka, cfg.topics.state)

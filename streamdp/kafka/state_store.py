@@ -6,20 +6,8 @@ covers) is one opaque ``payload`` of up to many megabytes, stored under a logica
 record and seeking to its offsets makes a crash anywhere neither lose nor
 double-count a document; this module provides the durable, never-torn record.
 
-Record format (msgpack, DESIGN §6)
-----------------------------------
-Chunks, Kafka key ``f"{key}/g{generation}/chunk/{index}"``::
-
-    {kind: "state_chunk", v: 1, key, generation, index, n_chunks, data: bytes}
-
-then, written LAST, the manifest, Kafka key ``f"{key}/manifest"``::
-
-    {kind: "state_manifest", v: 1, key, generation, n_chunks, sha256 (hex of the
-     whole payload), size, meta (a small map), created_at (unix seconds)}
-
-Every record of one key goes to the same partition, ``crc32(key) % partitions``,
-so the log orders a key's chunks before its manifest. Chunks are at most
-``chunk_bytes`` (default 512 KiB; below real Kafka's ~1 MB default message size).
+The record format, its key scheme and the pure reader that verifies records are in
+:mod:`streamdp.kafka.state_records`; the errors in :mod:`streamdp.kafka.state_errors`.
 
 Crash safety
 ------------
@@ -98,250 +86,34 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import time
 import uuid
-import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable
 
 from confluent_kafka import (OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer,
                              TopicPartition)
 
 from streamdp.errors import StateStoreError
+from streamdp.kafka.state_errors import (StateReadError, StateTopicMissing, StateWriteError,
+                                         WriterFenced, WriterReinitialised, FENCED_CODES,
+                                         kafka_error)
+from streamdp.kafka.state_records import (CHUNK_KIND, DEFAULT_CHUNK_BYTES, MANIFEST_KIND,
+                                          MAX_MANIFEST_BYTES, MAX_RECORD_BYTES, StateRecord,
+                                          StateScan, VERSION, check_key, chunk_key, manifest_key,
+                                          partition_for)
 from streamdp.kafka.topics import client_config
 from streamdp.serialization import SchemaError, dumps, loads
 
+# Tests import the record format and the errors from the store's module too (re-exports only)
+from streamdp.kafka.state_records import latest_from_records, parse_kafka_key  # noqa: F401
+
 log = logging.getLogger(__name__)
-
-CHUNK_KIND = "state_chunk"
-MANIFEST_KIND = "state_manifest"
-VERSION = 1
-
-#: Default chunk size; with msgpack framing a chunk record stays below real
-#: Kafka's default ``message.max.bytes`` of 1,048,588 bytes.
-DEFAULT_CHUNK_BYTES = 512 * 1024
-#: Upper bound of an encoded manifest (its ``meta`` map must be small).
-MAX_MANIFEST_BYTES = 256 * 1024
-#: Upper bound accepted when decoding any state record.
-MAX_RECORD_BYTES = 64 * 1024 * 1024
-MAX_KEY_CHARS = 512
-
-_CHUNK_SUFFIX = re.compile(r"^(?P<key>.+)/g(?P<gen>[0-9]+)/chunk/(?P<idx>[0-9]+)$", re.S)
-_MANIFEST_SUFFIX = "/manifest"
-
-
-class StateWriteError(StateStoreError):
-    """A state record could not be written completely (no manifest was written
-    unless the message says otherwise; the previous state is still the latest)."""
-
-
-class WriterFenced(StateWriteError):
-    """A newer writer with the same ``transactional.id`` fenced this one: stop writing."""
-
-
-class WriterReinitialised(StateWriteError):
-    """The transactional producer hit a fatal error that is not fencing: it was re-created
-    with the same ``transactional.id`` (``init_transactions`` bumps the producer epoch and
-    aborts whatever the old one left open). Nothing of the failed write is committed; the
-    caller re-validates its state against Kafka before writing again."""
-
-
-_FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
-                 KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
-
-
-def _kafka_error(exc: BaseException) -> KafkaError | None:
-    """The KafkaError behind ``exc`` (confluent-kafka may wrap it in a SystemError)."""
-    for e in (exc, exc.__cause__, exc.__context__):
-        if isinstance(e, KafkaException) and e.args and isinstance(e.args[0], KafkaError):
-            return e.args[0]
-    return None
-
-
-class StateReadError(StateStoreError):
-    """The state topic could not be read to its end offsets."""
-
-
-class StateTopicMissing(StateReadError, ValueError):
-    """The state topic does not exist: a setup error (the CLI prints it as one line, exit 2)."""
-
 
 _CREATE_TOPICS = ("create the deployment's topics first: `streamdp produce --config FILE "
                   "--create-topics CORPUS` creates them (streamdp.kafka.topics.ensure_topics from "
                   "Python; on Kubernetes the KafkaTopic resources of k8s/), and check "
                   "'topic_prefix'")
-
-
-class StateRecord(NamedTuple):
-    payload: bytes
-    meta: dict
-    generation: int
-
-
-# ------------------------------------------------------------------ key format
-def chunk_key(key: str, generation: int, index: int) -> str:
-    return f"{key}/g{generation}/chunk/{index}"
-
-
-def manifest_key(key: str) -> str:
-    return f"{key}{_MANIFEST_SUFFIX}"
-
-
-def parse_kafka_key(kafka_key: str) -> tuple[str, str, int | None, int | None] | None:
-    """``(key, "chunk"|"manifest", generation, index)`` or None if not ours."""
-    if kafka_key.endswith(_MANIFEST_SUFFIX) and len(kafka_key) > len(_MANIFEST_SUFFIX):
-        return kafka_key[: -len(_MANIFEST_SUFFIX)], "manifest", None, None
-    m = _CHUNK_SUFFIX.match(kafka_key)
-    if m:
-        return m["key"], "chunk", int(m["gen"]), int(m["idx"])
-    return None
-
-
-def check_key(key: str) -> str:
-    if not isinstance(key, str) or not key or len(key) > MAX_KEY_CHARS or "\x00" in key:
-        raise ValueError(f"state key must be a non-empty str of at most {MAX_KEY_CHARS} chars "
-                         f"without NUL, got {key!r}")
-    return key
-
-
-def partition_for(key: str, n_partitions: int) -> int:
-    """The state topic partition of every record of ``key`` (stable across processes)."""
-    return zlib.crc32(key.encode("utf-8")) % n_partitions
-
-
-# ------------------------------------------------------------ the pure reader
-@dataclass
-class _KeyScan:
-    chunks: dict[int, dict[int, bytes]] = field(default_factory=dict)  # gen -> idx -> data
-    pending: dict[int, dict] = field(default_factory=dict)             # gen -> manifest
-    best: StateRecord | None = None
-    max_generation: int = 0
-    live_chunks: set[tuple[int, int]] = field(default_factory=set)     # (gen, idx), not tombstoned
-
-    def verify(self, gen: int) -> StateRecord | None:
-        m = self.pending.get(gen)
-        if m is None:
-            return None
-        parts = self.chunks.get(gen, {})
-        n = m["n_chunks"]
-        if any(i not in parts for i in range(n)):
-            return None
-        payload = b"".join(parts[i] for i in range(n))
-        if len(payload) != m["size"] or hashlib.sha256(payload).hexdigest() != m["sha256"]:
-            log.warning("state %r generation %d: chunks do not match the manifest (size %d/%d)",
-                        m["key"], gen, len(payload), m["size"])
-            return None
-        return StateRecord(payload, m["meta"], gen)
-
-    def accept(self, rec: StateRecord) -> None:
-        self.best = rec
-        # Everything at or below the accepted generation is superseded: free it.
-        for g in [g for g in self.chunks if g <= rec.generation]:
-            del self.chunks[g]
-        for g in [g for g in self.pending if g <= rec.generation]:
-            del self.pending[g]
-
-
-class StateScan:
-    """Fold over state-topic records in log order (per partition); pure logic.
-
-    ``add(kafka_key, value)`` for each record (value None = tombstone), then
-    :meth:`result`. Only keys for which ``want(key)`` is true are kept.
-    """
-
-    def __init__(self, want: Callable[[str], bool] = lambda key: True):
-        self.want = want
-        self.keys: dict[str, _KeyScan] = {}
-        self.skipped = 0
-
-    def _skip(self, why: str, kafka_key: str) -> None:
-        self.skipped += 1
-        log.warning("skipping state record %r: %s", kafka_key, why)
-
-    def add(self, kafka_key: bytes | str | None, value: bytes | None) -> None:
-        if kafka_key is None:
-            return self._skip("no key", "")
-        if isinstance(kafka_key, bytes):
-            try:
-                kafka_key = kafka_key.decode("utf-8")
-            except UnicodeDecodeError:
-                return self._skip("key is not UTF-8", repr(kafka_key))
-        parsed = parse_kafka_key(kafka_key)
-        if parsed is None:
-            return self._skip("not a state record key", kafka_key)
-        key, kind, gen, idx = parsed
-        if not self.want(key):
-            return
-        ks = self.keys.setdefault(key, _KeyScan())
-        if value is None:  # tombstone
-            if kind == "manifest":
-                self.keys[key] = _KeyScan(max_generation=ks.max_generation, live_chunks=ks.live_chunks)
-            else:
-                ks.live_chunks.discard((gen, idx))
-                ks.chunks.get(gen, {}).pop(idx, None)
-            return
-        try:
-            rec = loads(value, max_bytes=MAX_RECORD_BYTES)
-            if not isinstance(rec, dict) or rec.get("v") != VERSION or rec.get("kind") != (
-                    CHUNK_KIND if kind == "chunk" else MANIFEST_KIND):
-                raise SchemaError(f"expected a v{VERSION} {kind} record, got "
-                                  f"{rec.get('kind') if isinstance(rec, dict) else type(rec).__name__!r} "
-                                  f"v{rec.get('v') if isinstance(rec, dict) else '?'}")
-            if rec.get("key") != key:
-                raise SchemaError(f"record key {rec.get('key')!r} does not match the Kafka key")
-            rgen, n = rec["generation"], rec["n_chunks"]
-            if not (isinstance(rgen, int) and isinstance(n, int) and rgen >= 0 and n >= 0):
-                raise SchemaError("bad generation or n_chunks")
-            if kind == "chunk":
-                if rgen != gen or rec["index"] != idx or not (0 <= idx < n) \
-                        or not isinstance(rec["data"], bytes):
-                    raise SchemaError("chunk fields do not match the Kafka key")
-            else:
-                if not (isinstance(rec["size"], int) and isinstance(rec["sha256"], str)
-                        and isinstance(rec["meta"], dict)):
-                    raise SchemaError("bad size, sha256 or meta")
-        except (SchemaError, KeyError, TypeError) as exc:
-            return self._skip(str(exc), kafka_key)
-
-        ks.max_generation = max(ks.max_generation, rgen)
-        if kind == "chunk":
-            ks.live_chunks.add((gen, idx))
-            if ks.best is None or gen > ks.best.generation:
-                ks.chunks.setdefault(gen, {})[idx] = rec["data"]
-            return
-        if ks.best is not None and rgen <= ks.best.generation:
-            return  # an older (or repeated) manifest: nothing new
-        ks.pending[rgen] = rec
-        verified = ks.verify(rgen)
-        if verified is not None:
-            ks.accept(verified)
-
-    def result(self) -> dict[str, StateRecord]:
-        """Newest complete, hash-verified record per key (keys without one omitted)."""
-        out = {}
-        for key, ks in self.keys.items():
-            # Manifests whose chunks were not all there when they arrived; only
-            # possible across a change of the partition count. Newest first.
-            for gen in sorted(ks.pending, reverse=True):
-                if ks.best is not None and gen <= ks.best.generation:
-                    break
-                rec = ks.verify(gen)
-                if rec is not None:
-                    ks.accept(rec)
-                    break
-            if ks.best is not None:
-                out[key] = ks.best
-        return out
-
-
-def latest_from_records(records: Iterable[tuple[bytes | str | None, bytes | None]],
-                        want: Callable[[str], bool] = lambda key: True) -> dict[str, StateRecord]:
-    """:class:`StateScan` over ``(kafka_key, value)`` pairs in log order."""
-    scan = StateScan(want)
-    for k, v in records:
-        scan.add(k, v)
-    return scan.result()
 
 
 # ------------------------------------------------------------------ the store
@@ -357,7 +129,7 @@ class _Deliveries:
 
     def callback(self, err, msg) -> None:
         if err is not None:
-            if err.code() in _FENCED_CODES:
+            if err.code() in FENCED_CODES:
                 self.fenced = True
             elif err.fatal():
                 self.fatal = err
@@ -493,10 +265,10 @@ class StateStore:
         try:
             remaining = self.producer.flush(self.flush_timeout)
         except Exception as exc:     # a fatal (e.g. fenced) producer error surfaces here
-            err = _kafka_error(exc)
+            err = kafka_error(exc)
             # a transactional writer tells fencing from other fatal errors (write() re-creates
             # the producer for the latter); a plain idempotent producer is dead either way
-            if err is not None and (err.code() in _FENCED_CODES
+            if err is not None and (err.code() in FENCED_CODES
                                     or (err.fatal() and not self.transactional)):
                 raise WriterFenced(f"{what}: {err}") from exc
             raise
@@ -531,8 +303,8 @@ class StateStore:
             generation = self._write(key, payload, meta, gc=False)
             self.producer.commit_transaction(self.flush_timeout)
         except Exception as exc:
-            err = _kafka_error(exc)
-            fenced = isinstance(exc, WriterFenced) or (err is not None and err.code() in _FENCED_CODES)
+            err = kafka_error(exc)
+            fenced = isinstance(exc, WriterFenced) or (err is not None and err.code() in FENCED_CODES)
             fatal = not fenced and err is not None and err.fatal()
             if not fenced and not fatal:
                 # abortable (or an outage): abort, so the next write starts a clean transaction
@@ -569,8 +341,8 @@ class StateStore:
         try:
             self.producer.abort_transaction(self.flush_timeout)
         except Exception as abort_exc:       # noqa: BLE001
-            aerr = _kafka_error(abort_exc)
-            fenced = (aerr is not None and aerr.code() in _FENCED_CODES) \
+            aerr = kafka_error(abort_exc)
+            fenced = (aerr is not None and aerr.code() in FENCED_CODES) \
                 or "fenced" in str(abort_exc).lower()
             fatal = not fenced and aerr is not None and aerr.fatal()
             if fenced or fatal:

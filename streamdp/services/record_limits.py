@@ -28,7 +28,7 @@ import numpy as np
 from confluent_kafka import KafkaException
 
 from streamdp.kafka.clients import service_client_config
-from streamdp.kafka.state_store import DEFAULT_CHUNK_BYTES
+from streamdp.kafka.state_records import DEFAULT_CHUNK_BYTES
 from streamdp.kafka.topics import MESSAGE_MAX_BYTES, TopicNames, describe_topic_config
 
 MAX_MESSAGE_BYTES = "max.message.bytes"

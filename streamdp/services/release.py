@@ -78,7 +78,7 @@ from streamdp.moments.clipping import ClipBounds
 from streamdp.observability.health import HealthState
 from streamdp.observability.http_server import ObservabilityServer
 from streamdp.observability.service_metrics import ServiceMetrics
-from streamdp.kafka.state_store import WriterFenced, WriterReinitialised
+from streamdp.kafka.state_errors import WriterFenced, WriterReinitialised
 from streamdp.privacy.accountant import BudgetExhausted
 from streamdp.privacy.spend import SpendSession, recommit_kept
 from streamdp.privacy.noise import make_sampler

@@ -36,7 +36,8 @@ from confluent_kafka import Producer
 
 from streamdp.kafka.clients import service_client_config
 from streamdp.kafka.connectivity import client_extras
-from streamdp.kafka.state_store import StateStore, WriterFenced
+from streamdp.kafka.state_errors import WriterFenced
+from streamdp.kafka.state_store import StateStore
 from streamdp.privacy.accountant import Accountant, LedgerMismatch
 from streamdp.privacy.ledger import FileLedger, ledger_head
 from streamdp.services import control
