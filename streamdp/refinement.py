@@ -176,15 +176,18 @@ def _warm_kernel() -> None:
     model, not on its first batch of documents."""
     one = np.zeros(1, dtype=np.int32)
     _kernel()(one, one[:0], np.zeros(0), np.zeros((1, 1)), np.ones(1), 1,
-              np.empty((0, 1)), np.empty((0, 1)))
+              np.empty((0, 1)), np.empty((0, 1)), np.ones(0), True)
 
 
-def _fold_in_canonical(X: sp.csr_matrix, phiT: np.ndarray, alpha: np.ndarray, n_iter: int):
+def _fold_in_canonical(X: sp.csr_matrix, phiT: np.ndarray, alpha: np.ndarray, n_iter: int,
+                       norms: np.ndarray | None = None):
     """:func:`fold_in` of a canonical CSR batch (:func:`as_count_batch`), Φᵀ C-contiguous
-    float64 (d, k), α already floored."""
+    float64 (d, k), α already floored. ``norms`` (n,), the rows' ‖c‖₂: ``resp`` is scaled to
+    the R_d entries c_w · r_·w / ‖c‖₂ as the kernel writes it (one pass fewer)."""
     n, k = X.shape[0], phiT.shape[1]
     theta, resp = np.empty((n, k)), np.empty((X.nnz, k))
-    _kernel()(X.indptr, X.indices, X.data, phiT, alpha, int(n_iter), theta, resp)
+    _kernel()(X.indptr, X.indices, X.data, phiT, alpha, int(n_iter), theta, resp,
+              np.ones(0) if norms is None else norms, norms is not None)
     return theta, resp
 
 
@@ -315,16 +318,15 @@ class RefinementModel:
         if alpha is None:
             alpha = _fold_in_alpha(self.alpha, self.topic_word.shape[0])
             self.__dict__["_alpha"] = alpha
-        rows = _row_ids(Xb)
-        _, resp = _fold_in_canonical(Xb, phiT, alpha, self.fold_in_iter)
         norms = np.sqrt(_segment_sum(Xb.data * Xb.data, Xb.indptr))
-        vals = resp
-        vals *= (Xb.data / np.where(norms > 0, norms, 1.0)[rows])[:, None]   # (nnz, k)
+        # (nnz, k): c_w · r_·w / ‖c‖₂, scaled by the kernel as it writes the responsibilities
+        _, vals = _fold_in_canonical(Xb, phiT, alpha, self.fold_in_iter,
+                                     np.where(norms > 0, norms, 1.0))
         # floating-point guard: any document whose computed norm exceeds 1 is scaled to 1
         fro = np.sqrt(_segment_sum(np.einsum("ij,ij->i", vals, vals), Xb.indptr))
         over = fro > 1.0
         if over.any():
-            vals *= np.where(over, 1.0 / np.where(over, fro, 1.0), 1.0)[rows][:, None]
+            vals *= np.where(over, 1.0 / np.where(over, fro, 1.0), 1.0)[_row_ids(Xb)][:, None]
         return vals, int((norms > 0).sum())
 
     def contributions(self, X) -> tuple[np.ndarray, int]:

@@ -8,6 +8,12 @@ document's values must be its own: bit-identical alone, in any block, in any pos
 """
 from __future__ import annotations
 
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -135,8 +141,8 @@ def test_frobenius_guard_scales_terms_the_kernel_got_wrong(monkeypatch):
     X = _corpus(rng, 20)
     kernel = R._kernel()
 
-    def inflated(indptr, indices, counts, phiT, a, n_iter, theta, resp):
-        kernel(indptr, indices, counts, phiT, a, n_iter, theta, resp)
+    def inflated(indptr, indices, counts, phiT, a, n_iter, theta, resp, norms, scaled):
+        kernel(indptr, indices, counts, phiT, a, n_iter, theta, resp, norms, scaled)
         resp *= 7.0
 
     monkeypatch.setattr(R, "_kernel", lambda: inflated)
@@ -146,3 +152,69 @@ def test_frobenius_guard_scales_terms_the_kernel_got_wrong(monkeypatch):
         if part.size:
             assert np.linalg.norm(part) == pytest.approx(1.0, rel=1e-12)
             assert np.linalg.norm(part) <= 1.0 + 1e-9
+
+
+def _random_batch(rng, n, d):
+    """Rows of random length (0 to 3·k words, a tenth empty, a tenth one word), counts 1–4."""
+    rows = []
+    for _ in range(n):
+        kind = rng.random()
+        m = 0 if kind < 0.1 else 1 if kind < 0.2 else int(rng.integers(2, 61))
+        row = np.zeros(d)
+        row[rng.choice(d, size=m, replace=False)] = rng.integers(1, 5, size=m)
+        rows.append(row)
+    return sp.csr_matrix(np.array(rows))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kernel_matches_the_reference_on_random_batches(seed):
+    """The compiled sweeps (words' normalisers summed eight words side by side) give the
+    written-out sweeps' values on random batches at k = 20: lengths from 0 to 60 words (so
+    every number of whole eight-word groups and remainders), empty and one-word rows, and
+    the R_d values the kernel scales as it writes them."""
+    rng = np.random.default_rng(100 + seed)
+    k, d = 20, 150
+    phi, alpha = _model(rng, k, d)
+    X = _random_batch(rng, 80, d)
+    assert {0, 1} <= set(np.diff(X.indptr)) and np.diff(X.indptr).max() > 40
+    theta, resp = R.fold_in(X, phi, alpha, n_iter=5)
+    vals, n = R.RefinementModel(phi, alpha, fold_in_iter=5).document_terms(X)
+    assert n == int((np.diff(X.indptr) > 0).sum())
+    for i in range(X.shape[0]):
+        row = X[i].toarray().ravel()
+        th, r = reference_fold_in(row, phi, alpha, 5)
+        part = slice(X.indptr[i], X.indptr[i + 1])
+        np.testing.assert_allclose(theta[i], th, rtol=1e-12, atol=0)
+        np.testing.assert_allclose(resp[part], r, rtol=1e-12, atol=0)
+        np.testing.assert_allclose(vals[part], reference_terms(row, phi, alpha, 5),
+                                   rtol=1e-12, atol=0)
+
+
+def test_kernel_compiled_equals_its_python_semantics():
+    """No reassociation or contraction by the compiler: the kernel run as plain Python
+    (NUMBA_DISABLE_JIT=1, another process) gives the compiled kernel's values bit for bit."""
+    rng = np.random.default_rng(7)
+    phi, alpha = _model(rng, 20, 60)
+    X = _random_batch(rng, 12, 60)
+    args = (X.indptr, X.indices, X.data, np.ascontiguousarray(phi.T), np.maximum(alpha, 1e-3), 3)
+    norms = np.sqrt(R._segment_sum(X.data * X.data, X.indptr))
+    norms[norms == 0] = 1.0
+    script = ("import pickle, sys, numpy as np\n"
+              "from streamdp._fold_in_kernel import fold_in_rows\n"
+              "args, norms = pickle.load(sys.stdin.buffer)\n"
+              "out = []\n"
+              "for scaled in (False, True):\n"
+              "    th, r = np.empty((len(args[0]) - 1, 20)), np.empty((len(args[1]), 20))\n"
+              "    fold_in_rows(*args, th, r, norms, scaled)\n"
+              "    out.append((th, r))\n"
+              "sys.stdout.buffer.write(pickle.dumps(out))\n")
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1")
+    done = subprocess.run([sys.executable, "-c", script], input=pickle.dumps((args, norms)),
+                          capture_output=True, env=env, timeout=120, check=True,
+                          cwd=Path(R.__file__).resolve().parents[1])     # this checkout's kernel
+    python_out = pickle.loads(done.stdout)
+    kernel = R._kernel()
+    for scaled, (th_py, r_py) in zip((False, True), python_out):
+        th, r = np.empty_like(th_py), np.empty_like(r_py)
+        kernel(*args, th, r, norms, scaled)
+        assert np.array_equal(th, th_py) and np.array_equal(r, r_py)
