@@ -43,6 +43,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from streamdp.privacy.blt_factorization import BLTParams
+
 #: the display interval of a share (gauges streamdp_topic_share_lower/upper, the report's bands)
 INTERVAL_LEVEL = 0.95
 #: the family-wise false-positive rate of the change test per release (Bonferroni over k)
@@ -79,7 +81,6 @@ def noise_coefficients(snap) -> dict | None:
     t = int(snap.epoch)
     blt = priv.get("blt")
     if blt:
-        from streamdp.privacy.blt import BLTParams
         params = BLTParams.from_dict(blt)
         P = np.cumsum(params.inverse_coefs(t))            # prefix noise = Σ_j P_{t−j} z_j
         unit = sd / math.sqrt(float(np.sum(P * P)))       # = sd / noise_multiplier

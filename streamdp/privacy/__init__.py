@@ -2,7 +2,8 @@
 tree and BLT mechanisms, samplers. See docs/privacy_accounting.md."""
 from streamdp.privacy.accountant import (Accountant, AtomLoads, BudgetExhausted, LedgerMismatch,
                                          Reservation, atom_loads, events_loads)
-from streamdp.privacy.blt import BLTAggregator, BLTParams, default_params, optimize_blt
+from streamdp.privacy.blt import BLTAggregator
+from streamdp.privacy.blt_factorization import BLTParams, default_params, optimize_blt
 from streamdp.privacy.conversions import RHO_RTOL, zcdp_delta, zcdp_epsilon, zcdp_rho
 from streamdp.privacy.events import (STREAM, WARMUP, BudgetSpender, EventLog, GaussianEvent,
                                      Partition, epoch_partition, parse_partition,

@@ -28,9 +28,9 @@ worst document's loss bound. The rounding term does not decay, so the stream has
 horizon T_max (``max_epochs``, default 10⁶): σ is set for ρ/W, W ≥ Σ_{j<T_max}(c_j + ε)²
 (:func:`charged_weight`), and epoch T_max + 1 is refused before reserving.
 
-The parameters (θ, ω) are optimised for a horizon n (max or mean prefix-sum error over
-epochs 1..n times the infinite-horizon ‖c‖²) by :func:`optimize_blt`; past n the error
-keeps growing (linearly in t, slowly) but the privacy guarantee is unchanged (up to T_max).
+The parameters (θ, ω) and their optimisation are in :mod:`streamdp.privacy.blt_factorization`;
+the float rounding bound of the strategy step and what it charges in
+:mod:`streamdp.privacy.blt_rounding`.
 
 State (schema v2): the noised prefix (a DP output), ``nbuf`` public buffers and ``nbuf`` raw
 buffers in double-double — *secret* (exponentially weighted raw epoch sums): protect
@@ -38,295 +38,31 @@ checkpoints like raw data.
 """
 from __future__ import annotations
 
-import functools
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
 
 import numpy as np
 
 from streamdp import serialization as ser
 from streamdp.privacy import rounding
-from streamdp.privacy.events import ROUNDING_SLACK, STREAM, BudgetSpender, EventLog, GaussianEvent
+from streamdp.privacy.blt_factorization import BLTParams
+from streamdp.privacy.blt_rounding import (DEFAULT_MAX_EPOCHS, charged_total, charged_weight,
+                                           rounding_ratio)
+from streamdp.privacy.events import STREAM, BudgetSpender, EventLog, GaussianEvent
 from streamdp.privacy.spend import Codec, spend
 from streamdp.privacy.tree import HorizonExceeded
+
+# Tests and benchmarks import the factorisation and the rounding bound from here too
+# (re-exports only; the code imports them from their modules)
+from streamdp.privacy.blt_factorization import (  # noqa: F401
+    _PARAMS_FILE, default_params, optimize_blt, sqrt_toeplitz_coefs, sqrt_toeplitz_error_profile,
+    tree_error_profile)
+from streamdp.privacy.blt_rounding import calibrate_unit_rho, strategy_rounding_bound  # noqa: F401
 
 V = TypeVar("V")
 
 SCHEMA_VERSION = 2     # v2: raw + public buffers (v1: secret noise buffers)
-_PARAMS_FILE = Path(__file__).with_name("blt_params.json")
-
-
-# ---------------------------------------------------------------------------- parameters
-@dataclass(frozen=True)
-class BLTParams:
-    """θ (buffer decays, 0 < θ < 1) and ω (output scales, > 0) of the strategy matrix C."""
-
-    theta: tuple[float, ...]
-    omega: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        th, om = np.asarray(self.theta, float), np.asarray(self.omega, float)
-        if th.ndim != 1 or th.shape != om.shape or th.size < 1:
-            raise ValueError(f"BLT needs equal-length non-empty θ, ω; got {self.theta}, {self.omega}")
-        if not (np.all(th > 0) and np.all(th < 1) and np.all(om > 0) and np.all(np.isfinite(om))):
-            raise ValueError(f"BLT needs 0 < θ < 1 and ω > 0 (finite column norm); got θ={self.theta}, "
-                             f"ω={self.omega}")
-
-    @property
-    def nbuf(self) -> int:
-        return len(self.theta)
-
-    def to_dict(self) -> dict:
-        return {"theta": [float(x) for x in self.theta], "omega": [float(x) for x in self.omega]}
-
-    @classmethod
-    def from_dict(cls, obj: dict) -> "BLTParams":
-        return cls(tuple(float(x) for x in obj["theta"]), tuple(float(x) for x in obj["omega"]))
-
-    # --------------------------------------------------------- strategy C
-    def coefs(self, n: int) -> np.ndarray:
-        """c_0 … c_{n−1} of C."""
-        th, om = np.asarray(self.theta), np.asarray(self.omega)
-        out = np.empty(n)
-        out[0] = 1.0
-        if n > 1:
-            out[1:] = (th[None, :] ** np.arange(n - 1)[:, None]) @ om
-        return out
-
-    def coefs_l1(self) -> float:
-        """‖c‖₁ = Σ_j c_j = 1 + Σ_i ω_i/(1 − θ_i) (every c_j > 0)."""
-        th, om = np.asarray(self.theta), np.asarray(self.omega)
-        return float(1.0 + np.sum(om / (1.0 - th)))
-
-    def sensitivity_squared(self, n: int | None = None) -> float:
-        """Σ_{j<n} c_j² (n=None: the infinite sum, 1 + Σ ω_iω_k/(1 − θ_iθ_k))."""
-        if n is not None:
-            return float(np.sum(self.coefs(n) ** 2))
-        th, om = np.asarray(self.theta), np.asarray(self.omega)
-        return float(1.0 + om @ (1.0 / (1.0 - np.outer(th, th))) @ om)
-
-    # --------------------------------------------------------- noising C⁻¹
-    def inverse_matrix(self) -> np.ndarray:
-        """A = Θ − 1ωᵀ: the buffer update of C⁻¹ (see :meth:`BLTAggregator.add_epoch`)."""
-        th, om = np.asarray(self.theta), np.asarray(self.omega)
-        return np.diag(th) - np.outer(np.ones_like(th), om)
-
-    def inverse_coefs(self, n: int) -> np.ndarray:
-        """ĉ_0 … ĉ_{n−1} of C⁻¹: ĉ_0 = 1, ĉ_j = −ωᵀ A^{j−1} 1 (A = Θ − 1ωᵀ)."""
-        A, om = self.inverse_matrix(), np.asarray(self.omega)
-        lam, V = np.linalg.eig(A)
-        left = om @ V                                    # ωᵀV
-        right = np.linalg.solve(V, np.ones(self.nbuf))   # V⁻¹1
-        out = np.empty(n)
-        out[0] = 1.0
-        if n > 1:
-            pw = lam[None, :] ** np.arange(n - 1)[:, None]
-            out[1:] = -np.real(pw @ (left * right))
-        return out
-
-    def noise_variance(self, n: int) -> np.ndarray:
-        """Per-coordinate variance of the release noise at epochs 1 … n, in units of σ²."""
-        P = np.cumsum(self.inverse_coefs(n))
-        return np.cumsum(P * P)
-
-    def error_profile(self, n: int) -> np.ndarray:
-        """Release variance at epochs 1 … n in units of Δ²/(2ρ): ‖c‖²_∞ · noise_variance."""
-        return self.sensitivity_squared() * self.noise_variance(n)
-
-
-# ---------------------------------------------------------------------------- references
-def tree_error_profile(n: int) -> np.ndarray:
-    """The binary tree's release variance at epochs 1 … n in units of Δ²/(2ρ): depth·popcount(t)."""
-    depth = int(n).bit_length()
-    return depth * np.array([bin(t).count("1") for t in range(1, n + 1)], dtype=float)
-
-
-def sqrt_toeplitz_coefs(n: int) -> np.ndarray:
-    """Coefficients of (1 − x)^{−1/2} (the square-root factorization C = A^{1/2})."""
-    j = np.arange(1, n)
-    return np.concatenate([[1.0], np.cumprod((2 * j - 1) / (2 * j))])
-
-
-def sqrt_toeplitz_error_profile(n: int) -> np.ndarray:
-    """Square-root factorization (full memory, horizon n): ‖c‖²_n · Σ_{m<t} P_m², C⁻¹ = A^{1/2}."""
-    c = sqrt_toeplitz_coefs(n)
-    P = c.copy()           # partial sums of (1−x)^{1/2} are the coefficients of (1−x)^{−1/2}
-    return float(np.sum(c * c)) * np.cumsum(P * P)
-
-
-# ---------------------------------------------------------------------------- optimisation
-def _unpack(x: np.ndarray, nbuf: int) -> tuple[np.ndarray, np.ndarray]:
-    th = 1.0 / (1.0 + np.exp(-x[:nbuf]))
-    om = np.exp(x[nbuf:])
-    return th, om
-
-
-def _loss(x: np.ndarray, nbuf: int, n: int, objective: str) -> float:
-    th, om = _unpack(x, nbuf)
-    if np.any(th >= 1.0 - 1e-15) or np.any(th <= 0.0) or np.any(om <= 0.0):
-        return 1e6
-    pillutla = float(np.sum(om / th))      # < 1 keeps C⁻¹ well behaved (jax_privacy's penalty)
-    second = float(np.sum(om))              # c_1 < 1: decreasing coefficients
-    if pillutla >= 1.0 or second >= 1.0:
-        return 1e6
-    try:
-        p = BLTParams(tuple(th), tuple(om))
-        var = p.noise_variance(n)
-        sens = p.sensitivity_squared()
-    except (ValueError, np.linalg.LinAlgError):
-        return 1e6
-    err = var[-1] if objective == "max" else float(np.mean(var))
-    if not np.isfinite(err) or err <= 0:
-        return 1e6
-    barrier = -1e-8 * (math.log(1.0 - pillutla) + math.log(1.0 - second)
-                       + float(np.sum(np.log(1.0 - th))))
-    return math.log(sens * err) + barrier
-
-
-def optimize_blt(n: int, nbuf: int = 4, objective: str = "max") -> BLTParams:
-    """Deterministic numerical optimisation of (θ, ω) for horizon n.
-
-    Minimises ‖c‖²_∞ · max_{t≤n} Var_t (``objective="max"``, the variance at t = n, which
-    is the largest) or ‖c‖²_∞ · mean_{t≤n} Var_t, with scipy's L-BFGS-B from a few fixed
-    starting points (time scales spread geometrically up to n).
-    """
-    from scipy.optimize import minimize
-
-    if objective not in ("max", "mean"):
-        raise ValueError(f"objective must be 'max' or 'mean', got {objective!r}")
-    if not (isinstance(n, (int, np.integer)) and n >= 1) or nbuf < 1:
-        raise ValueError(f"need n >= 1 and nbuf >= 1, got n={n!r}, nbuf={nbuf!r}")
-    best = None
-    for spread in (1.0, 0.75, 1.25):
-        scales = np.geomspace(2.0, max(4.0, float(n) ** spread), nbuf)   # 1/(1−θ) time scales
-        th0 = 1.0 - 1.0 / scales
-        om0 = np.full(nbuf, 0.4 / nbuf) * th0
-        x0 = np.concatenate([np.log(th0 / (1.0 - th0)), np.log(om0)])
-        res = minimize(_loss, x0, args=(nbuf, int(n), objective), method="L-BFGS-B",
-                       options={"maxiter": 2000, "ftol": 1e-12, "gtol": 1e-9})
-        if best is None or res.fun < best.fun:
-            best = res
-    th, om = _unpack(best.x, nbuf)
-    order = np.argsort(-th)
-    return BLTParams(tuple(float(v) for v in th[order]), tuple(float(v) for v in om[order]))
-
-
-@functools.lru_cache(maxsize=None)
-def _shipped() -> dict:
-    try:
-        return json.loads(_PARAMS_FILE.read_text())
-    except FileNotFoundError:
-        return {"params": {}}
-
-
-def default_params(n: int, nbuf: int = 4, objective: str = "max") -> BLTParams:
-    """Parameters for horizon n: the shipped table (benchmarks/blt_params.py writes it, a
-    test re-derives it) or, for other n, :func:`optimize_blt` (deterministic, cached)."""
-    key = f"n={int(n)},nbuf={int(nbuf)},objective={objective}"
-    table = _shipped()["params"]
-    if key in table:
-        return BLTParams.from_dict(table[key])
-    return _optimize_cached(int(n), int(nbuf), objective)
-
-
-@functools.lru_cache(maxsize=64)
-def _optimize_cached(n: int, nbuf: int, objective: str) -> BLTParams:
-    return optimize_blt(n, nbuf, objective)
-
-
-# ---------------------------------------------------------------------------- rounding
-#: the largest number of epochs a BLT stream may close (public; σ is calibrated for it, the
-#: aggregator refuses epoch T_max + 1 before reserving): the per-step rounding term of the
-#: sensitivity does not decay, so Σ_t (per-step sensitivity)² grows without bound
-DEFAULT_MAX_EPOCHS = 10 ** 6
-#: absolute underflow allowance (Frobenius) of one computed (Cx)_t: every float operation has
-#: absolute error ≤ 2⁻¹⁰⁷⁴ on top of its relative one; ≤ 16 such per entry per step, amplified
-#: by ≤ ‖c‖₁, over ≤ 2⁶⁴ entries: ≤ 2⁻¹⁰⁰⁶·‖c‖₁ < this·‖c‖₁
-_UNDERFLOW = 2.0 ** -1000
-
-
-def strategy_rounding_bound(params: BLTParams, magnitude: float) -> float:
-    """F: bound on ‖v̂_t − (C·x̂)_t‖_F, the float error of the BLT's own arithmetic.
-
-    x̂_1, x̂_2, … are the computed epoch sums (float64) with ‖x̂_s‖_F ≤ ``magnitude`` =: X
-    (X = N_max·M_b + R_b for a block, :mod:`streamdp.privacy.rounding`), (C·x̂)_t the exact
-    value and v̂_t what :meth:`BLTAggregator.add_epoch` computes (raw buffers in
-    double-double, one final rounding). Proof: docs/privacy.md §"Floating point", step BLT:
-
-    * buffer i: R̂_{t+1} = θR̂_t + x̂_t + δ with |δ| ≤ 7u²(θ|R̂_t| + |x̂_t|) entrywise
-      (TwoProd/TwoSum exact, 3 roundings of second-order terms); the errors decay with θ, so
-      ‖R̂_{i,t} − R_{i,t}‖_F ≤ D_i = 14u²X/(1 − θ_i)² (valid while 7u²θ/(1 − θ) ≤ ½, always);
-    * output: x̂_t + Σ ω_i R̂_i in double-double (error ≤ K·u²·T_abs, K = 1.01(3n(n+2)+3),
-      n = nbuf) then rounded once (≤ u·(1 + K u²)·T_abs), T_abs ≤ X + (1+2u)Σω_i(X/(1−θ_i) + D_i)
-      = ‖c‖₁X + O(u²);
-
-    F = (u + 2Ku²)·T_abs + Σ ω_i D_i + 2⁻¹⁰⁰⁰‖c‖₁ (underflow). Dominant term: u·‖c‖₁·X.
-    """
-    u = rounding.UNIT_ROUNDOFF
-    th, om = np.asarray(params.theta, float), np.asarray(params.omega, float)
-    X = float(magnitude)
-    if not (X >= 0 and math.isfinite(X)):
-        raise ValueError(f"magnitude bound must be finite and >= 0, got {magnitude!r}")
-    if np.any(7 * u * u * th / (1 - th) > 0.5):
-        raise ValueError("BLT θ too close to 1 for the rounding analysis")
-    D = 14 * u * u * X / (1 - th) ** 2
-    n = params.nbuf
-    K = 1.01 * (3 * n * (n + 2) + 3)
-    t_abs = X + (1 + 2 * u) * float(np.sum(om * (X / (1 - th) + D)))
-    return (u + 2 * K * u * u) * t_abs + float(np.sum(om * D)) + _UNDERFLOW * params.coefs_l1()
-
-
-def rounding_ratio(params: BLTParams, unit: Sequence[GaussianEvent],
-                   magnitudes: Sequence[float]) -> float:
-    """ε = max_b 2F_b/Δ_b: epoch t charges every block at sensitivity Δ_b·(c_{t−1} + ε) ≥
-    c_{t−1}·Δ_b + 2F_b (one ε for all blocks: the unit plan's ρ split stays as planned)."""
-    eps = 0.0
-    for e, X in zip(unit, magnitudes, strict=True):
-        eps = max(eps, 2.0 * strategy_rounding_bound(params, X) / float(e.sensitivity))
-    return eps
-
-
-def charged_weight(params: BLTParams, eps: float, max_epochs: int) -> float:
-    """W ≥ Σ_{j<T_max} (c_j + ε)²: ‖c‖²_∞ + 2ε‖c‖₁ + T_max·ε² (c_j > 0). σ of the unit plan
-    is set for ρ_unit = ρ/W, so T_max epochs cost ≤ ρ."""
-    return params.sensitivity_squared() + 2.0 * eps * params.coefs_l1() + int(max_epochs) * eps * eps
-
-
-def charged_total(unit: Sequence[GaussianEvent], sum_c: float, sum_c2: float, n: int) -> float:
-    """What n epochs whose steps are scaled by c̃_1 … c̃_n (Σc̃ = ``sum_c``, Σc̃² = ``sum_c2``) are
-    charged, each event as :attr:`GaussianEvent.rho` charges it — count·(c̃Δ/σ + s)²/2 with s =
-    ROUNDING_SLACK, the samplers' input rounding, which does *not* scale with c̃:
-    Σ_e count_e/2 · (a_e²·Σc̃² + 2a_e·s·Σc̃ + n·s²), a_e = Δ_e/σ_e. Monotone in both sums, so
-    upper bounds on them give an upper bound on the charge."""
-    s = ROUNDING_SLACK
-    total = 0.0
-    for e in unit:
-        a = float(e.sensitivity) / float(e.sigma)
-        total += e.count * (a * a * sum_c2 + 2.0 * a * s * sum_c + n * s * s) / 2.0
-    return total
-
-
-def calibrate_unit_rho(rho: float, aggregator_for: Callable[[float], "BLTAggregator"]) -> float:
-    """The largest ρ_unit found (≤ ρ/W) whose T_max epochs are charged at most ρ in total.
-
-    ``aggregator_for(ρ_unit)`` builds the aggregator whose unit plan is calibrated at ρ_unit.
-    Starting from ρ/W (W ≥ Σ(c_j + ε)², right when the charge scales with c̃²), ρ_unit shrinks by
-    ρ/charged until :meth:`BLTAggregator.charged_rho_bound` ≤ ρ: the samplers' rounding term is
-    charged per event, not per unit of c̃, so ρ/W alone overshoots by ≈ 2s·σ/Δ·‖c‖₁/W
-    (≈ 2·10⁻⁹ at the default parameters)."""
-    if not (rho > 0 and math.isfinite(rho)):
-        raise ValueError(f"rho must be a finite number > 0, got {rho!r}")
-    unit_rho = rho / aggregator_for(rho).charge_weight()
-    for _ in range(20):
-        bound = aggregator_for(unit_rho).charged_rho_bound()
-        if bound <= rho:
-            return unit_rho
-        unit_rho *= (rho / bound) * (1.0 - 1e-12)
-    raise ValueError(f"could not calibrate the BLT's unit plan within rho={rho} (the samplers' "
-                     "rounding term dominates: rho per epoch is too small)")
 
 
 def _split(a):
