@@ -40,6 +40,11 @@ Commit and checkpoint semantics (the one place they are stated)
 * A batch is validated completely before any state changes; a bad record goes to the
   dead-letter topic with headers saying why (flushed before the commit/checkpoint that
   covers its offset, so it is never lost; after a crash it may be dead-lettered twice).
+  The strategy never dead-letters or pauses anything itself: after processing what it could
+  of a batch it raises one ExceptionGroup of :class:`streamdp.errors.InvalidRecord` (→ the
+  dead-letter topic) and :class:`streamdp.errors.NotReady` (→ a hold), and
+  :meth:`StreamProcessor.submit` decides, in one place (arroyo's InvalidMessage and
+  MessageRejected).
 * On ``lost`` partitions (session expired) state is dropped without a checkpoint: another
   member may already own them.
 * A partition can be *held* (:meth:`StreamProcessor.hold`): paused and seeked back to the
@@ -66,6 +71,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from streamdp import messages
 from streamdp.backoff import exponential_delays
+from streamdp.errors import InvalidRecord, NotReady
 
 log = logging.getLogger("streamdp.sketcher")
 
@@ -139,10 +145,15 @@ class ProcessingStrategy(Protocol):
         assignment), restore their state; return where each starts (offset or logical)."""
 
     def submit(self, partition: int, batch: list) -> None:
-        """Process one poll batch of ``partition`` (records in offset order)."""
+        """Process one poll batch of ``partition`` (records in offset order); then raise an
+        ExceptionGroup of InvalidRecord (its bad records) and NotReady (where it must wait)."""
+
+    def unsaved(self, partition: int) -> int | None:
+        """The next offset of ``partition`` if it has unsaved changes, else None."""
 
     def revoke(self, partitions: list[int]) -> None:
-        """Checkpoint, then forget these partitions (arroyo's close + join)."""
+        """Checkpoint, then forget these partitions (arroyo's close + join); the processor
+        passed their commit fence just before (a fenced one was :meth:`lost` instead)."""
 
     def lost(self, partitions: list[int]) -> None:
         """Forget these partitions without a checkpoint (another member may own them)."""
@@ -157,10 +168,7 @@ class ProcessingStrategy(Protocol):
         """These held partitions were resumed."""
 
     def checkpoint(self, partition: int) -> None:
-        """Checkpoint this partition if it has unsaved changes."""
-
-    def checkpoint_all(self) -> None:
-        """Checkpoint every partition with unsaved changes."""
+        """Checkpoint this partition if it has unsaved changes (after the commit fence)."""
 
 
 #: back-off before each retry of refused dead letters (bounded: ~3.5 s, then the sketcher stops)
@@ -267,6 +275,8 @@ class StreamProcessor:
             self._start_at.pop(p, None)
             self.checkpointed_at.pop(p, None)
         try:
+            for p in revoked:                   # the fences first; a fenced one is not written
+                self._fence(p)
             self.strategy.revoke(revoked)       # checkpoint before the partitions are given up
         finally:                                # given up even if that fails (the last one counts)
             for p in revoked:
@@ -357,7 +367,7 @@ class StreamProcessor:
             if p in self._start_at:
                 batch = self._first_batch(p, batch)
             if batch and strategy.owns(p) and p not in self.holds:
-                strategy.submit(p, batch)
+                self.submit(p, batch)
         strategy.poll(self.holds)
         ready = [p for p, need in self.holds.items() if strategy.ready(p, need)]
         if ready:
@@ -379,7 +389,7 @@ class StreamProcessor:
                      if now - at >= self.checkpoint_seconds and self.strategy.owns(p))
         n = 0
         for _, p in due:
-            self.strategy.checkpoint(p)
+            self.checkpoint(p)
             if self.strategy.owns(p):           # not dropped by the commit fence
                 self.checkpointed_at[p] = time.monotonic()
             n += 1
@@ -409,7 +419,7 @@ class StreamProcessor:
             self.consumer.pause([TopicPartition(self.topic, p) for p in running])
         try:
             for p in owned:
-                self.strategy.checkpoint(p)
+                self.checkpoint(p)
                 if p in self.checkpointed_at:
                     self.checkpointed_at[p] = time.monotonic()
                 self._keep_alive()
@@ -435,6 +445,21 @@ class StreamProcessor:
             self.consumer.close()
         finally:
             self.producer.flush(10)
+
+    # ------------------------------------------------------------ what the strategy raised
+    def submit(self, p: int, batch: list) -> None:
+        """Hand one batch of partition ``p`` to the strategy and act on what it raises: the
+        one place deciding what a record that was not processed becomes. An InvalidRecord is
+        dead-lettered (every one, in offset order); a NotReady holds its partition at its
+        offset. The strategy raises them after its state update, together."""
+        try:
+            self.strategy.submit(p, batch)
+        except* InvalidRecord as group:
+            for exc in group.exceptions:
+                self.dead_letter(exc.record, exc.error)
+        except* NotReady as group:
+            for exc in group.exceptions:
+                self.hold(exc.partition, exc.offset, exc.need, exc.what)
 
     # ------------------------------------------------------------ holds
     def hold(self, p: int, offset: int, need: str, what: str | None = None) -> None:
@@ -512,7 +537,23 @@ class StreamProcessor:
             self.health.set_ready(False, "dead letters undelivered")
             raise DeadLetterUndelivered(self.dlq_lost)
 
-    # ------------------------------------------------------------ commits
+    # ------------------------------------------------------------ checkpoints and commits
+    def checkpoint(self, p: int) -> None:
+        """Checkpoint partition ``p`` if it has unsaved changes: the commit fence (dead
+        letters made durable, offset committed), then the strategy's state write; a fenced
+        partition is dropped unwritten (:meth:`ProcessingStrategy.lost`)."""
+        if self._fence(p):
+            self.strategy.checkpoint(p)
+
+    def _fence(self, p: int) -> bool:
+        """:meth:`commit` of ``p``'s unsaved next offset; False (and ``p`` forgotten) if
+        fenced. Nothing unsaved: nothing to commit, True."""
+        offset = self.strategy.unsaved(p)
+        if offset is None or self.commit(p, offset):
+            return True
+        self.strategy.lost([p])
+        return False
+
     def commit(self, p: int, next_offset: int) -> bool:
         """Before a checkpoint of partition ``p`` up to ``next_offset``: make the dead
         letters durable, then commit the offset as a fence. False: the partition is no

@@ -64,6 +64,7 @@ from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, TIMESTA
 from streamdp import messages
 from streamdp import serialization as ser
 from streamdp.documents import MIN_DOC_LENGTH
+from streamdp.errors import InvalidRecord, NotReady
 from streamdp.kafka.state_store import StateStore
 from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy import rounding
@@ -335,16 +336,16 @@ class SketchContext:
 class SketchStrategy:
     """The partitions of this sketcher's current assignment: their :class:`PartitionState`
     (``states``), which have unsaved changes (``dirty``), and the record each held partition
-    waits at (``held_for``). Driven by a :class:`StreamProcessor` (``io``: its holds, dead
-    letters and commit fence); updated incrementally at each rebalance (the processor
-    module's :class:`ProcessingStrategy`)."""
+    waits at (``held_for``). Driven by a :class:`StreamProcessor`, updated incrementally at
+    each rebalance (the processor module's :class:`ProcessingStrategy`). It never dead-letters
+    or holds a partition itself: :meth:`submit` raises what the processor acts on
+    (:func:`_outcome`), and the processor's commit fence runs before :meth:`checkpoint`."""
 
     def __init__(self, ctx: SketchContext, metrics) -> None:
         self.ctx = ctx
         self.cfg = ctx.cfg
         self.metrics = metrics
         self.topic = ctx.topics.documents
-        self.io = None                          # the StreamProcessor (attach)
         self.states: dict[int, PartitionState] = {}
         self.dirty: set[int] = set()
         self.held_for: dict[int, tuple[int, float]] = {}   # partition -> (model epoch, record time)
@@ -355,9 +356,6 @@ class SketchStrategy:
         # the compiled message parser and Sum2 step: loaded now, not inside the first batch
         messages.warm_bulk_decoder()
         rounding.warm_compiled()
-
-    def attach(self, io) -> None:
-        self.io = io
 
     # ------------------------------------------------------------ assignment
     def owns(self, p: int) -> bool:
@@ -431,11 +429,11 @@ class SketchStrategy:
         self.held_for.pop(p, None)
 
     # ------------------------------------------------------------ holds
-    def _hold(self, p: int, offset: int, need: str) -> None:
-        """Hold partition ``p`` at ``offset`` until ``need`` (the vocabulary, the subspace, or
-        the refinement model of ``held_for[p]``) is published."""
+    def _not_ready(self, p: int, offset: int, need: str) -> NotReady:
+        """Partition ``p`` waits at ``offset`` until ``need`` (the vocabulary, the subspace,
+        or the refinement model of ``held_for[p]``) is published."""
         what = need if need != "model" else f"model of epoch {self.held_for[p][0]}"
-        self.io.hold(p, offset, need, what)
+        return NotReady(p, offset, need, what)
 
     def ready(self, p: int, need: str) -> bool:
         ctx = self.ctx
@@ -482,14 +480,18 @@ class SketchStrategy:
                     self.dirty.add(p)
 
     # ------------------------------------------------------------ checkpoints
+    def unsaved(self, p: int) -> int | None:
+        """The next offset of partition ``p`` if it has unsaved changes (what the processor's
+        commit fence commits before :meth:`checkpoint`), else None."""
+        st = self.states.get(p)
+        return None if st is None or p not in self.dirty else st.next_offset
+
     def checkpoint(self, p: int) -> None:
-        """Write partition ``p``'s state (if changed) after the processor's commit fence
-        (dead letters flushed, offset committed); a fenced partition is dropped unwritten."""
+        """Write partition ``p``'s state (if changed). The processor calls it after its commit
+        fence (dead letters flushed, offset committed); a fenced partition is forgotten
+        (:meth:`lost`) instead."""
         st = self.states.get(p)
         if st is None or p not in self.dirty:
-            return
-        if not self.io.commit(p, st.next_offset):
-            self.forget(p)
             return
         payload = st.to_bytes()
         meta = self.ctx.state_auth.sign(st.key, payload, st.meta())
@@ -497,10 +499,6 @@ class SketchStrategy:
         self._accepted[p] = _Accepted(meta, payload)
         self.dirty.discard(p)
         self.metrics.checkpointed(len(payload))
-
-    def checkpoint_all(self) -> None:
-        for p in list(self.states):
-            self.checkpoint(p)
 
     # ------------------------------------------------------------ the shared context, read here
     # (names as in the process code below: what the deployment shares, not per partition)
@@ -638,8 +636,6 @@ class SketchStrategy:
         counts = st.add(X, routes_k, self.subspace, self.clip, new_warmup, models=self.models,
                         refine_in_background=self.cfg.refinement_thread, **user_kw)
         st.seen_ids.add(id_hashes[keep])
-        for m, exc in bad:
-            self.io.dead_letter(m, exc)
         st.counters["dlq"] += len(bad)
         n_dup = sum(exc.error_class == messages.DUPLICATE_ID for _, exc in bad)
         if n_dup:
@@ -656,12 +652,13 @@ class SketchStrategy:
             st.next_offset = last_offset + 1
             # processed = a prefix of the batch; progress never passes the service clock
             st.progress = self.routing.advance_progress(st.progress, batch_rt[:len(processed)], now)
+        hold = None
         if cut_offset is not None:
             st.progress = self.routing.advance_progress(st.progress, [blocker_rt], now)
             if need == "model":
                 self.held_for[p] = (self.models.model_epoch(int(routes[first])), float(blocker_rt))
                 self.model_holds += 1
-            self._hold(p, cut_offset, need)
+            hold = self._not_ready(p, cut_offset, need)
         st.expire_user_epochs(self.routing)      # user mode: per-epoch counts of passed epochs
         self.dirty.add(p)
         # documents_total counts documents that entered a sketch; too-short and late
@@ -678,6 +675,7 @@ class SketchStrategy:
             self.metrics.skipped("too_short", counts["short"])
         if counts["late"]:
             self.metrics.skipped("late", counts["late"])
+        _outcome(p, bad, hold)
 
     def _dedup_keys(self, ids, users) -> list[str]:
         """What is deduplicated: the document id; under ``privacy_unit: user`` the pair (user,
@@ -754,8 +752,6 @@ class SketchStrategy:
         if token_lists:
             st.add_selection(token_lists, lambda: vocab_mod.SelectionHistogram.for_config(
                 self.cfg, self.candidates), self.candidates)
-        for m, exc in bad:
-            self.io.dead_letter(m, exc)
         st.counters["dlq"] += len(bad)
         n_dup = sum(exc.error_class == messages.DUPLICATE_ID for _, exc in bad)
         if n_dup:
@@ -766,13 +762,15 @@ class SketchStrategy:
         if rts:
             st.next_offset = batch[len(rts) - 1].offset() + 1
             st.progress = self.routing.advance_progress(st.progress, rts, now)
+        hold = None
         if cut is not None:
             st.progress = self.routing.advance_progress(st.progress, [cut[1]], now)
-            self._hold(p, cut[0], "vocabulary")
+            hold = self._not_ready(p, cut[0], "vocabulary")
         self.dirty.add(p)
         self.metrics.observe_batch(len(token_lists), n_tok, 0, time.perf_counter() - t0, partition=p)
         if n_late:
             self.metrics.skipped("late", n_late)
+        _outcome(p, bad, hold)
 
     def _selection_tokens(self, doc) -> list[str]:
         """The tokens of a selection-window document; a ``counts`` document (ids over a
@@ -798,6 +796,15 @@ class _Accepted:
 
     def __init__(self, meta: dict, payload: bytes) -> None:
         self.meta, self.payload = dict(meta), payload
+
+
+def _outcome(p: int, bad: list, hold: NotReady | None) -> None:
+    """The end of a processed batch: its invalid records (to be dead-lettered) and the hold, if
+    any, raised together (after the state update) for the processor to act on."""
+    raised = [InvalidRecord(m, exc) for m, exc in bad] + ([hold] if hold is not None else [])
+    if raised:
+        raise ExceptionGroup(f"partition {p}: {len(bad)} invalid record(s)"
+                             + (f", {hold}" if hold is not None else ""), raised)
 
 
 def _record_time(m) -> tuple[int, float | None]:

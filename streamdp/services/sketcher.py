@@ -117,7 +117,6 @@ class Sketcher:
             metrics=self.metrics, health=self.health, instance=self.instance,
             batch_size=cfg.batch_size, poll_seconds=cfg.poll_seconds,
             checkpoint_seconds=cfg.checkpoint_seconds)
-        self.strategy.attach(self.processor)
         self.server: ObservabilityServer | None = None
 
     # the parts' state, under the names the rest of the code base (tests, benchmarks) uses
@@ -196,13 +195,10 @@ class Sketcher:
         self.processor.step()
 
     def process(self, p: int, batch: list) -> None:
-        self.strategy.process(p, batch)
-
-    def process_before_vocabulary(self, p: int, batch: list) -> None:
-        self.strategy.process_before_vocabulary(p, batch)
+        self.processor.submit(p, batch)      # dead letters and holds: the processor's
 
     def checkpoint(self, p: int) -> None:
-        self.strategy.checkpoint(p)
+        self.processor.checkpoint(p)
 
     def checkpoint_all(self) -> None:
         self.processor.checkpoint_all()

@@ -1,0 +1,77 @@
+"""Issue 26 item 5: a processing strategy raises what it could not process, and the stream
+processor alone decides what that becomes — a dead letter (InvalidRecord) or a hold
+(NotReady) — in one place (StreamProcessor.submit), as arroyo's InvalidMessage and
+MessageRejected. The real Sketcher over fake Kafka clients (tests/sketcher_harness.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamdp import messages
+from streamdp.errors import InvalidRecord, NotReady
+from streamdp.whitening.subspace import Subspace
+
+from sketcher_harness import World, epoch_start, make_config, make_sketcher
+
+WORDS = [f"w{i}" for i in range(12)]
+GARBAGE = b"\xc1 not msgpack"
+
+
+def _world(tmp_path, records):
+    sub = Subspace(np.linalg.qr(np.random.default_rng(0).standard_normal((len(WORDS), 3)))[0])
+    world = World(make_config(tmp_path, WORDS, 2, refinement=False, batch_size=20), sub)
+    world.add_documents(records)
+    return world
+
+
+def _docs(n: int):
+    ts = epoch_start(1) + 10.0 + np.arange(n)
+    return [(messages.encode_document(f"doc-{i}", float(ts[i]), tokens=WORDS[i:i + 5]), float(ts[i]))
+            for i in range(n)]
+
+
+def _raised(sk, batch) -> list[Exception]:
+    with pytest.raises(ExceptionGroup) as info:
+        sk.strategy.submit(0, batch)
+    return list(info.value.exceptions)
+
+
+def test_bad_records_are_raised_by_the_strategy_and_dead_lettered_by_the_processor(tmp_path, monkeypatch):
+    docs = _docs(6)
+    records = docs + [docs[1], (GARBAGE, docs[-1][1])]       # a copy, then garbage
+    sk = make_sketcher(_world(tmp_path / "a", records), monkeypatch)
+    assert not hasattr(sk.strategy, "attach") and not hasattr(sk.strategy, "io")
+    batch = sk.consumer.consume(num_messages=20)
+    raised = _raised(sk, batch)
+    assert all(isinstance(e, InvalidRecord) for e in raised)
+    assert [(e.record.offset(), e.error.error_class) for e in raised] == [
+        (6, messages.DUPLICATE_ID), (7, messages.MALFORMED_MSGPACK)]
+    # the good records were processed before the raise; the strategy produced nothing
+    st = sk.states[0]
+    assert st.next_offset == 8 and st.counters["documents"] == 6 and st.counters["dlq"] == 2
+    assert sk.producer.produced == []
+
+    # the same records through the processor: dead-lettered there, in offset order
+    sk2 = make_sketcher(_world(tmp_path / "b", records), monkeypatch)
+    sk2.step()
+    assert [(t, v) for t, v in sk2.producer.produced] == [
+        (sk2.processor.dlq_topic, records[6][0]), (sk2.processor.dlq_topic, GARBAGE)]
+    assert sk2.states[0].next_offset == 8 and not sk2.paused
+
+
+def test_a_record_that_must_wait_is_raised_and_the_processor_holds_its_partition(tmp_path, monkeypatch):
+    records = [(GARBAGE, epoch_start(1))] + _docs(3)
+    sk = make_sketcher(_world(tmp_path / "a", records), monkeypatch)
+    sk.context.subspace = None                   # the stream's documents wait for the subspace
+    raised = _raised(sk, sk.consumer.consume(num_messages=20))
+    assert [type(e) for e in raised] == [InvalidRecord, NotReady]
+    assert raised[0].record.offset() == 0
+    assert (raised[1].partition, raised[1].offset, raised[1].need) == (0, 1, "subspace")
+    assert sk.states[0].next_offset == 1 and not sk.paused and sk.producer.produced == []
+
+    sk2 = make_sketcher(_world(tmp_path / "b", records), monkeypatch)
+    sk2.context.subspace = None
+    sk2.step()
+    assert sk2.paused == {0: "subspace"} and sk2.consumer.pos == 1     # seeked back to it
+    assert [v for _, v in sk2.producer.produced] == [GARBAGE]
+    assert sk2.states[0].next_offset == 1
