@@ -60,8 +60,15 @@ WHITEN_FLOOR = 1e-3
 #: corpus background, near the centre) then weigh less in the centres than distinctive ones;
 #: as unit vectors their arbitrary directions blended small subjects into one cluster (Debian
 #: ε = 4, 3 seeds: NPMI 0.089 -> 0.107). Measured on seeds 0-2 of Debian and the movie reviews
-#: at 1.5 (docs/benchmarks.md, "The summand radius")
+#: at 1.5 (docs/benchmarks.md, "The summand radius"). This is the radius at high noise ...
 RADIUS_RMS = 1.5
+#: ... and this one when the released covariance says the noise is small (its noise-to-signal,
+#: the noise's spectral norm over the largest eigenvalue, at most NOISE_TO_SIGNAL_SMALL). A
+#: larger radius shortens more summands, so the Lloyd sums carry less mass above the same
+#: noise: worth it only when the noise is small (docs/benchmarks.md, "The radius by released
+#: noise-to-signal": Debian ε = 4 noise-to-signal 0.12, movie reviews 0.19; ε = 1: 0.51, 0.72)
+RADIUS_RMS_LOW_NOISE = 2.0
+NOISE_TO_SIGNAL_SMALL = 0.3
 #: rows per chunk product of the cluster sums (the rounding analysis' BATCH_ROWS_MAX)
 CHUNK = rounding.BATCH_ROWS_MAX
 
@@ -270,8 +277,9 @@ def centred_frame(sums: np.ndarray, counts: np.ndarray, moment: np.ndarray,
     noise is only ≈ σ√k′/n), so that subspace is scaled as a whole and its noisy eigenvectors
     do not matter. No eigenvalue goes below WHITEN_FLOOR × the largest.
 
-    With ``with_radius``, also the summand radius (:data:`RADIUS_RMS` × the root-mean-square
-    norm of the centred, whitened documents that this spectrum implies: √Σ rest_i/λ_i)."""
+    With ``with_radius``, also the summand radius: :func:`radius_rms` (of the released
+    noise-to-signal) × the root-mean-square norm of the centred, whitened documents that this
+    spectrum implies (√Σ rest_i/λ_i)."""
     n = max(float(np.asarray(counts).ravel()[0]), 1.0)
     mu = np.asarray(sums, dtype=np.float64).ravel() / n
     M = np.asarray(moment, dtype=np.float64)
@@ -301,7 +309,15 @@ def centred_frame(sums: np.ndarray, counts: np.ndarray, moment: np.ndarray,
     if not with_radius:
         return mu, frame
     rms = math.sqrt(max(float(np.sum(np.maximum(rest, 0.0) / lam)), 0.0))
-    return mu, frame, RADIUS_RMS * rms
+    return mu, frame, radius_rms(noise / top) * rms
+
+
+def radius_rms(noise_to_signal: float) -> float:
+    """The summand radius in root-mean-square norms, from the centre draw's released
+    noise-to-signal (the noise's spectral norm over the covariance's largest eigenvalue; 0
+    without noise): :data:`RADIUS_RMS_LOW_NOISE` when it is at most
+    :data:`NOISE_TO_SIGNAL_SMALL`, else :data:`RADIUS_RMS`. Public rule of released values."""
+    return RADIUS_RMS_LOW_NOISE if noise_to_signal <= NOISE_TO_SIGNAL_SMALL else RADIUS_RMS
 
 
 def _chunks(batches, d: int):

@@ -259,7 +259,8 @@ def test_documents_sharing_a_dominant_direction_are_spread_over_the_clusters():
 def test_summand_radius_weighs_documents_near_the_centre_less():
     """With the released radius, a document near the centre (only the corpus background) adds a
     vector shorter than one far out; without it (radius 0) both add unit vectors. The radius is
-    RADIUS_RMS times the root-mean-square norm the released covariance implies."""
+    RADIUS_RMS_LOW_NOISE (no noise here) times the root-mean-square norm the released
+    covariance implies."""
     rng = np.random.default_rng(3)
     kp, n = 6, 4000
     Y = 0.3 + 0.05 * rng.standard_normal((n, kp)) * np.arange(1, kp + 1)
@@ -267,7 +268,7 @@ def test_summand_radius_weighs_documents_near_the_centre_less():
                                             Y.T @ Y, 0.0, 8, with_radius=True)
     V = (Y - centre) @ frame
     rms = np.sqrt(np.mean(np.einsum("ij,ij->i", V, V)))
-    assert radius == pytest.approx(C.RADIUS_RMS * rms, rel=1e-6)
+    assert radius == pytest.approx(C.RADIUS_RMS_LOW_NOISE * rms, rel=1e-6)
     near, far = centre + 0.01 * (Y[0] - centre), centre + 10 * (Y[0] - centre)
     weighted = C.Assignment.random(8, kp, 0, centre, frame, radius).summand(np.vstack([near, far]))
     unit = C.Assignment.random(8, kp, 0, centre, frame).summand(np.vstack([near, far]))
@@ -275,3 +276,26 @@ def test_summand_radius_weighs_documents_near_the_centre_less():
     assert np.linalg.norm(weighted[0]) < 0.05 and np.linalg.norm(weighted[1]) == pytest.approx(1.0)
     # the same direction: only the weight changes
     assert np.allclose(weighted / np.linalg.norm(weighted, axis=1, keepdims=True), unit)
+
+
+def test_summand_radius_is_larger_when_the_released_noise_is_small():
+    """The radius multiplier is a rule of the centre draw's released noise-to-signal (the
+    noise's spectral norm σ_M√(2k′)/n over the covariance's largest eigenvalue): at most
+    NOISE_TO_SIGNAL_SMALL gives RADIUS_RMS_LOW_NOISE, above it RADIUS_RMS. The spectrum has no
+    eigenvalue between 0.2 and 0.4 of the largest, so the two noise levels just either side of
+    the threshold read the same spiked spectrum and only the multiplier changes."""
+    rng = np.random.default_rng(5)
+    kp, n = 8, 20000
+    scales = np.array([1.0, 0.9, 0.8, 0.7, 0.15, 0.1, 0.08, 0.05])   # variances ∝ scales
+    Y = 0.3 + rng.standard_normal((n, kp)) * 0.05 * np.sqrt(scales)
+    S, c, M = Y.sum(axis=0, keepdims=True), np.array([float(n)]), Y.T @ Y
+    top = float(np.linalg.eigvalsh(M / n - np.outer(S / n, S / n)).max())
+
+    def sd_for(noise_to_signal):                 # the moment sd giving that noise-to-signal
+        return noise_to_signal * top * n / math.sqrt(2.0 * kp)
+
+    t = C.NOISE_TO_SIGNAL_SMALL
+    _, _, r_small = C.centred_frame(S, c, M, sd_for(0.97 * t), 8, with_radius=True)
+    _, _, r_large = C.centred_frame(S, c, M, sd_for(1.03 * t), 8, with_radius=True)
+    assert r_small / r_large == pytest.approx(C.RADIUS_RMS_LOW_NOISE / C.RADIUS_RMS, rel=1e-9)
+    assert C.radius_rms(0.0) == C.RADIUS_RMS_LOW_NOISE > C.RADIUS_RMS == C.radius_rms(1.0)
