@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the sketches' compensated sums and its proven rounding bound are numerics the sketches use
     ("core", ("streamdp.errors", "streamdp.backoff", "streamdp.serialization", "streamdp.documents",
               "streamdp._counts_decode_kernel", "streamdp._fold_in_kernel", "streamdp._sum2_kernel",
+              "streamdp._column_sum_kernel",
               "streamdp.moments.*", "streamdp.whitening", "streamdp.whitening.subspace",
               "streamdp.tensor", "streamdp.tensor.power_method", "streamdp.privacy.rounding",
               "streamdp.text", "streamdp.text.tokenizer", "streamdp.text.vocabulary",
