@@ -1,7 +1,7 @@
 """Privacy accounting and noise: events, zCDP conversions, ledger, accountant,
 tree and BLT mechanisms, samplers. See docs/privacy_accounting.md."""
-from streamdp.privacy.accountant import (Accountant, AtomLoads, BudgetExhausted, LedgerMismatch,
-                                         Reservation, atom_loads, events_loads)
+from streamdp.privacy.accountant import Accountant, BudgetExhausted, LedgerMismatch, Reservation
+from streamdp.privacy.atom_loads import AtomLoads, atom_loads, events_loads
 from streamdp.privacy.blt import BLTAggregator
 from streamdp.privacy.blt_factorization import BLTParams, default_params, optimize_blt
 from streamdp.privacy.conversions import RHO_RTOL, zcdp_delta, zcdp_epsilon, zcdp_rho
