@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
+from typing import Literal, NoReturn
+
+from pydantic import ConfigDict, ValidationError, field_validator, model_validator
+from pydantic.dataclasses import dataclass
 
 from streamdp.errors import ConfigError
 from streamdp.kafka.clients import open_state_store, partition_count
@@ -25,13 +30,24 @@ from streamdp.privacy.plan import WARMUP_SHARE
 from streamdp.services.partition_state import Routing
 
 
-VOCABULARY_MODES = ("file", "public", "private")
-PRIVACY_UNITS = ("document", "user")
 #: user mode: kept documents per user per epoch when not configured (as the estimator)
 DEFAULT_MAX_DOCS_PER_USER_EPOCH = 5
 
 
-@dataclass(frozen=True)
+def _field(default, hint: str = "", **rules):
+    """A field with pydantic's single-field rules (``ge``, ``gt``, ``allow_inf_nan`` ...) and the
+    hint its refusal shows (``{got}`` marks where the value goes, else it ends the message).
+    pydantic reads a dataclass field's metadata as ``Field`` arguments; the annotation and the
+    default stay plain, as docs/configuration.md shows them (tests/test_deploy.py)."""
+    return field(default=default, metadata={**rules, **({"description": hint} if hint else {})})
+
+
+_INT_GE_1 = "must be an integer >= 1"
+_SECONDS = "must be a number of seconds > 0"
+_SECONDS_RULES = {"gt": 0, "allow_inf_nan": False}
+
+
+@dataclass(frozen=True, config=ConfigDict(strict=True, extra="forbid"))
 class ServiceConfig:
     """Everything a streamdp deployment must agree on (sketchers and release service).
 
@@ -55,36 +71,54 @@ class ServiceConfig:
     Rounding premise: ``max_documents_per_sum`` (N_max), the most documents in any one noised
     sum; the sensitivities cover float64 rounding up to it and larger sums are refused.
     Kafka: bootstrap, topic_prefix, group_id.
+
+    Validation (pydantic, strict: no "3" for an int, no true for a number): the types and the
+    single-field rules are in the annotations and :func:`_field`; the rules that relate fields
+    are the validators below, in the order their first refusal is shown. Any refusal is a
+    :class:`ConfigError` naming the field (:func:`_config_error`).
     """
 
-    bootstrap: str = "127.0.0.1:9092"
+    bootstrap: str = _field("127.0.0.1:9092", "set the Kafka bootstrap servers, e.g. 127.0.0.1:9092",
+                            min_length=1)
     topic_prefix: str = "streamdp"
     group_id: str = "streamdp-sketchers"
     vocabulary: str = ""
-    vocabulary_mode: str = "file"                # file | public | private (docs/configuration.md)
+    # file | public | private (docs/configuration.md)
+    vocabulary_mode: Literal["file", "public", "private"] = _field(
+        "file", "must be one of file, public, private, got {got}: 'public' (a wordfreq "
+                "list, no budget), 'private' (selected with DP from the documents before "
+                "selection_end) or 'file'")
     vocabulary_public_by_assumption: bool = False  # a corpus-built file, knowingly (benchmarks)
-    vocabulary_size: int = 5000                  # d of a public / privately selected vocabulary
-    vocabulary_lang: str = "en"
-    vocabulary_candidates: int = 50_000          # public candidate list of the private selection
-    vocabulary_max_words_per_document: int = 64  # m: distinct words one document contributes
+    vocabulary_size: int = _field(5000, _INT_GE_1, ge=1)  # d of a public / privately selected vocabulary
+    vocabulary_lang: str = _field("en", "must be a wordfreq language code such as 'en'", min_length=1)
+    vocabulary_candidates: int = _field(50_000, _INT_GE_1, ge=1)   # public candidate list of the private selection
+    vocabulary_max_words_per_document: int = _field(64, _INT_GE_1, ge=1)  # m: distinct words one document contributes
     vocabulary_out_of_list: bool = False         # also DP partition selection outside the list
-    selection_end: float | None = None           # private: ts < selection_end selects the words
+    # private: ts < selection_end selects the words
+    selection_end: float | None = _field(None, "must be a finite unix time (s) or null",
+                                         allow_inf_nan=False)
     tokenizer: dict = field(default_factory=dict)
-    n_topics: int = 10
-    alpha0: float = 1.0
+    n_topics: int = _field(10, _INT_GE_1, ge=1)
+    alpha0: float = _field(1.0, "must be a finite number > 0", gt=0, allow_inf_nan=False)
     oversampling: int | None = None
     seed: int = 0
-    epsilon: float | None = 1.0
+    epsilon: float | None = _field(
+        1.0, "must be a number > 0 (e.g. 1.0), got {got}; for a non-private deployment set "
+             "non_private: true and epsilon: null", gt=0, allow_inf_nan=False)
     non_private: bool = False
-    delta: float = 1e-6
-    horizon: int = 1024
-    continual_aggregator: str = "blt"
-    sampler: str = DEFAULT_SAMPLER
-    noise_seed: int | None = None
+    delta: float = _field(1e-6, "must be in (0, 1)", gt=0, lt=1, allow_inf_nan=False)
+    horizon: int = _field(1024, "must be an integer number of epochs >= 1", ge=1)
+    continual_aggregator: Literal["blt", "tree"] = _field(
+        "blt", "must be 'blt' (BLT matrix factorization, default) or 'tree' (binary tree)")
+    sampler: Literal["opendp-lattice", "opendp", "google", "fast"] = _field(
+        DEFAULT_SAMPLER, f"must be one of {SAMPLER_KINDS} ('opendp-lattice': vetted, rounding "
+                         "charged, default; 'opendp': vetted, exact, slower; 'google': fast, "
+                         "opt-in, per-draw failure probability not charged; 'fast': not vetted)")
+    noise_seed: int | None = _field(None, "must be an integer or null")
     insecure_reproducible_noise: bool = False
     non_production: bool = False
-    clip_quantile: float = 0.97
-    clip_budget_share: float = 0.05
+    clip_quantile: float = _field(0.97, "must be in (0, 1]", gt=0, le=1, allow_inf_nan=False)
+    clip_budget_share: float = _field(0.05, "must be in (0, 1)", gt=0, lt=1, allow_inf_nan=False)
     stream_start: float = 0.0
     confirm_backfill: bool = False               # first start with stream_start > 1 epoch ago
     # one-time migration: sign release/* records written before they were signed (issue 23)
@@ -95,227 +129,180 @@ class ServiceConfig:
     lateness: float = 0.0
     # when epochs close (docs/services.md §How epochs close): "schedule" — at close time + a
     # fixed grace on the service clock; "operator" — only by control flush/close (a replay)
-    closing: str = "schedule"
+    closing: Literal["schedule", "operator"] = _field(
+        "schedule", f"must be 'schedule' (epochs close at their close time + {5:g} s on the "
+                    "service clock) or 'operator' (only by `streamdp control flush/close`, e.g. a "
+                    "replayed feed)")
     ledger: str = "streamdp-ledger.jsonl"
     snapshot_dir: str = "snapshots"
-    batch_size: int = 2000
-    checkpoint_seconds: float = 5.0
-    max_document_bytes: int = 1 << 20
-    max_document_tokens: int = 100_000
-    max_future_seconds: float = 300.0
-    require_broker_time: bool | None = None     # None: required unless non_production (issue 15)
-    control_key_file: str = ""                   # HMAC key of control messages (a Secret)
+    batch_size: int = _field(2000, _INT_GE_1, ge=1)
+    checkpoint_seconds: float = _field(5.0, _SECONDS, **_SECONDS_RULES)
+    max_document_bytes: int = _field(1 << 20, _INT_GE_1, ge=1)
+    max_document_tokens: int = _field(100_000, _INT_GE_1, ge=1)
+    max_future_seconds: float = _field(300.0, _SECONDS, **_SECONDS_RULES)
+    # None: required unless non_production (issue 15)
+    require_broker_time: bool | None = _field(None, "must be true, false or null (= true unless "
+                                                    "non_production)")
+    # HMAC key of control messages (a Secret)
+    control_key_file: str = _field("", "must be the path of the control-key file")
     metrics_host: str = "127.0.0.1"
-    metrics_port: int = 0
-    poll_seconds: float = 1.0
-    liveness_seconds: float = 120.0
-    readiness_broker_seconds: float = 10.0      # /readyz fails without a broker round trip in this
+    metrics_port: int = _field(0, "must be a TCP port 0..65535 (0 = any free port)", ge=0, le=65535)
+    poll_seconds: float = _field(1.0, _SECONDS, **_SECONDS_RULES)
+    liveness_seconds: float = _field(120.0, _SECONDS, **_SECONDS_RULES)
+    # /readyz fails without a broker round trip in this
+    readiness_broker_seconds: float = _field(10.0, _SECONDS, **_SECONDS_RULES)
     metrics_exact_counts: bool = True
     refinement: bool = True
-    refinement_share: float = 0.5
-    refinement_model_lag: int = 2                # L: epoch e is refined against snapshot e − L
+    refinement_share: float = _field(
+        0.5, "must be a number in (0, 1) (the share of each tree node's rho spent on the "
+             "refinement sums; default 0.5), got {got}; to turn refinement off set refinement: "
+             "false", gt=0, lt=1)
+    # L: epoch e is refined against snapshot e − L
+    refinement_model_lag: int = _field(2, "must be an integer number of epochs >= 1 (default 2)",
+                                       ge=1)
     refinement_thread: bool = False              # sketcher: the fold-in on a second thread
     # the start of the refinement (issue 22; docs/configuration.md §The start): auto | tensor |
     # public (cluster: the estimator's only, refused here); public_start_file: a topics file
     # fitted without privacy on documents the operator declares public (`streamdp public-start`)
-    start: str = "auto"
-    public_start_file: str = ""
-    max_documents_per_sum: int = 1_000_000_000   # rounding premise N_max (docs/privacy.md)
+    start: Literal["auto", "tensor", "cluster", "public"] = "auto"
+    public_start_file: str = _field("", "must be the path of a public start file")
+    # rounding premise N_max (docs/privacy.md)
+    max_documents_per_sum: int = _field(
+        1_000_000_000, "must be an integer in [1, 10^12]: the most documents any one noised sum "
+                       "(a warm-up, a tree node) may hold; choose it above any realistic total "
+                       "(default 1000000000)", ge=1, le=10**12)
     # the unit of privacy (docs/privacy.md "The user-level unit"): document | user
-    privacy_unit: str = "document"
-    max_docs_per_user_epoch: int | None = None   # user: m, kept documents per user per epoch (5)
-    max_docs_per_user: int | None = None         # user: M, kept documents per user in all (m)
-    user_weights: str = "uniform"                # user: weight of the j-th kept doc: uniform|decaying
-    max_users: int | None = DEFAULT_MAX_USERS    # user: None = all users; K = first-K admission
-    warmup_share: float = WARMUP_SHARE           # user: share of rho of the warm-up (sequential)
+    privacy_unit: Literal["document", "user"] = _field(
+        "document", "must be 'document' (add/remove one document) or 'user' (add/remove every "
+                    "document of one user id)")
+    # user: m, kept documents per user per epoch (5); M, kept documents per user in all (m)
+    max_docs_per_user_epoch: int | None = _field(None, "must be an integer >= 1 (or null for the "
+                                                       "default)", ge=1)
+    max_docs_per_user: int | None = _field(None, "must be an integer >= 1 (or null for the "
+                                                 "default)", ge=1)
+    # user: weight of the j-th kept doc: uniform|decaying
+    user_weights: Literal["uniform", "decaying"] = _field(
+        "uniform", f"must be one of {', '.join(SCHEDULES)} (weight of a user's j-th kept "
+                   "document: 1/M, or proportional to 1/j^2)")
+    # user: None = all users; K = first-K admission
+    max_users: int | None = _field(
+        DEFAULT_MAX_USERS, "must be null (default: every user admitted, about 400 bytes of "
+                           "sketcher memory per distinct user) or an integer K >= 1 (first-K "
+                           "admission: only the first K distinct users of each partition count "
+                           "and every user weight is halved)", ge=1)
+    # user: share of rho of the warm-up (sequential)
+    warmup_share: float = _field(
+        WARMUP_SHARE, "must be a number in (0, 1): the share of rho spent on the warm-up, charged "
+                      f"to the stream partition in user mode (default {WARMUP_SHARE})", gt=0, lt=1)
     kafka: dict = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        def bad(name, why):
-            raise ConfigError(f"configuration field {name!r}: {why}")
-
-        if not self.bootstrap or not isinstance(self.bootstrap, str):
-            bad("bootstrap", "set the Kafka bootstrap servers, e.g. 127.0.0.1:9092")
+    # ------------------------------------------------- rules of one field that are not a type
+    @field_validator("topic_prefix")
+    @classmethod
+    def _topic_prefix(cls, prefix: str) -> str:
         try:
-            TopicNames.from_prefix(self.topic_prefix)
+            TopicNames.from_prefix(prefix)
         except ValueError as exc:
-            bad("topic_prefix", str(exc))
-        if not (isinstance(self.n_topics, int) and self.n_topics >= 1):
-            bad("n_topics", f"must be an integer >= 1, got {self.n_topics!r}")
-        self._check_vocabulary_fields(bad)
-        if not (self.alpha0 > 0 and math.isfinite(self.alpha0)):
-            bad("alpha0", f"must be a finite number > 0, got {self.alpha0!r}")
-        for name in ("non_private", "insecure_reproducible_noise", "non_production",
-                     "metrics_exact_counts", "refinement", "confirm_backfill", "refinement_thread",
-                     "sign_unsigned_state", "confirm_state_loss"):
-            if not isinstance(getattr(self, name), bool):
-                bad(name, f"must be true or false, got {getattr(self, name)!r}")
+            raise ConfigError(f"configuration field 'topic_prefix': {exc}") from None
+        return prefix
+
+    @field_validator("kafka")
+    @classmethod
+    def _kafka(cls, props: dict) -> dict:
+        if not all(isinstance(k, str) for k in props):
+            raise ConfigError("configuration field 'kafka': must be a mapping of librdkafka client "
+                              'properties, e.g. {"security.protocol": "SASL_SSL", '
+                              '"sasl.mechanism": "SCRAM-SHA-512"}')
+        if "bootstrap.servers" in props or "group.id" in props:
+            raise ConfigError("configuration field 'kafka': set bootstrap servers with 'bootstrap' "
+                              "and the group with 'group_id', not inside 'kafka'")
+        return props
+
+    # ------------------------------------------------- rules that relate fields (in this order)
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> "ServiceConfig":
+        self._check_vocabulary_fields()
+        self._check_privacy_mode_fields()
+        try:
+            Routing(EpochClock(self.stream_start, self.epoch_seconds), self.lateness)
+        except ValueError as exc:
+            _refuse("stream_start/epoch_seconds/lateness", str(exc))
+        self._check_refinement_lag()         # after the time fields it relies on
+        self._check_user_fields()
+        self._check_start_fields()
+        return self
+
+    def _check_privacy_mode_fields(self) -> None:
         if self.epsilon is None:
             if not self.non_private:
-                bad("epsilon", "is null/blank, which would run NON-PRIVATE (no clipping, no noise): "
-                               "set a number > 0 (e.g. 1.0) for a private deployment; a non-private "
-                               "deployment must say so with non_private: true (and epsilon: null)")
+                _refuse("epsilon", "is null/blank, which would run NON-PRIVATE (no clipping, no "
+                                   "noise): set a number > 0 (e.g. 1.0) for a private deployment; "
+                                   "a non-private deployment must say so with non_private: true "
+                                   "(and epsilon: null)")
         elif self.non_private:
-            bad("non_private", f"is true but epsilon is {self.epsilon!r}: a deployment is either "
-                               "private (epsilon > 0, non_private false) or non-private "
-                               "(non_private: true, epsilon: null) - remove one of the two")
-        elif (isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float))
-              or not (self.epsilon > 0 and math.isfinite(self.epsilon))):
-            bad("epsilon", f"must be a number > 0 (e.g. 1.0), got {self.epsilon!r}; for a "
-                           "non-private deployment set non_private: true and epsilon: null")
-        if self.noise_seed is not None:
-            if isinstance(self.noise_seed, bool) or not isinstance(self.noise_seed, int):
-                bad("noise_seed", f"must be an integer or null, got {self.noise_seed!r}")
-            if not (self.insecure_reproducible_noise and self.non_production):
-                bad("noise_seed", "makes the noise reproducible: anyone who knows the seed can "
+            _refuse("non_private", f"is true but epsilon is {self.epsilon!r}: a deployment is either "
+                                   "private (epsilon > 0, non_private false) or non-private "
+                                   "(non_private: true, epsilon: null) - remove one of the two")
+        if self.noise_seed is not None and not (self.insecure_reproducible_noise
+                                                and self.non_production):
+            _refuse("noise_seed", "makes the noise reproducible: anyone who knows the seed can "
                                   "subtract it and read the raw statistics. It is for tests and "
                                   "benchmarks only and needs BOTH insecure_reproducible_noise: true "
                                   "and non_production: true; in production remove noise_seed")
         if self.insecure_reproducible_noise and not self.non_production:
-            bad("insecure_reproducible_noise", "needs non_production: true (never in production)")
-        if not 0 < self.delta < 1:
-            bad("delta", f"must be in (0, 1), got {self.delta!r}")
-        if not (isinstance(self.horizon, int) and self.horizon >= 1):
-            bad("horizon", f"must be an integer number of epochs >= 1, got {self.horizon!r}")
-        if self.continual_aggregator not in ("blt", "tree"):
-            bad("continual_aggregator", "must be 'blt' (BLT matrix factorization, default) or "
-                f"'tree' (binary tree), got {self.continual_aggregator!r}")
-        if self.sampler not in SAMPLER_KINDS:
-            bad("sampler", f"must be one of {SAMPLER_KINDS} ('opendp-lattice': vetted, rounding charged, default; "
-                f"'opendp': vetted, exact, slower; 'google': "
-                f"fast, opt-in, per-draw failure probability not charged; 'fast': not vetted), got {self.sampler!r}")
-        elif self.epsilon is not None:
+            _refuse("insecure_reproducible_noise", "needs non_production: true (never in production)")
+        if self.epsilon is not None:
             try:        # the one rule (streamdp.privacy.noise): unvetted only when non_production
-                require_production_sampler(self.sampler, self.non_production is True)
+                require_production_sampler(self.sampler, self.non_production)
             except ValueError as exc:
-                bad("sampler", str(exc).removeprefix("sampler "))
-        if not 0 < self.clip_quantile <= 1:
-            bad("clip_quantile", f"must be in (0, 1], got {self.clip_quantile!r}")
-        if (isinstance(self.refinement_share, bool) or not isinstance(self.refinement_share, (int, float))
-                or not 0 < self.refinement_share < 1):
-            bad("refinement_share", f"must be a number in (0, 1) (the share of each tree node's rho "
-                                    f"spent on the refinement sums; default 0.5), got "
-                                    f"{self.refinement_share!r}; to turn refinement off set "
-                                    "refinement: false")
-        if (isinstance(self.max_documents_per_sum, bool) or not isinstance(self.max_documents_per_sum, int)
-                or not 1 <= self.max_documents_per_sum <= 10**12):
-            bad("max_documents_per_sum", "must be an integer in [1, 10^12]: the most documents any "
-                                         "one noised sum (a warm-up, a tree node) may hold; choose "
-                                         "it above any realistic total (default 1000000000), got "
-                                         f"{self.max_documents_per_sum!r}")
-        if not 0 < self.clip_budget_share < 1:
-            bad("clip_budget_share", f"must be in (0, 1), got {self.clip_budget_share!r}")
-        try:
-            EpochClock(float(self.stream_start), float(self.epoch_seconds))
-            Routing(EpochClock(float(self.stream_start), float(self.epoch_seconds)), float(self.lateness))
-        except (ValueError, TypeError) as exc:
-            bad("stream_start/epoch_seconds/lateness", str(exc))
-        if self.closing not in ("schedule", "operator"):
-            bad("closing", f"must be 'schedule' (epochs close at their close time + "
-                           f"{5:g} s on the service clock) or 'operator' (only by `streamdp "
-                           f"control flush/close`, e.g. a replayed feed), got {self.closing!r}")
-        for name in ("batch_size", "max_document_bytes", "max_document_tokens"):
-            v = getattr(self, name)
-            if not (isinstance(v, int) and v >= 1):
-                bad(name, f"must be an integer >= 1, got {v!r}")
-        if not isinstance(self.kafka, dict) or not all(isinstance(k, str) for k in self.kafka):
-            bad("kafka", "must be a mapping of librdkafka client properties, e.g. "
-                         '{"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"}')
-        if "bootstrap.servers" in self.kafka or "group.id" in self.kafka:
-            bad("kafka", "set bootstrap servers with 'bootstrap' and the group with 'group_id', "
-                         "not inside 'kafka'")
-        for name in ("checkpoint_seconds", "poll_seconds", "max_future_seconds", "liveness_seconds",
-                     "readiness_broker_seconds"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                bad(name, f"must be a number of seconds > 0, got {v!r}")
-        if self.require_broker_time is not None and not isinstance(self.require_broker_time, bool):
-            bad("require_broker_time", f"must be true, false or null (= true unless non_production), "
-                                       f"got {self.require_broker_time!r}")
-        if not isinstance(self.control_key_file, str):
-            bad("control_key_file", f"must be the path of the control-key file, got {self.control_key_file!r}")
-        if not (isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535):
-            bad("metrics_port", f"must be a TCP port 0..65535 (0 = any free port), got {self.metrics_port!r}")
-        self._check_refinement_lag(bad)      # after the time fields it relies on
-        self._check_user_fields(bad)
-        self._check_start_fields(bad)
+                _refuse("sampler", str(exc).removeprefix("sampler "))
 
-    def _check_start_fields(self, bad) -> None:
-        from streamdp.start import SERVICE_START_CHOICES
-        if self.start not in SERVICE_START_CHOICES:
-            bad("start", f"must be one of {SERVICE_START_CHOICES}, got {self.start!r}")
+    def _check_start_fields(self) -> None:
         if self.start == "cluster":
-            bad("start", "'cluster' (the private clustering start) runs in streamdp.fit / "
-                         "StreamingSpectralLDA only; the services do not have it yet "
-                         "(docs/services.md §The start): use 'tensor', 'public' with "
-                         "public_start_file, or 'auto'")
-        if not isinstance(self.public_start_file, str):
-            bad("public_start_file", f"must be the path of a public start file, got "
-                                     f"{self.public_start_file!r}")
+            _refuse("start", "'cluster' (the private clustering start) runs in streamdp.fit / "
+                             "StreamingSpectralLDA only; the services do not have it yet "
+                             "(docs/services.md §The start): use 'tensor', 'public' with "
+                             "public_start_file, or 'auto'")
         if self.start == "public" and not self.public_start_file:
-            bad("public_start_file", "start: public needs public_start_file: a topics file fitted "
-                                     "without privacy on documents you declare public (write it "
-                                     "with `streamdp public-start`)")
+            _refuse("public_start_file", "start: public needs public_start_file: a topics file "
+                                         "fitted without privacy on documents you declare public "
+                                         "(write it with `streamdp public-start`)")
         if self.public_start_file:
             if self.start == "tensor":
-                bad("public_start_file", "is set but start is 'tensor', which never reads it: "
-                                         "remove it, or set start: public or auto")
+                _refuse("public_start_file", "is set but start is 'tensor', which never reads it: "
+                                             "remove it, or set start: public or auto")
             if not self.refinement:
-                bad("public_start_file", "a public start is the model the refinement folds "
-                                         "documents into: it needs refinement: true")
+                _refuse("public_start_file", "a public start is the model the refinement folds "
+                                             "documents into: it needs refinement: true")
             if self.vocabulary_mode == "private":
-                bad("public_start_file", "the private vocabulary is selected after the start, so no "
-                                         "topics file can be fitted on it beforehand: use "
-                                         "vocabulary_mode file or public with a public start")
+                _refuse("public_start_file", "the private vocabulary is selected after the start, "
+                                             "so no topics file can be fitted on it beforehand: use "
+                                             "vocabulary_mode file or public with a public start")
             if not Path(self.public_start_file).is_file():
-                bad("public_start_file", f"no file at {self.public_start_file!r}")
+                _refuse("public_start_file", f"no file at {self.public_start_file!r}")
 
     _USER_FIELDS = ("max_docs_per_user_epoch", "max_docs_per_user", "user_weights", "max_users",
                     "warmup_share")
 
-    def _check_user_fields(self, bad) -> None:
+    def _check_user_fields(self) -> None:
         """privacy_unit and the user-level bounding (docs/configuration.md, docs/privacy.md)."""
-        unit = self.privacy_unit
-        if unit not in PRIVACY_UNITS:
-            bad("privacy_unit", f"must be 'document' (add/remove one document) or 'user' "
-                                f"(add/remove every document of one user id), got {unit!r}")
-        defaults = {f.name: f.default for f in dataclasses.fields(self)
-                    if f.name in self._USER_FIELDS}
-        if unit == "document":
+        if self.privacy_unit == "document":
+            defaults = {f.name: f.default for f in dataclasses.fields(self)
+                        if f.name in self._USER_FIELDS}
             changed = sorted(n for n in self._USER_FIELDS if getattr(self, n) != defaults[n])
             if changed:
-                bad(changed[0], f"bounds users, but privacy_unit is 'document': set privacy_unit: "
-                                f"user to use {', '.join(changed)}, or remove them")
+                _refuse(changed[0], f"bounds users, but privacy_unit is 'document': set "
+                                    f"privacy_unit: user to use {', '.join(changed)}, or remove them")
             return
-        for name in ("max_docs_per_user_epoch", "max_docs_per_user"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                bad(name, f"must be an integer >= 1 (or null for the default), got {v!r}")
-        if self.user_weights not in SCHEDULES:
-            bad("user_weights", f"must be one of {', '.join(SCHEDULES)} (weight of a user's j-th "
-                                f"kept document: 1/M, or proportional to 1/j^2), got "
-                                f"{self.user_weights!r}")
-        if self.max_users is not None and (isinstance(self.max_users, bool)
-                                           or not isinstance(self.max_users, int)
-                                           or self.max_users < 1):
-            bad("max_users", f"must be null (default: every user admitted, about 400 bytes of "
-                             f"sketcher memory per distinct user) or an integer K >= 1 (first-K "
-                             f"admission: only the first K distinct users of each partition "
-                             f"count and every user weight is halved), got {self.max_users!r}")
-        ws = self.warmup_share
-        if isinstance(ws, bool) or not isinstance(ws, (int, float)) or not 0 < ws < 1:
-            bad("warmup_share", f"must be a number in (0, 1): the share of rho spent on the "
-                                f"warm-up, charged to the stream partition in user mode "
-                                f"(default {WARMUP_SHARE}), got {ws!r}")
         if not self.private:
-            bad("privacy_unit", "is 'user' but the deployment is non-private (epsilon null): a "
-                                "unit of privacy needs a private deployment; remove privacy_unit "
-                                "or set epsilon")
+            _refuse("privacy_unit", "is 'user' but the deployment is non-private (epsilon null): a "
+                                    "unit of privacy needs a private deployment; remove "
+                                    "privacy_unit or set epsilon")
         if self.vocabulary_mode == "private":
-            bad("vocabulary_mode", "is 'private', but a user-level vocabulary selection is not "
-                                   "implemented (it counts each document's words): with "
-                                   "privacy_unit: user use vocabulary_mode: public or a public "
-                                   "vocabulary file")
+            _refuse("vocabulary_mode", "is 'private', but a user-level vocabulary selection is not "
+                                       "implemented (it counts each document's words): with "
+                                       "privacy_unit: user use vocabulary_mode: public or a public "
+                                       "vocabulary file")
 
     @property
     def user_bounds(self) -> tuple[int, int]:
@@ -342,99 +329,76 @@ class ServiceConfig:
                 "partition_rule": "partition_for_user: BLAKE2b-64(user) mod the deployment's "
                                   "partition count; documents elsewhere are dead-lettered"}
 
-    def _check_refinement_lag(self, bad) -> None:
-        """L ≥ 1, and (with refinement) a hold can always end: a sketcher holds a partition at a
-        document of epoch e until epoch e − L is closed, and closing e − L needs that
-        partition's progress — at least the held record's time rt — past e − L's close time.
-        An on-time document of epoch e has rt ≥ start(e) − max_future_seconds, so
-        (L − 1)·epoch_seconds ≥ lateness + max_future_seconds makes every hold end; otherwise
-        a held partition can block the very epoch it waits for (docs/privacy.md)."""
+    def _check_refinement_lag(self) -> None:
+        """With refinement, a hold can always end: a sketcher holds a partition at a document of
+        epoch e until epoch e − L is closed, and closing e − L needs that partition's progress —
+        at least the held record's time rt — past e − L's close time. An on-time document of
+        epoch e has rt ≥ start(e) − max_future_seconds, so (L − 1)·epoch_seconds ≥ lateness +
+        max_future_seconds makes every hold end; otherwise a held partition can block the very
+        epoch it waits for (docs/privacy.md)."""
         lag = self.refinement_model_lag
-        if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
-            bad("refinement_model_lag", f"must be an integer number of epochs >= 1 (default 2), "
-                                        f"got {lag!r}")
-        if not self.refinement or not all(isinstance(getattr(self, n), (int, float)) for n in (
-                "epoch_seconds", "lateness", "max_future_seconds")):
-            return                     # bad time fields were named above
-        need = float(self.lateness) + float(self.max_future_seconds)
-        if (lag - 1) * float(self.epoch_seconds) >= need:
+        need = self.lateness + self.max_future_seconds
+        if not self.refinement or (lag - 1) * self.epoch_seconds >= need:
             return
-        smallest = 1 + math.ceil(need / float(self.epoch_seconds)) if self.epoch_seconds > 0 else None
         why = (f"is {lag}, but (refinement_model_lag - 1) x epoch_seconds = "
-               f"{(lag - 1) * float(self.epoch_seconds):g} s is less than lateness + "
+               f"{(lag - 1) * self.epoch_seconds:g} s is less than lateness + "
                f"max_future_seconds = {need:g} s: a sketcher holding a document of epoch e until "
                f"epoch e - {lag} is released could block that very release (a document may be "
                f"stamped up to max_future_seconds before its event time). Set "
-               f"refinement_model_lag to at least {smallest}, or lower lateness/max_future_seconds, "
-               f"or turn refinement off")
+               f"refinement_model_lag to at least {1 + math.ceil(need / self.epoch_seconds)}, or "
+               f"lower lateness/max_future_seconds, or turn refinement off")
         if not self.non_production:
-            bad("refinement_model_lag", why)
+            _refuse("refinement_model_lag", why)
         import logging
         logging.getLogger("streamdp.config").warning(
             "configuration field 'refinement_model_lag' %s (accepted because non_production is "
             "true: only safe when each epoch's documents are produced after the release of "
             "epoch e - L)", why)
 
-    def _check_vocabulary_fields(self, bad) -> None:
+    def _check_vocabulary_fields(self) -> None:
         mode = self.vocabulary_mode
-        if mode not in VOCABULARY_MODES:
-            bad("vocabulary_mode", f"must be one of {', '.join(VOCABULARY_MODES)}, got {mode!r}: "
-                                   "'public' (a wordfreq list, no budget), 'private' (selected with "
-                                   "DP from the documents before selection_end) or 'file'")
-        for name in ("vocabulary_public_by_assumption", "vocabulary_out_of_list"):
-            if not isinstance(getattr(self, name), bool):
-                bad(name, f"must be true or false, got {getattr(self, name)!r}")
-        for name in ("vocabulary_size", "vocabulary_candidates", "vocabulary_max_words_per_document"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                bad(name, f"must be an integer >= 1, got {v!r}")
-        if not (isinstance(self.vocabulary_lang, str) and self.vocabulary_lang):
-            bad("vocabulary_lang", f"must be a wordfreq language code such as 'en', got "
-                                   f"{self.vocabulary_lang!r}")
         if mode == "file":
             if self.selection_end is not None:
-                bad("selection_end", "is set but vocabulary_mode is 'file': the selection window is "
-                                     "used only by vocabulary_mode: private - remove selection_end "
-                                     "or set vocabulary_mode: private")
+                _refuse("selection_end", "is set but vocabulary_mode is 'file': the selection "
+                                         "window is used only by vocabulary_mode: private - remove "
+                                         "selection_end or set vocabulary_mode: private")
             return
         if self.vocabulary:
-            bad("vocabulary", f"is set ({self.vocabulary!r}) but vocabulary_mode is {mode!r}, which "
-                              "builds the vocabulary itself: remove 'vocabulary', or set "
-                              "vocabulary_mode: file to use that file")
+            _refuse("vocabulary", f"is set ({self.vocabulary!r}) but vocabulary_mode is {mode!r}, "
+                                  "which builds the vocabulary itself: remove 'vocabulary', or set "
+                                  "vocabulary_mode: file to use that file")
         if self.vocabulary_public_by_assumption:
-            bad("vocabulary_public_by_assumption", f"only applies to vocabulary_mode: file (a file "
-                                                   f"you declare public); the mode is {mode!r}")
+            _refuse("vocabulary_public_by_assumption", f"only applies to vocabulary_mode: file (a "
+                                                       f"file you declare public); the mode is {mode!r}")
         if self.n_topics > self.vocabulary_size:
-            bad("vocabulary_size", f"is {self.vocabulary_size}, smaller than n_topics="
-                                   f"{self.n_topics}: a vocabulary needs at least n_topics words")
+            _refuse("vocabulary_size", f"is {self.vocabulary_size}, smaller than n_topics="
+                                       f"{self.n_topics}: a vocabulary needs at least n_topics words")
         if mode == "public":
             if self.selection_end is not None:
-                bad("selection_end", "is set but vocabulary_mode is 'public' (no selection "
-                                     "window): remove it, or set vocabulary_mode: private")
+                _refuse("selection_end", "is set but vocabulary_mode is 'public' (no selection "
+                                         "window): remove it, or set vocabulary_mode: private")
             return
         # private
         if self.epsilon is None:
-            bad("vocabulary_mode", "is 'private' but the deployment is non-private (epsilon null): "
-                                   "a DP selection needs a budget; use vocabulary_mode: public")
+            _refuse("vocabulary_mode", "is 'private' but the deployment is non-private (epsilon "
+                                       "null): a DP selection needs a budget; use vocabulary_mode: "
+                                       "public")
         if self.vocabulary_candidates < self.vocabulary_size:
-            bad("vocabulary_candidates", f"is {self.vocabulary_candidates}, below vocabulary_size="
-                                         f"{self.vocabulary_size}: the selection picks "
-                                         "vocabulary_size words out of the candidates; raise it "
-                                         "(e.g. 10 x vocabulary_size)")
+            _refuse("vocabulary_candidates", f"is {self.vocabulary_candidates}, below "
+                                             f"vocabulary_size={self.vocabulary_size}: the "
+                                             "selection picks vocabulary_size words out of the "
+                                             "candidates; raise it (e.g. 10 x vocabulary_size)")
         se = self.selection_end
-        if se is None or isinstance(se, bool) or not isinstance(se, (int, float)) or not math.isfinite(se):
-            bad("selection_end", f"vocabulary_mode: private needs selection_end, the unix time (s) "
-                                 f"that ends the selection window: documents with ts < "
-                                 f"selection_end choose the words, those in [selection_end, "
-                                 f"stream_start) are the warm-up; got {se!r}")
-        try:
-            start = float(self.stream_start)
-        except (TypeError, ValueError):
-            return                        # reported by the stream_start check below
-        if not se < start:
-            bad("selection_end", f"must be before stream_start ({start!r}), got {se!r}: the "
-                                 "warm-up window [selection_end, stream_start) would be empty; "
-                                 "set selection_end earlier (e.g. stream_start - 86400)")
+        if se is None:
+            _refuse("selection_end", "vocabulary_mode: private needs selection_end, the unix time "
+                                     "(s) that ends the selection window: documents with ts < "
+                                     "selection_end choose the words, those in [selection_end, "
+                                     "stream_start) are the warm-up; got None")
+        if not se < self.stream_start:
+            _refuse("selection_end", f"must be before stream_start ({self.stream_start!r}), got "
+                                     f"{se!r}: the warm-up window [selection_end, stream_start) "
+                                     "would be empty; set selection_end earlier (e.g. "
+                                     "stream_start - 86400)")
 
     # ------------------------------------------------------------- derived
     @property
@@ -569,6 +533,43 @@ class ServiceConfig:
         return dataclasses.replace(self, **changes)
 
 
+def _refuse(name: str, why: str) -> NoReturn:
+    raise ConfigError(f"configuration field {name!r}: {why}")
+
+
+def _config_error(exc: ValidationError) -> ConfigError:
+    """pydantic's ValidationError (every refusal, several lines) as the one-line ConfigError the
+    services and the CLI show: its first error, a validator's own ConfigError as it is, a type
+    or range error as ``configuration field 'x': <the field's hint>, got <value>``."""
+    error = exc.errors(include_url=False)[0]
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, ConfigError):
+        return cause
+    name, got = str(error["loc"][0]), repr(error["input"])
+    names = {f.name for f in dataclasses.fields(ServiceConfig)}
+    if name not in names:
+        return ConfigError(f"unknown configuration field {name!r}{_closest(name, names)}")
+    hint = (ServiceConfig.__pydantic_fields__[name].description    # else pydantic's words
+            or "must be " + error["msg"].removeprefix("Input should be "))
+    why = hint.replace("{got}", got) if "{got}" in hint else f"{hint}, got {got}"
+    return ConfigError(f"configuration field {name!r}: {why}")
+
+
+def _raising_config_errors(init):
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        try:
+            init(self, *args, **kwargs)
+        except ValidationError as exc:
+            raise _config_error(exc) from None
+    return __init__
+
+
+# every construction (ServiceConfig(...), dataclasses.replace, from_mapping) refuses with a
+# ConfigError, never with pydantic's multi-line ValidationError
+ServiceConfig.__init__ = _raising_config_errors(ServiceConfig.__init__)
+
+
 def from_mapping(values: dict, *, env: dict | None = None) -> ServiceConfig:
     """Build a config from a mapping, then ``STREAMDP_<FIELD>`` environment overrides."""
     names = {f.name: f for f in dataclasses.fields(ServiceConfig)}
@@ -602,7 +603,7 @@ def from_mapping(values: dict, *, env: dict | None = None) -> ServiceConfig:
         except ValueError as exc:
             raise ConfigError(f"environment STREAMDP_{name.upper()}={raw!r}: {exc}") from exc
     for name, v in merged.items():
-        if isinstance(v, str) and not v.strip() and not str(names[name].type).startswith("str"):
+        if isinstance(v, str) and not v.strip() and not str(names[name].type).startswith(("str", "Literal")):
             raise ConfigError(f"configuration field {name!r} is blank: give it a value or remove it"
                               + (" (epsilon: a number > 0; a non-private deployment says "
                                  "non_private: true and epsilon: null)" if name == "epsilon" else ""))
