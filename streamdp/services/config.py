@@ -89,10 +89,10 @@ class ServiceConfig:
                 "list, no budget), 'private' (selected with DP from the documents before "
                 "selection_end) or 'file'")
     vocabulary_public_by_assumption: bool = False  # a corpus-built file, knowingly (benchmarks)
-    vocabulary_size: int = _field(5000, _INT_GE_1, ge=1)  # d of a public / privately selected vocabulary
+    vocabulary_size: int = _field(5000, _INT_GE_1, ge=1)   # d of a public / private vocabulary
     vocabulary_lang: str = _field("en", "must be a wordfreq language code such as 'en'", min_length=1)
-    vocabulary_candidates: int = _field(50_000, _INT_GE_1, ge=1)   # public candidate list of the private selection
-    vocabulary_max_words_per_document: int = _field(64, _INT_GE_1, ge=1)  # m: distinct words one document contributes
+    vocabulary_candidates: int = _field(50_000, _INT_GE_1, ge=1)   # candidates of the selection
+    vocabulary_max_words_per_document: int = _field(64, _INT_GE_1, ge=1)   # m: words per document
     vocabulary_out_of_list: bool = False         # also DP partition selection outside the list
     # private: ts < selection_end selects the words
     selection_end: float | None = _field(None, "must be a finite unix time (s) or null",
@@ -114,7 +114,7 @@ class ServiceConfig:
         DEFAULT_SAMPLER, f"must be one of {SAMPLER_KINDS} ('opendp-lattice': vetted, rounding "
                          "charged, default; 'opendp': vetted, exact, slower; 'google': fast, "
                          "opt-in, per-draw failure probability not charged; 'fast': not vetted)")
-    noise_seed: int | None = _field(None, "must be an integer or null")
+    noise_seed: int | None = None
     insecure_reproducible_noise: bool = False
     non_production: bool = False
     clip_quantile: float = _field(0.97, "must be in (0, 1]", gt=0, le=1, allow_inf_nan=False)
@@ -143,8 +143,7 @@ class ServiceConfig:
     # None: required unless non_production (issue 15)
     require_broker_time: bool | None = _field(None, "must be true, false or null (= true unless "
                                                     "non_production)")
-    # HMAC key of control messages (a Secret)
-    control_key_file: str = _field("", "must be the path of the control-key file")
+    control_key_file: str = ""                   # HMAC key of control messages (a Secret)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = _field(0, "must be a TCP port 0..65535 (0 = any free port)", ge=0, le=65535)
     poll_seconds: float = _field(1.0, _SECONDS, **_SECONDS_RULES)
@@ -165,7 +164,7 @@ class ServiceConfig:
     # public (cluster: the estimator's only, refused here); public_start_file: a topics file
     # fitted without privacy on documents the operator declares public (`streamdp public-start`)
     start: Literal["auto", "tensor", "cluster", "public"] = "auto"
-    public_start_file: str = _field("", "must be the path of a public start file")
+    public_start_file: str = ""
     # rounding premise N_max (docs/privacy.md)
     max_documents_per_sum: int = _field(
         1_000_000_000, "must be an integer in [1, 10^12]: the most documents any one noised sum "
@@ -543,14 +542,15 @@ def _config_error(exc: ValidationError) -> ConfigError:
     or range error as ``configuration field 'x': <the field's hint>, got <value>``."""
     error = exc.errors(include_url=False)[0]
     cause = (error.get("ctx") or {}).get("error")
-    if isinstance(cause, ConfigError):
-        return cause
+    if isinstance(cause, ConfigError) or not error["loc"]:
+        return cause if isinstance(cause, ConfigError) else ConfigError(f"configuration: {error['msg']}")
     name, got = str(error["loc"][0]), repr(error["input"])
     names = {f.name for f in dataclasses.fields(ServiceConfig)}
     if name not in names:
         return ConfigError(f"unknown configuration field {name!r}{_closest(name, names)}")
-    hint = (ServiceConfig.__pydantic_fields__[name].description    # else pydantic's words
-            or "must be " + error["msg"].removeprefix("Input should be "))
+    hint = ServiceConfig.__pydantic_fields__[name].description or (    # else pydantic's words
+        "must be one of " + error["ctx"]["expected"] if error["type"] == "literal_error"
+        else "must be " + error["msg"].removeprefix("Input should be "))
     why = hint.replace("{got}", got) if "{got}" in hint else f"{hint}, got {got}"
     return ConfigError(f"configuration field {name!r}: {why}")
 
@@ -609,10 +609,7 @@ def from_mapping(values: dict, *, env: dict | None = None) -> ServiceConfig:
                                  "non_private: true and epsilon: null)" if name == "epsilon" else ""))
     if merged.get("non_private") is True and "epsilon" not in merged:
         merged["epsilon"] = None        # non_private: true alone means what it says
-    try:
-        return ServiceConfig(**merged)
-    except TypeError as exc:
-        raise ConfigError(str(exc)) from exc
+    return ServiceConfig(**merged)
 
 
 #: STREAMDP_* variables that are not configuration fields: the progress switch
