@@ -149,10 +149,10 @@ class PendingRows:
                 "indptr": ser.pack_array(X.indptr.astype(np.int64))}
 
     @classmethod
-    def from_dict(cls, obj: dict | None, d: int, chunk: int) -> "PendingRows":
-        """Pending rows of a checkpoint (``None``: a checkpoint written before they existed)."""
+    def from_dict(cls, obj: dict, d: int, chunk: int) -> "PendingRows":
+        """Pending rows of a checkpoint (:meth:`to_dict`; ``{"n": 0}``: none)."""
         out = cls(d, chunk)
-        if not obj or not int(obj.get("n", 0)):
+        if not int(obj["n"]):
             return out
         n = int(obj["n"])
         indptr = ser.unpack_array(obj["indptr"], name="pending.indptr")

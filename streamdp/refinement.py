@@ -63,6 +63,9 @@ def refinement_sensitivity(max_documents: int = rounding.DEFAULT_MAX_DOCUMENTS_P
 #: the sensitivity at the default premise N_max (what :func:`plan_refinement` uses by default)
 SENSITIVITY = refinement_sensitivity()
 SCHEMA_VERSION = 1
+#: the refinement sketch's state. v2: the compensation ``sums_lo`` present; v1 states are
+#: migrated (:func:`_sketch_v1_to_v2`). ``pending`` is written only for an open chunk (both).
+SKETCH_VERSION = 2
 # uniform probability mass mixed into every released topic: keeps every word possible
 # (finite perplexity) at a bias of ≈ FLOOR·‖μ − b‖ (measured: 0.01 cost 0.001 of L2 error)
 FLOOR = 1e-3
@@ -570,7 +573,7 @@ class RefinementSketch:
 
     def to_dict(self) -> dict:
         # "sums"/"sums_lo": the compensated pair, k × d (value = sums + sums_lo; exact transposes)
-        out = {"kind": "refinement_sketch", "v": SCHEMA_VERSION, "n_docs": int(self.n_docs),
+        out = {"kind": "refinement_sketch", "v": SKETCH_VERSION, "n_docs": int(self.n_docs),
                "sums": ser.pack_array(self._acc.T), "sums_lo": ser.pack_array(self._comp.T)}
         if self.pending_rows:       # the partial chunk's running sum (secret, like the sums)
             out["pending"] = {"rows": int(self.pending_rows), "sum": ser.pack_array(self.pending)}
@@ -578,16 +581,16 @@ class RefinementSketch:
 
     @classmethod
     def from_dict(cls, obj: dict) -> "RefinementSketch":
-        ser.check_header(obj, "refinement_sketch", SCHEMA_VERSION)
+        obj = ser.upgrade(obj, "refinement_sketch", SKETCH_VERSION, {1: _sketch_v1_to_v2})
+        ser.require(obj, "refinement_sketch", "n_docs", "sums", "sums_lo")
         sums = ser.unpack_array(obj["sums"], name="sums")
         out = cls(*sums.shape)
         out._acc, out.n_docs = np.array(sums.T, dtype=np.float64, order="C"), int(obj["n_docs"])
-        if "sums_lo" in obj:            # states written before compensation existed have none
-            lo = ser.unpack_array(obj["sums_lo"], name="sums_lo")
-            if lo.shape != sums.shape:
-                raise ser.SchemaError(f"refinement compensation: shape {lo.shape}, expected {sums.shape}")
-            out.acc.lo["sums"] = np.array(lo.T, dtype=np.float64, order="C")
-        pend = obj.get("pending")       # states written before chunking have none
+        lo = ser.unpack_array(obj["sums_lo"], name="sums_lo")
+        if lo.shape != sums.shape:
+            raise ser.SchemaError(f"refinement compensation: shape {lo.shape}, expected {sums.shape}")
+        out.acc.lo["sums"] = np.array(lo.T, dtype=np.float64, order="C")
+        pend = obj.get("pending")       # written only for an open chunk
         if pend:
             rows = int(pend["rows"])
             acc = ser.unpack_array(pend["sum"], name="pending.sum")
@@ -596,6 +599,14 @@ class RefinementSketch:
                                       f"expected < {REFINE_CHUNK} rows of {sums.shape[::-1]}")
             out.acc.load_open({"sums": np.array(acc, dtype=np.float64, order="C")}, rows)
         return out
+
+
+def _sketch_v1_to_v2(obj: dict) -> dict:
+    """A v1 refinement sketch state as v2 (the one migration of this kind): v1 states written
+    before the rounding work carry no compensation (their value is exact as is)."""
+    if "sums_lo" in obj:
+        return obj
+    return {**obj, "sums_lo": ser.pack_array(np.zeros_like(ser.unpack_array(obj["sums"], name="sums")))}
 
 
 # ----------------------------------------------------------------------------- release

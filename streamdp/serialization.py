@@ -67,3 +67,40 @@ def check_header(obj: Any, kind: str, version: int) -> None:
         raise SchemaError(f"expected a {kind!r} record, got {obj.get('kind')!r}")
     if obj.get("v") != version:
         raise SchemaError(f"{kind}: unsupported schema version {obj.get('v')!r} (this build reads v{version})")
+
+
+def upgrade(obj: Any, kind: str, version: int, steps: dict | None = None) -> dict:
+    """Check a persisted record's header and bring an older layout to ``version``: the one
+    place a record kind's schema history is read (issue 26), so its reader reads the current
+    layout only. ``steps[v]`` turns a version-v record (a copy) into a version-v+1 one, filling
+    what v lacked. A version above ``version`` (written by a newer streamdp) or below the oldest
+    step (too old) is refused, saying what to do."""
+    if not isinstance(obj, dict):
+        raise SchemaError(f"{kind}: expected a map, got {type(obj).__name__}")
+    if obj.get("kind") != kind:
+        raise SchemaError(f"expected a {kind!r} record, got {obj.get('kind')!r}")
+    steps = steps or {}
+    v, oldest = obj.get("v"), min(steps, default=version)
+    if type(v) is not int or not oldest <= v <= version:
+        newer = type(v) is int and v > version
+        raise SchemaError(
+            f"{kind}: unsupported schema version {v!r} (this build reads v{oldest}"
+            + (f"..v{version}" if oldest < version else "") + "): "
+            + ("it was written by a newer streamdp; run that version (or newer) on this state"
+               if newer else "it was written by a streamdp too old for this build to migrate; "
+               "restore the state with the version that wrote it, or start a new deployment "
+               "(docs/operations.md)"))
+    out = dict(obj)
+    while v < version:
+        out = steps[v](out)
+        v += 1
+        out["v"] = v
+    return out
+
+
+def require(obj: dict, kind: str, *names: str) -> None:
+    """Refuse a record of the current layout that lacks a field (a damaged or foreign record:
+    older layouts are migrated by :func:`upgrade` before this check)."""
+    missing = [n for n in names if n not in obj]
+    if missing:
+        raise SchemaError(f"{kind} v{obj.get('v')}: missing field(s) {', '.join(missing)}")

@@ -114,14 +114,20 @@ def test_old_checkpoints_without_pending_rows_still_load(stream):
     sk = WhitenedSketch(sub).update(stream[:4200])
     obj = sk.to_dict()
     assert obj["pending"]["n"] == sk.pending.n > 0
-    del obj["pending"]                               # a state written before pending rows
+    del obj["pending"]                               # a state written before pending rows:
+    from streamdp import serialization as ser       # schema v1 (t3 over (a, pair b ≤ c))
+    from streamdp.moments import symmetric3
+    k = sub.dim
+    j, kk = np.triu_indices(k)
+    obj = dict(obj, v=1, acc=dict(obj["acc"], t3=ser.pack_array(symmetric3.expand(sk.t3, k)[:, j, kk])),
+               comp=dict(obj["comp"], t3=ser.pack_array(symmetric3.expand(sk.comp["t3"], k)[:, j, kk])))
     old = WhitenedSketch.from_dict(obj, sub)
     assert old.pending.n == 0 and old.n_docs == sk.n_docs
     w = WarmupSketch(D, KP)
     w.update(stream[:100])
-    from streamdp import serialization as ser
     wobj = ser.loads(w.to_bytes())
     del wobj["pending"]
+    wobj["v"] = 1
     assert WarmupSketch.from_bytes(ser.dumps(wobj)).pending.n == 0
 
 

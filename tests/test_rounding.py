@@ -474,12 +474,21 @@ def test_states_without_compensation_still_load():
     obj = sk.to_dict()
     back = WhitenedSketch.from_dict(obj, sub)
     assert all(np.array_equal(back.comp[n], sk.comp[n]) for n in sketch_mod._ACCUMULATORS)
+    # as written then: schema v1 (t3 over (a, pair b ≤ c)), no compensation (issue 26: the
+    # version says what a state lacks; one migration per kind fills it)
+    from streamdp import serialization as ser
+    from streamdp.moments import symmetric3
+    j, kk = np.triu_indices(3)
     old = {k: v for k, v in obj.items() if k not in ("comp", "weight_sum_lo", "n_rows")}
+    old = dict(old, v=1, acc=dict(obj["acc"], t3=ser.pack_array(symmetric3.expand(sk.t3, 3)[:, j, kk])))
     legacy = WhitenedSketch.from_dict(old, sub)
     assert legacy.n_rows == sk.n_docs and np.allclose(legacy.sums().z, sk.sums().z, rtol=1e-12)
+    with pytest.raises(ser.SchemaError, match="missing field.*comp"):    # v2 lacking it: damaged
+        WhitenedSketch.from_dict(dict(old, v=2, acc=obj["acc"]), sub)
     rs = RefinementSketch(2, 5)
     d = rs.to_dict()
     d.pop("sums_lo")
+    d["v"] = 1
     assert RefinementSketch.from_dict(d).sums_lo.shape == (2, 5)
 
 

@@ -165,12 +165,12 @@ class ChunkedAccumulator:
 
     def load_rows(self, obj: dict) -> None:
         """Rows mode: the open chunk of a checkpoint written by :meth:`rows_to_dict`."""
-        self.pending = PendingRows.from_dict(obj.get("pending"), self.pending.d, self.chunk)
+        self.pending = PendingRows.from_dict(obj["pending"], self.pending.d, self.chunk)
         self.pending_weights = _pending_weights_from(obj.get("pending_weights"), self.pending.n)
 
 
 def _pending_weights_from(obj, n: int) -> np.ndarray:
-    """Pending rows' weights of a checkpoint (absent: all 1)."""
+    """Pending rows' weights of a checkpoint (absent: all 1, see :meth:`rows_to_dict`)."""
     if obj is None:
         return np.ones(n)
     w = ser.unpack_array(obj, name="pending_weights").astype(np.float64)

@@ -49,8 +49,8 @@ from streamdp.privacy import rounding
 from streamdp.privacy.rounding import BATCH_ROWS_MAX, READ_CHUNK_MAX, MAGNITUDE_FACTOR
 from streamdp.whitening.subspace import Subspace
 
-#: v2: t3 holds the packed distinct entries (a ≤ b ≤ c, :mod:`.symmetric3`); v1 states
-#: (t3 over (a, pair b ≤ c)) still load, converted
+#: v2: t3 holds the packed distinct entries (a ≤ b ≤ c, :mod:`.symmetric3`), and every
+#: field is present. v1 states are migrated by :func:`_sketch_v1_to_v2`
 SCHEMA_VERSION = 2
 
 # Elements of the read-time (words × k'²) Khatri–Rao block materialised at once (~32 MB).
@@ -410,33 +410,28 @@ class WhitenedSketch:
 
     @classmethod
     def from_dict(cls, obj: dict, subspace: Subspace) -> "WhitenedSketch":
-        pair_layout = isinstance(obj, dict) and obj.get("v") == 1   # t3 over (a, pair b ≤ c)
-        ser.check_header(obj, "whitened_sketch", 1 if pair_layout else SCHEMA_VERSION)
-        if obj.get("subspace_id") != subspace.id:
-            raise ser.SchemaError(f"sketch was built on subspace {obj.get('subspace_id')}, "
+        obj = ser.upgrade(obj, "whitened_sketch", SCHEMA_VERSION,
+                          {1: lambda o: _sketch_v1_to_v2(o, subspace.dim)})
+        ser.require(obj, "whitened_sketch", "subspace_id", "clip", "acc", "comp", "n_docs",
+                    "n_rows", "n_clipped", "weight_sum", "weight_sum_lo", "pending")
+        if obj["subspace_id"] != subspace.id:
+            raise ser.SchemaError(f"sketch was built on subspace {obj['subspace_id']}, "
                                   f"not on {subspace.id}")
         out = cls(subspace, ClipBounds.from_dict(obj["clip"]))
         for n in _ACCUMULATORS:
             a = ser.unpack_array(obj["acc"][n], name=n)
-            if n == "t3" and pair_layout:
-                a = _t3_from_pair_layout(a, subspace.dim)
             if a.shape != getattr(out, n).shape:
                 raise ser.SchemaError(f"sketch block {n}: shape {a.shape}, expected {getattr(out, n).shape}")
             setattr(out, n, a.astype(np.float64, copy=False))
-            # states written before compensation existed carry none (their value is exact as is)
-            if "comp" in obj:
-                c = ser.unpack_array(obj["comp"][n], name=f"comp.{n}")
-                if n == "t3" and pair_layout:
-                    c = _t3_from_pair_layout(c, subspace.dim)
-                if c.shape != a.shape:
-                    raise ser.SchemaError(f"sketch compensation {n}: shape {c.shape}, expected {a.shape}")
-                out.comp[n] = c.astype(np.float64, copy=True)
+            c = ser.unpack_array(obj["comp"][n], name=f"comp.{n}")
+            if c.shape != a.shape:
+                raise ser.SchemaError(f"sketch compensation {n}: shape {c.shape}, expected {a.shape}")
+            out.comp[n] = c.astype(np.float64, copy=True)
         out.n_docs = int(obj["n_docs"])
-        out.n_rows = int(obj.get("n_rows", obj["n_docs"]))
+        out.n_rows = int(obj["n_rows"])
         out._n_clipped = int(obj["n_clipped"])      # processed chunks; pending recounted
         out.acc.hi["count"] = np.array(float(obj["weight_sum"]))
-        out.acc.lo["count"] = np.array(float(obj.get("weight_sum_lo", 0.0)))
-        # states written before pending rows existed have none (their chunks were all processed)
+        out.acc.lo["count"] = np.array(float(obj["weight_sum_lo"]))
         out.acc.load_rows(obj)
         return out
 
@@ -445,13 +440,32 @@ class WhitenedSketch:
         return cls.from_dict(ser.loads(data), subspace)
 
 
-def _t3_from_pair_layout(t3: np.ndarray, k: int) -> np.ndarray:
-    """A v1 state's t3 (k', k'(k'+1)/2) as packed entries (the value and its compensation
-    alike: each packed entry keeps the same stored pair)."""
+def _sketch_v1_to_v2(obj: dict, k: int) -> dict:
+    """A v1 sketch state as v2 (the one migration of this kind): t3 and its compensation over
+    (a, pair b ≤ c) become packed entries (each keeps the same stored pair); what v1 states
+    written before the rounding work lack is filled as it was then — no compensation (their
+    value is exact as is), every row a long document (n_rows = n_docs), no pending rows
+    (their chunks were all processed)."""
+    out = dict(obj, acc=dict(obj["acc"]))
+    out["acc"]["t3"] = _t3_from_pair_layout(obj["acc"]["t3"], k)
+    if "comp" in obj:
+        out["comp"] = dict(obj["comp"], t3=_t3_from_pair_layout(obj["comp"]["t3"], k))
+    else:
+        out["comp"] = {n: ser.pack_array(np.zeros_like(ser.unpack_array(a, name=n)))
+                       for n, a in out["acc"].items()}
+    out.setdefault("n_rows", obj["n_docs"])
+    out.setdefault("weight_sum_lo", 0.0)
+    out.setdefault("pending", {"n": 0})
+    return out
+
+
+def _t3_from_pair_layout(packed: dict, k: int) -> dict:
+    """A v1 state's t3 (k', k'(k'+1)/2), packed as the distinct entries."""
     try:
-        return symmetric3.from_pair_layout(t3, k)
+        t3 = symmetric3.from_pair_layout(ser.unpack_array(packed, name="t3"), k)
     except ValueError as e:
         raise ser.SchemaError(f"sketch block t3 (v1 layout): {e}") from None
+    return ser.pack_array(t3)
 
 
 def weighted_rows(X: sp.csr_matrix, weights):

@@ -32,7 +32,12 @@ from streamdp.privacy.sensitivity import block_sensitivities
 from streamdp.privacy.spend import spend
 from streamdp.whitening.subspace import Subspace
 
-SCHEMA_VERSION = 1
+#: the warm-up sketch's state. v2: every field present; v1 states are migrated
+#: (:func:`_sketch_v1_to_v2`)
+SCHEMA_VERSION = 2
+#: the persisted warm-up draw (:class:`WarmupDraw`). v2: ``premise_check`` present (None when
+#: no check decided the draw); v1 records are migrated (:func:`_draw_v1_to_v2`)
+DRAW_VERSION = 2
 
 
 def test_matrix(d: int, k_prime: int, seed: int) -> np.ndarray:
@@ -395,21 +400,36 @@ class WarmupSketch:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "WarmupSketch":
-        obj = ser.loads(data)
-        ser.check_header(obj, "warmup_sketch", SCHEMA_VERSION)
+        obj = ser.upgrade(ser.loads(data), "warmup_sketch", SCHEMA_VERSION, {1: _sketch_v1_to_v2})
+        ser.require(obj, "warmup_sketch", "d", "k_prime", "clip", "seed", "n_docs", "n_clipped",
+                    "yacc", "a2", "yacc_lo", "a2_lo", "norm_hist", "pending")
         out = cls(int(obj["d"]), int(obj["k_prime"]), float(obj["clip"]), int(obj["seed"]))
         out.yacc = ser.unpack_array(obj["yacc"], name="yacc")
         out.a2 = ser.unpack_array(obj["a2"], name="a2")
-        if "yacc_lo" in obj:          # states written before compensation existed have none
-            out.acc.lo["yacc"] = ser.unpack_array(obj["yacc_lo"], name="yacc_lo").copy()
-            out.acc.lo["a2"] = ser.unpack_array(obj["a2_lo"], name="a2_lo").copy()
-            if out.yacc_lo.shape != out.yacc.shape or out.a2_lo.shape != out.a2.shape:
-                raise ser.SchemaError("warm-up compensation arrays have the wrong shape")
+        out.acc.lo["yacc"] = ser.unpack_array(obj["yacc_lo"], name="yacc_lo").copy()
+        out.acc.lo["a2"] = ser.unpack_array(obj["a2_lo"], name="a2_lo").copy()
+        if out.yacc_lo.shape != out.yacc.shape or out.a2_lo.shape != out.a2.shape:
+            raise ser.SchemaError("warm-up compensation arrays have the wrong shape")
         out.norm_hist = ser.unpack_array(obj["norm_hist"], name="norm_hist")
         out.n_docs, out._n_clipped = int(obj["n_docs"]), int(obj["n_clipped"])
-        # states written before pending rows existed have none
         out.acc.load_rows(obj)
         return out
+
+
+def _sketch_v1_to_v2(obj: dict) -> dict:
+    """A v1 warm-up sketch state as v2 (the one migration of this kind): v1 states written
+    before the rounding work carry no compensation (their value is exact as is) and no pending
+    rows (their chunks were all processed)."""
+    out = dict(obj)
+    for name in ("yacc", "a2"):
+        out.setdefault(f"{name}_lo", ser.pack_array(np.zeros_like(ser.unpack_array(obj[name], name=name))))
+    out.setdefault("pending", {"n": 0})
+    return out
+
+
+def _draw_v1_to_v2(obj: dict) -> dict:
+    """A v1 warm-up draw as v2: records written before the premise check have none."""
+    return {**obj, "premise_check": obj.get("premise_check")}
 
 
 
@@ -419,7 +439,7 @@ class WarmupDraw:
     events, the noised range sum Y and its events, and the public parameters the
     post-processing needs. :meth:`post_process` is a deterministic function of them.
     ``premise_check``: the noised premise check that decided what Y was drawn from
-    (:func:`premise_decision`; None in records written before it existed)."""
+    (:func:`premise_decision`; None if none did)."""
 
     KIND = "warmup_draw"
 
@@ -437,7 +457,7 @@ class WarmupDraw:
                                         clip=self.clip, premise_check=self.premise_check)
 
     def to_bytes(self) -> bytes:
-        return ser.dumps({"kind": self.KIND, "v": SCHEMA_VERSION, "hist": ser.pack_array(self.hist),
+        return ser.dumps({"kind": self.KIND, "v": DRAW_VERSION, "hist": ser.pack_array(self.hist),
                           "hist_events": [e.to_dict() for e in self.hist_events],
                           "Y": ser.pack_array(self.Y), "events": [e.to_dict() for e in self.events],
                           "omega_seed": self.omega_seed, "clip": self.clip, "n_docs": self.n_docs,
@@ -445,12 +465,11 @@ class WarmupDraw:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "WarmupDraw":
-        obj = ser.loads(data)
-        ser.check_header(obj, cls.KIND, SCHEMA_VERSION)
+        obj = ser.upgrade(ser.loads(data), cls.KIND, DRAW_VERSION, {1: _draw_v1_to_v2})
 
         def events(items):
             return [GaussianEvent(**{k: v for k, v in e.items() if k != "rho"}) for e in items]
         return cls(ser.unpack_array(obj["hist"], name="hist"), events(obj["hist_events"]),
                    ser.unpack_array(obj["Y"], name="Y"), events(obj["events"]),
                    omega_seed=int(obj["omega_seed"]), clip=float(obj["clip"]),
-                   n_docs=int(obj["n_docs"]), premise_check=obj.get("premise_check"))
+                   n_docs=int(obj["n_docs"]), premise_check=obj["premise_check"])
