@@ -42,9 +42,10 @@ from streamdp.privacy.noise import GaussianSampler
 from streamdp.privacy.blt import (DEFAULT_MAX_EPOCHS, BLTAggregator, BLTParams, calibrate_unit_rho,
                                   default_params)
 from streamdp.privacy.plan import BudgetSplit, PremiseCheck, plan_release, premise_split
+from streamdp.privacy.premise import draw_noisy_count
 from streamdp.privacy.report import release_report
 from streamdp.privacy.sensitivity import BLOCK_CLIP
-from streamdp.privacy.spend import Codec, recommit_kept, spend
+from streamdp.privacy.spend import Codec, recommit_kept
 from streamdp.privacy.tree import (HorizonExceeded, TreeAggregator, completing_levels,
                                   covering_levels, tree_depth)
 from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, dd_add, per_document_magnitude,
@@ -614,10 +615,8 @@ class ContinualRelease:
         if kept is not None and kept["epoch"] == t:
             recommit_kept(self.tree.spender, [event], label=label)
             return float(kept["noisy_count"]), partition
-        n = self._premise_count(sums)
-        noisy = spend(self.tree.spender, [event], label=label,
-                      draw=lambda: float(np.asarray(self.mechanism.sampler.add_noise(
-                          np.array([float(n)]), self.premise.sigma), dtype=np.float64)[0]))
+        noisy = draw_noisy_count(self.premise, self._premise_count(sums), self.mechanism.sampler,
+                                 self.tree.spender, partition=partition, label=label)
         self.premise_kept = {"epoch": t, "noisy_count": float(noisy)}
         return float(noisy), partition
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from contextlib import contextmanager
+from typing import Iterator
 import numbers
 import warnings
 
@@ -16,7 +18,7 @@ from streamdp.continual import AGGREGATORS, ContinualRelease, EpochSketches
 from streamdp.documents import as_count_batch
 from streamdp.moments.clipping import WARMUP_NORMALISING_CLIP, ClipBounds
 from streamdp.moments.sketch import WhitenedSketch
-from streamdp.privacy.accountant import Accountant
+from streamdp.privacy.accountant import Accountant, BudgetExhausted
 from streamdp.privacy.conversions import zcdp_rho
 from streamdp.privacy.epochs import EpochClock
 from streamdp.privacy.events import (STREAM, WARMUP, BudgetSpender, EventLog, GaussianEvent,
@@ -25,10 +27,12 @@ from streamdp.privacy.kept_draws import KeptDraws, PendingDraw  # noqa: F401 (re
 from streamdp.privacy.memory_ledger import MemoryLedger
 from streamdp.privacy.noise import (DEFAULT_SAMPLER, GaussianSampler, make_sampler,
                                    require_production_sampler)
-from streamdp.privacy.plan import MECHANISMS, WARMUP_SHARE, BudgetSplit, warmup_plan
+from streamdp.privacy.plan import (MECHANISMS, WARMUP_SHARE, BudgetSplit, PremiseCheck,
+                                   premise_split, warmup_plan)
+from streamdp.privacy.premise import check_report, draw_noisy_count
 from streamdp.privacy.report import add_budget_context, release_report
 from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, check_max_documents,
-                                       require_within_premise, warn_not_covered)
+                                       warn_not_covered)
 from streamdp.privacy.sensitivity import block_sensitivities
 from streamdp.privacy.spend import SpendSession, UnitSpender, output_store_for, spend
 from streamdp.privacy.tree import HorizonExceeded
@@ -149,10 +153,10 @@ class StreamingSpectralLDA:
     max_documents_per_sum : int    public premise N_max: the most documents in any one noised
                                    sum (warm-up, stream, tree node, refinement). Sensitivities
                                    include the float64 rounding headroom for sums of that size
-                                   (+1.9% σ at the default 10⁹); a larger sum is refused before
-                                   anything is noised, except continual epochs and the
-                                   warm-up: a noised, charged check draws one over it from
-                                   noise only
+                                   (+1.9% σ at the default 10⁹). Never a refusal: before each
+                                   private draw (warm-up, continual epoch, one-shot release,
+                                   refinement pass, clustering start) a noised, charged check
+                                   of its document count draws a sum over it from noise only
                                    (docs/privacy.md, "Floating point", "The premise check")
     privacy_unit : {"document", "user"}
                                    "document" (default): add/remove one document. "user":
@@ -595,15 +599,53 @@ class StreamingSpectralLDA:
     def _spectral_release(self, budget_fraction: float, split: BudgetSplit) -> TopicSnapshot:
         rho = None if self.rho_ is None else self.stream_rho_ * budget_fraction
         # a retry after a post-processing failure decomposes the kept noised sums again
-        with self._kept.operation_of(("release", budget_fraction, split)) as kept:
-            snap = release_topics(self.sketch_.sums(), self.subspace_, n_topics=self.n_topics,
+        with self._operation(("release", budget_fraction, split)) as kept:
+            sums = self.sketch_.sums()
+            rho, premise = self._premise_check(rho, sums.n_docs, kept, "release")
+            if premise is not None and not premise["passed"]:
+                sums = WhitenedSketch(self.subspace_, self.clip).sums()     # noise only
+            snap = release_topics(sums, self.subspace_, n_topics=self.n_topics,
                                   alpha0=self.alpha0, rho=rho, clip=self.clip,
                                   mechanism=self.mechanism, split=split,
                                   sampler=self.sampler, spender=self._spender,
                                   power=self.power, denoise=self.denoise, partition=STREAM,
                                   max_documents=self.max_documents_per_sum,
-                                  label=lambda: self._draw_label("release"), kept=kept)
-            return self._finish_snapshot(snap)
+                                  label=lambda: self._draw_label("release"), kept=kept,
+                                  premise_checked=premise is not None)
+            return self._finish_snapshot(snap, premise=premise)
+
+    @contextmanager
+    def _operation(self, operation) -> Iterator[KeptDraws]:
+        """``self._kept.operation_of(operation)`` for a one-shot call that starts with its premise
+        check. A budget refusal of the call's first draw after the check forgets the check's ñ
+        (the only kept value then): the accountant refuses from ρ's alone, independent of ñ, and
+        nothing derived from ñ left the process, so a later call may draw (a retry draws and
+        pays a new ñ: not rejection sampling). Any other failure keeps ñ, as every draw."""
+        with self._kept.operation_of(operation) as kept:
+            try:
+                yield kept
+            except BudgetExhausted:
+                if self.rho_ is not None and len(kept.values) == 1:
+                    kept.forget()
+                raise
+
+    def _premise_check(self, rho: float | None, n: int, kept: KeptDraws,
+                       what: str) -> tuple[float | None, dict | None]:
+        """The rounding premise N_max of a one-shot step (docs/privacy.md "The premise check"):
+        its check's ρ is carved out of the step's ``rho`` (plan.premise_split, as the
+        warm-up's), and ñ = n + N(0, σ_p²) of the step's ``n`` documents is drawn through the
+        accountant (δ_p on the stream atom), kept with the step's draws. Returns (ρ left for
+        the step's draws, the check's report); the caller draws from its sums iff
+        ``report["passed"]``, else from noise only — never a refusal. Non-private: (None, None)."""
+        if rho is None:
+            return None, None
+        sens = 1.0 if self.privacy_unit == "document" else float(self._stream_users.max_docs)
+        rho, check = premise_split(rho, checks_per_atom=1, sensitivity=sens)
+        noisy = kept.draw(lambda: draw_noisy_count(
+            check, n, self.sampler, self._spender, partition=STREAM,
+            label=self._draw_label(f"{what}-premise")))
+        return rho, {**check_report(check, noisy, self.max_documents_per_sum),
+                     "partition": STREAM}
 
     # ------------------------------------------------------------------ starts
     def release_start(self, stream, fraction: float, *, users=None) -> float:
@@ -641,12 +683,18 @@ class StreamingSpectralLDA:
         The choice is recorded in ``start_choice_`` and in the next snapshot's report."""
         if self.sketch_ is None:
             raise ValueError("choose_start() reads the stream's count: partial_fit(X) first")
-        n = float(self.sketch_.n_docs)
+        if self.privacy_unit == "user" and self.rho_ is not None:
+            # a public decision (the configured unit): the count moves by up to M per user
+            raise ValueError("choose_start() noises a document count (sensitivity 1): with "
+                             "privacy_unit='user' use start='tensor' or a PublicStart")
+        # an exact integer, no rounding: float(n) is exact up to 2⁵³ and min() with a constant
+        # moves by ≤ 1 when n does, so the count's sensitivity is 1 without the N_max premise
+        # (docs/privacy.md "The premise check": no check needed, no refusal)
+        n = float(min(int(self.sketch_.n_docs), 2 ** 53))
         if self.rho_ is None:
             n_noised = n
             events = []
         else:
-            require_within_premise(int(n), self.max_documents_per_sum, "start rule count")
             sens = block_sensitivities(ClipBounds.unclipped(),
                                        max_documents=self.max_documents_per_sum)["count"]
             event = GaussianEvent("count", sens, sigma_for_rho(sens, self.stream_rho_ * budget_fraction),
@@ -669,7 +717,7 @@ class StreamingSpectralLDA:
             raise ValueError("cluster_start() works in the warm-up subspace: partial_fit(X) first")
         # every draw (each Lloyd iteration's, the mapping's) is kept until the start is
         # released: a retry after a failure replays the same noised values in the same order
-        with self._kept.operation_of(("cluster", budget_fraction)) as kept:
+        with self._operation(("cluster", budget_fraction)) as kept:
             return self._cluster_start(X, budget_fraction, kept)
 
     def _cluster_start(self, X, budget_fraction: float, kept: KeptDraws) -> TopicSnapshot:
@@ -678,13 +726,21 @@ class StreamingSpectralLDA:
         Q = self.subspace_.Q
         k = self.n_topics
         seed = 0 if self.seed is None else int(self.seed)
-        lloyd_rho = None if self.rho_ is None else self.stream_rho_ * budget_fraction * cfg.lloyd_share
+        # one premise check covers every draw of the start: each of its sums (centre, Lloyd
+        # iterations, mapping) is over non-empty rows of X, so X's row count bounds them all
+        rows = sum(int(as_count_batch(b, Q.shape[0]).shape[0]) for b in batches)
+        rho, premise = self._premise_check(None if self.rho_ is None else
+                                           self.stream_rho_ * budget_fraction, rows, kept, "cluster")
+        noise_only = premise is not None and not premise["passed"]
+        lloyd_rho = None if rho is None else rho * cfg.lloyd_share
         events_all = []
         noise = {}
 
-        def draw(values, events, n):
-            """Noise ``values`` by ``events`` (kept for a retry, charged)."""
-            require_within_premise(n, self.max_documents_per_sum, "cluster start")
+        def draw(values, events):
+            """Noise ``values`` by ``events`` (kept for a retry, charged); zeros instead of the
+            values when the premise check failed (noise only)."""
+            if noise_only:
+                values = tuple(np.zeros_like(v) for v in values)
             out = kept.draw(lambda: spend(
                 self._spender if self._spender is not None else EventLog(), events,
                 label=self._draw_label("cluster"),
@@ -698,12 +754,12 @@ class StreamingSpectralLDA:
         if cfg.centre_share > 0:
             # the centre draw (Σy, n, Σ y yᵀ over every document): documents then enter the
             # Lloyd sums centred, whitened and of unit norm (Assignment.summand)
-            S, counts, M, n = centre_sums(batches, Q)
+            S, counts, M, _ = centre_sums(batches, Q)
             moment_sd = 0.0
             if lloyd_rho is not None:
                 ev = plan_centre(lloyd_rho * cfg.centre_share, cfg.count_share,
                                  max_documents=self.max_documents_per_sum)
-                S, counts, M = draw((S, counts, M), ev, n)
+                S, counts, M = draw((S, counts, M), ev)
                 moment_sd = ev[2].sigma
             centre, frame, radius = centred_frame(S, counts, M, moment_sd, k, with_radius=True)
         else:
@@ -711,10 +767,10 @@ class StreamingSpectralLDA:
         rule = Assignment.random(k, Q.shape[1], seed, centre, frame, radius)
         it_rho = None if lloyd_rho is None else lloyd_rho * (1.0 - cfg.centre_share) / cfg.iterations
         for _ in range(cfg.iterations):
-            S, counts, n = cluster_sums(batches, Q, rule)
+            S, counts, _ = cluster_sums(batches, Q, rule)
             if it_rho is not None:
                 S, counts = draw((S, counts), plan_iteration(
-                    it_rho, cfg.count_share, max_documents=self.max_documents_per_sum), n)
+                    it_rho, cfg.count_share, max_documents=self.max_documents_per_sum))
             rule = Assignment.from_released(S, counts, rule)
         model = ClusterMappingModel(Q, rule)
         sketch = RefinementSketch(*model.shape)
@@ -725,15 +781,14 @@ class StreamingSpectralLDA:
         if self.rho_ is None:
             T, sd, map_events = sketch.sums, 0.0, []
         else:
-            event = plan_refinement(self.stream_rho_ * budget_fraction * (1.0 - cfg.lloyd_share),
-                                    partition=STREAM, mechanism="cluster",
-                                    max_documents=self.max_documents_per_sum)
-            require_within_premise(sketch.n_docs, self.max_documents_per_sum, "cluster mapping")
+            event = plan_refinement(rho * (1.0 - cfg.lloyd_share), partition=STREAM,
+                                    mechanism="cluster", max_documents=self.max_documents_per_sum)
             map_events = [event]
+            raw = np.zeros_like(sketch.sums) if noise_only else sketch.sums
             T = kept.draw(lambda: spend(
                 self._spender if self._spender is not None else EventLog(), map_events,
                 label=self._draw_label("cluster-map"),
-                draw=lambda: self.sampler.add_noise(sketch.sums, event.sigma)))
+                draw=lambda: self.sampler.add_noise(raw, event.sigma)))
             sd = event.sigma
         topic_word, alpha, nts, fold_in_topics = refined_topics(T, sd, self.alpha0)
         events = events_all + map_events
@@ -748,7 +803,7 @@ class StreamingSpectralLDA:
                              privacy=privacy, mechanism="cluster", subspace_id=self.subspace_.id,
                              stage="refined", noise_to_signal=nts, fold_in_topics=fold_in_topics,
                              topic_mass=T.sum(axis=1))
-        return self._finish_snapshot(snap, events)
+        return self._finish_snapshot(snap, events, premise)
 
     def public_start(self, start: PublicStart) -> TopicSnapshot:
         """Start the refinement from topics fitted on public documents: spends nothing; the
@@ -800,7 +855,7 @@ class StreamingSpectralLDA:
         if not 0 < budget_fraction <= 1:
             raise ValueError(f"budget_fraction must be in (0, 1], got {budget_fraction!r}")
         # a retry after a post-processing failure denoises the kept noised sums again
-        with self._kept.operation_of(("refine", budget_fraction, self.snapshot_.release_id)) as kept:
+        with self._operation(("refine", budget_fraction, self.snapshot_.release_id)) as kept:
             return self._refine_pass(X, budget_fraction, users, cfg, kept)
 
     def _refine_pass(self, X, budget_fraction: float, users, cfg: RefinementConfig,
@@ -832,17 +887,20 @@ class StreamingSpectralLDA:
         if sketch.n_docs == 0:
             raise ValueError("refine() got no non-empty documents")
         events = []
+        premise = None
         if self.rho_ is None:
             T, sd = sketch.sums, 0.0
         else:
-            event = plan_refinement(self.stream_rho_ * budget_fraction, partition=STREAM,
-                                    max_documents=self.max_documents_per_sum)
-            require_within_premise(sketch.n_docs, self.max_documents_per_sum, "refinement")
+            rho, premise = self._premise_check(self.stream_rho_ * budget_fraction,
+                                               sketch.n_docs, kept, "refine")
+            event = plan_refinement(rho, partition=STREAM, max_documents=self.max_documents_per_sum)
             events = [event]
+            # the pass's sums, or noise only when its premise check failed
+            raw = sketch.sums if premise["passed"] else np.zeros_like(sketch.sums)
             T = kept.draw(lambda: spend(
                 self._spender if self._spender is not None else EventLog(), events,
                 label=self._draw_label("refine"),
-                draw=lambda: self.sampler.add_noise(sketch.sums, event.sigma)))
+                draw=lambda: self.sampler.add_noise(raw, event.sigma)))
             sd = event.sigma
         topic_word, alpha, nts, fold_in_topics = refined_topics(T, sd, self.alpha0)
         prev = self.snapshot_
@@ -859,12 +917,18 @@ class StreamingSpectralLDA:
                              subspace_id=prev.subspace_id, epoch=prev.epoch, stage="refined",
                              noise_to_signal=nts, fold_in_topics=fold_in_topics,
                              topic_mass=T.sum(axis=1))
-        return self._finish_snapshot(snap, events)
+        return self._finish_snapshot(snap, events, premise)
 
-    def _finish_snapshot(self, snap: TopicSnapshot, new_events=None) -> TopicSnapshot:
+    def _finish_snapshot(self, snap: TopicSnapshot, new_events=None,
+                         premise: dict | None = None) -> TopicSnapshot:
         if new_events is None:      # a spectral release: its events are in its report
             new_events = [GaussianEvent(**{k: v for k, v in e.items() if k != "rho"})
                           for e in snap.privacy.get("events", [])]
+        if premise is not None:
+            # the step's premise check (_premise_check): charged to the stream, and reported
+            check = PremiseCheck(**{f.name: premise[f.name] for f in dataclasses.fields(PremiseCheck)})
+            new_events = [check.event(premise["partition"]), *new_events]    # drawn first
+            snap = dataclasses.replace(snap, privacy={**snap.privacy, "premise_check": premise})
         self._stream_events = self._stream_events + list(new_events)
         privacy = add_budget_context(
             snap.privacy, epsilon=self.epsilon, delta=self.delta, rho_budget=self.rho_,

@@ -137,11 +137,15 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
                    denoise: DenoiseConfig = DenoiseConfig(), partition: str = STREAM,
                    label: str | Callable[[], str] = "release", epoch: int | None = None,
                    max_documents: int = DEFAULT_MAX_DOCUMENTS_PER_SUM,
-                   kept: KeptDraws | None = None) -> TopicSnapshot:
+                   kept: KeptDraws | None = None,
+                   premise_checked: bool = False) -> TopicSnapshot:
     """Run the whole release on closed sums. ``rho=None``: the non-private estimator.
 
     ``max_documents``: the premise N_max (docs/privacy.md "Floating point"); a private
-    release of a larger sum is refused before anything is reserved or drawn.
+    release of a larger sum is refused before anything is reserved or drawn, unless
+    ``premise_checked``: the caller decided the premise by the noised, charged check
+    (:mod:`streamdp.privacy.premise`; the estimator's ``release``) and passes noise-only
+    sums when it failed, so no exact count may refuse.
 
     ``kept`` (issue 23 item 4): the tensor mechanism's draw (the noised sums) is kept there
     before the decomposition, so a caller who retries after a post-processing exception
@@ -156,8 +160,10 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
                            max_documents=max_documents) if private else [])
     if private and sampler is None:
         raise ValueError("a private release needs a noise sampler")
-    if private:
-        require_within_premise(sums.n_docs, max_documents, "release")
+    # None: no exact count may refuse (the caller's noised check decided the premise)
+    refuse_over = None if premise_checked else max_documents
+    if private and refuse_over is not None:
+        require_within_premise(sums.n_docs, refuse_over, "release")
     spender = spender if spender is not None else EventLog()
     name = label if callable(label) else (lambda: label)
     noise_sd = noise_scales(events) if private else None
@@ -166,7 +172,7 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
         def draw():
             # Every draw of this release (the s-blocks' noise and the power-method queries)
             # happens in here, between reserve and persist.
-            noisy = noise_sums(sums, events, sampler, Q=subspace.Q, max_documents=max_documents)
+            noisy = noise_sums(sums, events, sampler, Q=subspace.Q, max_documents=refuse_over)
             q = next(e for e in events if e.block == "s3_query")
 
             def oracle_factory(W, T3_public, N):
@@ -190,7 +196,7 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
         noisy = kept_or_fresh(kept, lambda: spend(
             spender, events, label=name(), codec=SUMS_CODEC,
             draw=lambda: noise_sums(sums, events, sampler, Q=subspace.Q,
-                                    max_documents=max_documents)))
+                                    max_documents=refuse_over)))
         topic_word, alpha, lambdas, U = decompose_sums(
             noisy, subspace, n_topics=n_topics, alpha0=alpha0, noise_sd=noise_sd, power=power,
             denoise=denoise, return_subspace_topics=True)

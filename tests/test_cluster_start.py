@@ -23,6 +23,7 @@ from streamdp import cluster_start as C
 from streamdp import refinement as R
 from streamdp.privacy.accountant import Accountant
 from streamdp.privacy.conversions import zcdp_rho
+from streamdp.privacy.plan import PREMISE_BLOCK
 from streamdp.privacy.memory_ledger import MemoryLedger
 from streamdp.privacy.sensitivity import block_sensitivities
 from streamdp.moments.clipping import ClipBounds
@@ -157,7 +158,8 @@ def test_a_public_start_spends_nothing_and_is_reported_as_public_input(lda):
     snap = _fit(X, 1.0, accountant=acc, start=ps)
     rho = zcdp_rho(1.0, 1e-6)
     blocks = [e["block"] for e in snap.privacy["stream_events"]]
-    assert blocks == [R.BLOCK] * streamdp.RefinementConfig().passes   # only the passes draw
+    # only the passes draw (each after its premise check, PREMISE_SHARE of the pass's ρ)
+    assert blocks == [PREMISE_BLOCK, R.BLOCK] * streamdp.RefinementConfig().passes
     assert math.isclose(snap.privacy["rho_stream_spent"], rho, rel_tol=1e-9)
     rep = snap.privacy["public_start"]
     assert rep["public_input"] and rep["rho"] == 0.0 and rep["source"] == "help pages"

@@ -27,7 +27,7 @@ from streamdp.privacy import rounding
 from streamdp.privacy.accountant import Accountant
 from streamdp.privacy.epochs import EpochClock
 from streamdp.privacy.memory_ledger import MemoryLedger
-from streamdp.privacy.rounding import (DocumentCountExceeded, gamma, per_document_magnitude,
+from streamdp.privacy.rounding import (gamma, per_document_magnitude,
                                        rounding_bound)
 from streamdp.refinement import RefinementSketch, refinement_sensitivity
 from streamdp.privacy.plan import BudgetSplit, plan_release
@@ -355,26 +355,26 @@ def small_corpus():
     return sample_documents(model, 700, mean_length=30, seed=1)
 
 
-def test_premise_refuses_one_shot_release_before_spending(small_corpus):
+def test_premise_check_draws_a_one_shot_release_over_the_premise_from_noise_only(small_corpus):
+    """A one-shot release never refuses on the premise (issue 23): before, 500 stream documents
+    with max_documents_per_sum = 300 raised DocumentCountExceeded. Now a noised, charged check of
+    the stream's count decides (ε = 10⁹: σ_p tiny, the check is sharp): 500 > 300 is drawn from
+    noise only, 500 ≤ 600 − 12σ_p from its sums; each release reports the check and its premise."""
     X = small_corpus
-    acc = Accountant(1.0, 1e-6, MemoryLedger())
-    est = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast", non_production=True,
-                                        accountant=acc, max_documents_per_sum=300,
-                                        refinement=None)
-    est.warmup(X[:200])
-    est.partial_fit(X[200:400])          # 200 stream documents: fine
-    est.partial_fit(X[400:])             # 500 > 300
-    spent = acc.report()["rho_worst_case"]
-    with pytest.raises(DocumentCountExceeded, match="max_documents_per_sum=300"):
-        est.release()
-    assert acc.report()["rho_worst_case"] == spent        # nothing reserved or drawn
-    snap = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast", non_production=True,
-                                         max_documents_per_sum=500, refinement=None)
-    snap.warmup(X[:200])
-    snap.partial_fit(X[200:])
-    s = snap.release()
-    assert s.privacy["rounding"]["max_documents_per_sum"] == 500
-    assert set(s.privacy["rounding"]["sensitivity_inflation"]) >= {"z", "s3", "m1", "count"}
+    out = {}
+    for n_max in (300, 600):
+        acc = Accountant(1e9, 1e-6, MemoryLedger())
+        est = streamdp.StreamingSpectralLDA(3, epsilon=1e9, clip_length=20, sampler="fast",
+                                            non_production=True, accountant=acc,
+                                            max_documents_per_sum=n_max, refinement=None)
+        est.warmup(X[:200])
+        est.partial_fit(X[200:])             # 500 stream documents
+        snap = est.release()
+        assert snap.privacy["rounding"]["max_documents_per_sum"] == n_max
+        assert set(snap.privacy["rounding"]["sensitivity_inflation"]) >= {"z", "s3", "m1", "count"}
+        out[n_max] = snap
+    assert not out[300].privacy["premise_check"]["passed"] and abs(out[300].n_docs) < 1
+    assert out[600].privacy["premise_check"]["passed"] and out[600].n_docs > 50
 
 
 def test_premise_check_draws_a_warmup_over_the_premise_from_noise_only(small_corpus):
@@ -397,15 +397,18 @@ def test_premise_check_draws_a_warmup_over_the_premise_from_noise_only(small_cor
                            atol=1e-3)
 
 
-def test_premise_refuses_refinement(small_corpus):
+def test_premise_check_draws_a_refinement_pass_over_the_premise_from_noise_only(small_corpus):
+    """A refinement pass over 500 documents with max_documents_per_sum = 300 (before: refused,
+    DocumentCountExceeded) is drawn from noise only after its noised check fails: a release."""
     X = small_corpus
-    est2 = streamdp.StreamingSpectralLDA(3, epsilon=1.0, clip_length=20, sampler="fast", non_production=True,
-                                         max_documents_per_sum=300)
+    est2 = streamdp.StreamingSpectralLDA(3, epsilon=1e9, clip_length=20, sampler="fast",
+                                         non_production=True, max_documents_per_sum=300)
     est2.warmup(X[:200])
     est2.partial_fit(X[200:450])
-    est2.release(0.5)
-    with pytest.raises(DocumentCountExceeded, match="refinement"):
-        est2.refine(X[200:700])          # 500 refinement documents > 300
+    assert est2.release(0.5).privacy["premise_check"]["passed"]       # 250 documents
+    snap = est2.refine(X[200:700])          # 500 refinement documents > 300
+    assert not snap.privacy["premise_check"]["passed"] and snap.stage == "refined"
+    assert abs(snap.topic_mass.sum()) < 1.0          # noise only at ε = 10⁹
 
 
 @pytest.mark.parametrize("aggregator", ["tree", "blt"])

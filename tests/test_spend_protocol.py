@@ -34,9 +34,11 @@ EPS, DELTA = 1.0, 1e-6
 # the spectral release and two refinement passes -- 5 draws.
 # 2000 stream documents at ε = 1: the start rule (its noised count) picks the clustering start
 # the clustering start: its centre draw (cluster#1), then 4 Lloyd iterations
-# the warm-up's premise check (its noised count against N_max) comes before its two draws
-DRAWS = ("warmup-premise", "warmup-clip-histogram", "warmup", "start-count#1", "cluster#1", "cluster#2",
-         "cluster#3", "cluster#4", "cluster#5", "cluster-map#1", "refine#1", "refine#2")
+# the warm-up's premise check (its noised count against N_max) comes before its two draws; the
+# clustering start's (one for all its draws) and each refinement pass's before theirs
+DRAWS = ("warmup-premise", "warmup-clip-histogram", "warmup", "start-count#1", "cluster-premise#1",
+         "cluster#1", "cluster#2", "cluster#3", "cluster#4", "cluster#5", "cluster-map#1",
+         "refine-premise#1", "refine#1", "refine-premise#2", "refine#2")
 FIT = '''
 import numpy as np, streamdp
 from streamdp.privacy.accountant import Accountant

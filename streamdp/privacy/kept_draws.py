@@ -55,6 +55,12 @@ class KeptDraws:
         self._next += 1
         return value
 
+    def forget(self) -> None:
+        """Drop the kept values. Only for a failure that does not depend on them (a budget
+        refusal, decided from ρ's alone, of the draw after a premise check): then no output
+        was derived from them, and a fresh draw later is not conditioned on them."""
+        self.values, self._next = [], 0
+
     @property
     def pending(self) -> bool:
         return bool(self.values)

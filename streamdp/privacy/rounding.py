@@ -39,10 +39,12 @@ The premise
 -----------
 N_max (``max_documents_per_sum``) is public configuration: the largest number of documents
 in any one raw sum that is ever noised. A float64 pipeline cannot avoid it (the last
-rounding of a sum of N terms alone is u·|S| ∝ N). :func:`require_within_premise` refuses,
-before any noise is drawn, a sum with more documents (one-shot, refinement passes); continual
-epochs and the warm-up use a noised, charged check instead (streamdp.privacy.plan.PremiseCheck,
-docs/privacy.md "The premise check").
+rounding of a sum of N terms alone is u·|S| ∝ N). Every streamdp path decides it by a noised,
+charged check instead of the exact count (streamdp.privacy.plan.PremiseCheck,
+streamdp.privacy.premise; docs/privacy.md "The premise check"): continual epochs, the warm-up
+and the estimator's one-shot calls. :func:`require_within_premise` refuses, before any noise is
+drawn, a sum with more documents: the default of the library functions (release_topics,
+noise_sums, WarmupSketch.draw_range) for a caller that has not run the check.
 """
 from __future__ import annotations
 
@@ -143,7 +145,8 @@ class DocumentCountExceeded(ValueError):
 def require_within_premise(n_docs: int, max_documents: int, what: str) -> None:
     """Refuse (before any noise) a raw sum of more than N_max documents.
 
-    The one check of the premise; called by every path right before it noises a raw sum.
+    The exact check of the premise, for a caller of the library functions that did not run the
+    noised check (streamdp.privacy.premise); streamdp's own paths never reach it.
     """
     n_max = check_max_documents(max_documents)
     if int(n_docs) > n_max:

@@ -28,6 +28,7 @@ from streamdp.privacy import rounding
 from streamdp.privacy.events import WARMUP, BudgetSpender, EventLog, GaussianEvent, sigma_for_rho
 from streamdp.privacy.noise import GaussianSampler
 from streamdp.privacy.plan import PremiseCheck
+from streamdp.privacy.premise import check_report, draw_noisy_count
 from streamdp.privacy.sensitivity import block_sensitivities
 from streamdp.privacy.spend import spend
 from streamdp.whitening.subspace import Subspace
@@ -122,11 +123,8 @@ def premise_decision(warm: "WarmupSketch", check: PremiseCheck, noisy_count: flo
     the released ñ and public constants only: the warm-up's own sums if ``check.passes``, else an
     empty warm-up of the same public parameters — released from noise only, on schedule, never
     refused. Returns (the sketch to draw from, the check's report)."""
-    passed = check.passes(noisy_count, max_documents)
-    report = {**check.to_dict(), "max_documents": int(max_documents),
-              "noisy_count": float(noisy_count), "threshold": check.threshold(max_documents),
-              "passed": bool(passed)}
-    return (warm if passed else warm.noise_only()), report
+    report = check_report(check, noisy_count, max_documents)
+    return (warm if report["passed"] else warm.noise_only()), report
 
 
 class WarmupSketch:
@@ -299,13 +297,8 @@ class WarmupSketch:
         """ñ = n + N(0, σ_p²) of the warm-up's documents (rows of weight > 0, pending rows
         included): the premise check's one draw, through the spend protocol (label
         ``warmup-premise``), before the histogram's and the range finder's."""
-        if sampler is None:
-            raise ValueError("a private warm-up premise check needs a noise sampler")
-        n = float(self.n_docs)
-        return float(spend(spender if spender is not None else EventLog(),
-                           [check.event(partition)], label=PREMISE_LABEL,
-                           draw=lambda: float(np.asarray(sampler.add_noise(
-                               np.array([n]), check.sigma), dtype=np.float64)[0])))
+        return draw_noisy_count(check, self.n_docs, sampler, spender, partition=partition,
+                                label=PREMISE_LABEL)
 
     def noise_only(self) -> "WarmupSketch":
         """An empty warm-up of the same public parameters (d, k', clip, Ω seed): what a warm-up
