@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from streamdp import messages
-from streamdp.services.dedup import IdHasher, SeenIds
+from streamdp.services.dedup import CountedIds, IdHasher, SeenIds
 from streamdp.services.processor import StreamProcessor
 from streamdp.whitening.subspace import Subspace
 
@@ -141,30 +141,200 @@ def test_crash_and_reread_deduplicates_as_a_clean_run(tmp_path, monkeypatch):
     assert checkpoint_payload(restarted) == want
 
 
-def test_state_written_before_deduplication_restores_with_no_ids(tmp_path, monkeypatch):
+def test_checkpoints_of_format_1_migrate_to_lifetime_ids_and_unknown_versions_are_refused(
+        tmp_path, monkeypatch):
+    """Format 1 (one flat set under "seen_ids", before the window) is migrated: its ids stay
+    duplicates for any later epoch under a window; no set at all (before deduplication): no ids;
+    a newer format version is refused with a message saying so."""
     from streamdp import serialization as ser
     from streamdp.services.partition_state import PartitionState
     world = _world(tmp_path, [(raw, ts) for _, raw, ts in _docs(10)])
     sk = make_sketcher(world, monkeypatch)
     _run(sk, world)
     obj = ser.loads(checkpoint_payload(sk))
-    del obj["seen_ids"]
-    st = PartitionState.from_bytes(ser.dumps(obj), world.subspace)
+    assert obj["dedup"]["v"] == 2 and obj["dedup"]["window"] is None
+    ids = IdHasher(b"k" * 32).hashes([f"id-{i}" for i in range(10)])
+    v1 = {k: v for k, v in obj.items() if k != "dedup"}
+    st = PartitionState.from_bytes(ser.dumps(v1), world.subspace)     # before deduplication
     assert len(st.seen_ids) == 0 and len(sk.states[0].seen_ids) == 10
+    v1["seen_ids"] = SeenIds(ids).to_bytes()
+    st = PartitionState.from_bytes(ser.dumps(v1), world.subspace)
+    migrated = st.seen_ids.bound_to(2)
+    assert migrated.window == 2 and len(migrated) == 10
+    assert migrated.duplicates(ids[:3], [1, 50, 900]).all()           # lifetime ids
+    migrated.expire(10**6)
+    assert len(migrated) == 10
+    with pytest.raises(ValueError, match="cannot change"):
+        CountedIds(3).bound_to(2)
+    newer = dict(obj, dedup=dict(obj["dedup"], v=3))
+    with pytest.raises(ser.SchemaError, match="version 3.*a newer streamdp"):
+        PartitionState.from_bytes(ser.dumps(newer), world.subspace)
+
+
+def test_the_window_rule_expiry_and_round_trip():
+    """N = 2: a copy is a duplicate iff a counted copy has |e - e'| < 2; inside a batch only a
+    counted (not duplicate) earlier copy makes one; an epoch's ids go once closed_through
+    reaches e' + N - 1."""
+    h = IdHasher(b"k" * 32).hashes(["a", "b", "c", "d"])
+    ids = CountedIds(2)
+    ids.add(h[:2], [1, 3])                       # a at epoch 1, b at epoch 3
+    a, b, c = h[0], h[1], h[2]
+    got = ids.duplicates(np.array([a, a, a, b, b, b]), np.array([0, 2, 3, 1, 2, 5]))
+    assert got.tolist() == [True, True, False, False, True, False]
+    # in one batch: c at 1 counts, c at 2 is its copy, c at 3 counts (2 from the counted c at 1),
+    # c at 4 is a copy of c at 3; the same without a window: every later c is a copy
+    batch, eps = np.array([c, c, c, c]), np.array([1, 2, 3, 4])
+    assert ids.duplicates(batch, eps).tolist() == [False, True, False, True]
+    assert CountedIds(None).duplicates(batch, eps).tolist() == [False, True, True, True]
+    back = CountedIds.from_obj(ids.to_obj())
+    assert back.window == 2 and sorted(back.by_epoch) == [1, 3] and len(back) == 2
+    assert (back.duplicates(np.array([a, b]), np.array([2, 4])) == [True, True]).all()
+    assert ids.expire(1) == 0 and len(ids) == 2        # e' = 1 is kept until closed_through 2
+    assert ids.expire(2) == 1 and sorted(ids.by_epoch) == [3]
+    assert not ids.duplicates(np.array([a]), np.array([3]))[0]
+
+
+WINDOW = 2
+
+
+def _windowed(tmp_path, records, window=WINDOW):
+    sub = Subspace(np.linalg.qr(np.random.default_rng(0).standard_normal((len(WORDS), 3)))[0])
+    cfg = make_config(tmp_path, WORDS, 2, refinement=False, batch_size=7,
+                      dedup_window_epochs=window)
+    world = World(cfg, sub)
+    world.add_documents(records)
+    return world
+
+
+def _doc(i: int, e: int, k: int = 0):
+    """Document ``doc-i`` stamped in epoch ``e`` (its ``k``-th send), as (value, record time)."""
+    t = epoch_start(e) + 10.0 + i + 0.25 * k
+    toks = np.random.default_rng(i).choice(WORDS, size=6).tolist()
+    return messages.encode_document(f"doc-{i}", t, tokens=toks), t + 1.0
+
+
+def _spread_copies():
+    """30 documents per epoch 1..4; each epoch also re-sends ids of earlier epochs: the ids of
+    the epoch before (within N = 2: duplicates) and of two epochs before (N apart: counted)."""
+    recs, dup_offsets = [], []
+    for e in range(1, 5):
+        for i in range(30):
+            recs.append(_doc(100 * e + i, e))
+        if e >= 2:
+            for i in range(5):              # |e - e'| = 1 < 2: a duplicate
+                dup_offsets.append(len(recs))
+                recs.append(_doc(100 * (e - 1) + i, e, k=1))
+            recs.append(_doc(100 * e + 1, e, k=2))   # the same epoch: a duplicate
+            dup_offsets.append(len(recs) - 1)
+        if e >= 3:
+            for i in range(10, 14):         # |e - e'| = 2: counted again
+                recs.append(_doc(100 * (e - 2) + i, e, k=1))
+    recs.sort(key=lambda r: r[1])
+    return recs
+
+
+def test_a_resend_within_the_window_is_a_duplicate_and_one_n_epochs_apart_is_counted(
+        tmp_path, monkeypatch):
+    records = _spread_copies()
+    letters = _letters(monkeypatch)
+    world = _windowed(tmp_path / "w", records)
+    sk = make_sketcher(world, monkeypatch)
+    _run(sk, world)
+    st = sk.states[0]
+    # by id: each document's (epoch, offset); the copies the rule makes duplicates, by offset
+    counted: dict[str, list[int]] = {}
+    want = []
+    for m in world.messages:
+        doc = messages.decode_document(m.value())
+        e = int(np.floor((doc.ts - epoch_start(1)) / (epoch_start(2) - epoch_start(1)))) + 1
+        if any(abs(e - e0) < WINDOW for e0 in counted.get(doc.id, [])):
+            want.append(m.offset())
+        else:
+            counted.setdefault(doc.id, []).append(e)
+    assert sorted(o for o, _ in letters) == want and len(want) == 3 * 6
+    assert {c for _, c in letters} == {messages.DUPLICATE_ID}
+    assert st.counters["duplicates"] == len(want)
+    assert sk.metrics.registry.get_sample_value(
+        "streamdp_documents_skipped_total", {"reason": "duplicate_id"}) == len(want)
+    # 120 documents and 2 x 4 ids re-sent two epochs later: counted twice
+    assert st.counters["documents"] == 120 + 8 == len(world.messages) - len(want)
+
+    # without a window the same records count every id once
+    letters.clear()
+    once = _windowed(tmp_path / "life", records, window=None)
+    sk1 = make_sketcher(once, monkeypatch)
+    _run(sk1, once)
+    assert sk1.states[0].counters["documents"] == 120 and len(letters) == len(records) - 120
+
+
+def test_closed_epochs_free_the_ids_out_of_the_window(tmp_path, monkeypatch):
+    records = _spread_copies()
+    world = _windowed(tmp_path, records)
+    sk = make_sketcher(world, monkeypatch)
+    _run(sk, world)
+    st = sk.states[0]
+    held = {e: len(g) for e, g in st.seen_ids.by_epoch.items()}
+    assert held == {1: 30, 2: 30, 3: 34, 4: 34}
+    gauge = lambda: sk.metrics.registry.get_sample_value("streamdp_dedup_ids", {"partition": "0"})  # noqa: E731
+    assert gauge() == len(st.seen_ids) == 128
+    k = len(WORDS)
+    for e in (1, 2):                            # closed through 2: epoch 1's ids can go
+        world.release(e, np.full((2, k), 1.0 / k), np.ones(2))
+    sk.step()
+    assert st.closed_through == 2
+    assert sorted(st.seen_ids.by_epoch) == [2, 3, 4] and gauge() == len(st.seen_ids) == 98
+    # a re-send of an epoch-1 id is now late (its epoch is closed): dropped, not remembered
+    world.add_documents([_doc(100, 1, k=5)])
+    _run(sk, world)
+    assert len(st.seen_ids) == 98 and st.counters["duplicates"] == 18
+
+
+def test_crash_and_reread_with_the_window_counts_what_a_clean_run_counts(tmp_path, monkeypatch):
+    """Epochs 1 and 2 close after the sketcher's checkpoint covers them; a crash later, a
+    restart from that checkpoint re-reads the rest: the same state as a clean run (sketches,
+    counters, counted ids by epoch)."""
+    records = _spread_copies()
+    cut = next(i for i, (_, t) in enumerate(records) if t >= epoch_start(3) + 200.0)
+    k = len(WORDS)
+
+    def close_1_and_2(world):
+        for e in (1, 2):
+            world.release(e, np.full((2, k), 1.0 / k), np.ones(2))
+
+    world = _windowed(tmp_path / "clean", records)
+    clean = make_sketcher(world, monkeypatch)
+    _run(clean, world, until=cut)
+    close_1_and_2(world)
+    _run(clean, world)
+    want = checkpoint_payload(clean)
+    assert sorted(clean.states[0].seen_ids.by_epoch) == [2, 3, 4]
+
+    world2 = _windowed(tmp_path / "crash", records)
+    sk = make_sketcher(world2, monkeypatch)
+    _run(sk, world2, until=cut)
+    saved = checkpoint_payload(sk)              # covers epochs 1 and 2: they may close
+    close_1_and_2(world2)
+    _run(sk, world2, until=len(records) - 10)   # work lost in the crash
+    restarted = make_sketcher(world2, monkeypatch, restore=saved)
+    assert restarted.consumer.pos == cut or restarted.consumer.pos < len(records) - 10
+    _run(restarted, world2)
+    assert checkpoint_payload(restarted) == want
 
 
 # ------------------------------------------------------------------ on the broker: the attack
-def test_the_same_file_produced_twice_is_released_as_once(kafka_broker, tmp_path):
+@pytest.mark.parametrize("window", [None, 1])
+def test_the_same_file_produced_twice_is_released_as_once(kafka_broker, tmp_path, window):
     """Attack (careless operator): `streamdp produce` re-run on the same file. Before: the
     released snapshot covered every document twice (500 as 1,000). Now: the released count is
-    a single send's, each copy is in the DLQ once with class duplicate_id, and counted."""
+    a single send's, each copy is in the DLQ once with class duplicate_id, and counted — also
+    with the narrowest window (dedup_window_epochs 1: the copies are in their own epoch)."""
     from streamdp.services.produce import Rejections, encoded_records, produce
     from service_helpers import (Pipeline, fresh_topics, make_config as svc_config, make_corpus,
                                  metric, read_topic, scrape, send_control, wait_for)
     bootstrap = kafka_broker.bootstrap
     corpus = make_corpus(600, 500, 1, seed=5)
     names = fresh_topics(bootstrap)
-    cfg = svc_config(tmp_path, bootstrap, names, corpus, epsilon=None)
+    cfg = svc_config(tmp_path, bootstrap, names, corpus, epsilon=None, dedup_window_epochs=window)
     path = tmp_path / "corpus.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in corpus.records()))
     pipe = Pipeline(cfg, sketchers=2)
@@ -182,15 +352,27 @@ def test_the_same_file_produced_twice_is_released_as_once(kafka_broker, tmp_path
         pipe.stop()
     assert last.n_docs == corpus.n_stream == 500
     dlq = read_topic(bootstrap, names.dlq)
-    assert len(dlq) == 1100
     assert {r.headers["streamdp.error.class"] for r in dlq} == {b"duplicate_id"}
-    assert sorted(r.key for r in dlq) == sorted(f"doc-{i}".encode() for i in range(1100))
-    assert sum(metric(s, "streamdp_documents_skipped_total", reason="duplicate_id")
-               for s in samples) == 1100
+    n_dup = sum(metric(s, "streamdp_documents_skipped_total", reason="duplicate_id")
+                for s in samples)
+    assert n_dup == len(dlq)
     assert sum(metric(s, "streamdp_documents_total") for s in samples) == 1100
-    # each partition's id set (a partition that moved keeps its last value on its old owner)
-    assert sum(max(metric(s, "streamdp_dedup_ids", partition=p) for s in samples)
-               for p in (0, 1)) == 1100
+    ids_held = sum(max(metric(s, "streamdp_dedup_ids", partition=p) for s in samples)
+                   for p in (0, 1))
+    if window is None:
+        assert len(dlq) == 1100
+        assert sorted(r.key for r in dlq) == sorted(f"doc-{i}".encode() for i in range(1100))
+        # each partition's id set (a partition that moved keeps its last value on its old owner)
+        assert ids_held == 1100
+    else:
+        # every stream copy (epoch 1, open) is a duplicate; a warm-up copy that arrives after
+        # the warm-up closed is late: with N = 1 its epoch-0 id was dropped at that close, so it
+        # is dropped as late instead (counted nowhere either way)
+        keys = {r.key for r in dlq}
+        assert {f"doc-{i}".encode() for i in range(600, 1100)} <= keys
+        late = sum(metric(s, "streamdp_documents_skipped_total", reason="late") for s in samples)
+        assert len(dlq) + late == 1100
+        assert ids_held <= 1100
 
 
 def test_produce_warns_of_repeats_and_skips_ids_in_its_dedup_state(kafka_broker, kafka_topics,
@@ -240,15 +422,17 @@ def test_user_mode_deduplicates_per_user_and_id(tmp_path, monkeypatch):
     assert len(st.seen_ids) == 3
 
 
-def test_selection_window_documents_are_deduplicated(tmp_path, monkeypatch):
+@pytest.mark.parametrize("window", [None, 1])
+def test_selection_window_documents_are_deduplicated(tmp_path, monkeypatch, window):
     """vocabulary_mode private: a document of the selection window counts once in the
-    partition's selection histogram (the private vocabulary selection) too."""
+    partition's selection histogram (the private vocabulary selection) too; with a window, the
+    selection window is epoch 0 (before stream_start), so its copies are within any window."""
     from sketcher_harness import stream_start
     sel_end = stream_start() - 3600.0
     cfg = make_config(tmp_path, WORDS, 2, refinement=False, batch_size=3, vocabulary="",
                       vocabulary_public_by_assumption=False, vocabulary_mode="private",
                       selection_end=sel_end, vocabulary_candidates=2000, vocabulary_size=100, epsilon=1.0,
-                      non_private=False)
+                      non_private=False, dedup_window_epochs=window)
     world = World(cfg, Subspace(np.linalg.qr(np.random.default_rng(0).standard_normal(
         (len(WORDS), 3)))[0]))
     t = sel_end - 1000.0
@@ -262,3 +446,7 @@ def test_selection_window_documents_are_deduplicated(tmp_path, monkeypatch):
     st = sk.states[0]
     assert sorted(letters) == [(3, messages.DUPLICATE_ID), (4, messages.DUPLICATE_ID)]
     assert st.counters["selection_documents"] == 3 and st.counters["duplicates"] == 2
+    assert len(st.seen_ids) == 3
+    assert (window is None) == (not st.seen_ids.by_epoch)       # lifetime ids, or epoch 0's
+    if window is not None:
+        assert list(st.seen_ids.by_epoch) == [0]

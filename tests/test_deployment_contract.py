@@ -69,6 +69,7 @@ CHANGES = {
     "refinement_share": 0.4,
     "refinement_model_lag": 3,
     "privacy_unit": "user",
+    "dedup_window_epochs": 2,
 }
 
 

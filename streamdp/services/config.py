@@ -170,6 +170,12 @@ class ServiceConfig:
         1_000_000_000, "must be an integer in [1, 10^12]: the most documents any one noised sum "
                        "(a warm-up, a tree node) may hold; choose it above any realistic total "
                        "(default 1000000000)", ge=1, le=10**12)
+    # deduplication by document id (streamdp.services.dedup): None = for the deployment's life;
+    # N = a copy within N epochs of its counted copy (memory: the ids of about N epochs)
+    dedup_window_epochs: int | None = _field(
+        None, "must be null (default: an id counts once for the deployment's life) or an integer "
+              "number of epochs >= 1 (a copy within that many epochs of its counted copy is a "
+              "duplicate)", ge=1)
     # the unit of privacy (docs/privacy.md "The user-level unit"): document | user
     privacy_unit: Literal["document", "user"] = _field(
         "document", "must be 'document' (add/remove one document) or 'user' (add/remove every "

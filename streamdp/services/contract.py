@@ -79,6 +79,7 @@ CONTRACT_FIELDS: dict[str, str] = {
     "max_docs_per_user": "the user-level sensitivity",
     "user_weights": "the user-level sensitivity",
     "max_users": "which users' documents count (first-K admission) and the user weights",
+    "dedup_window_epochs": "which re-sent document ids count again (the unit of privacy)",
 }
 
 

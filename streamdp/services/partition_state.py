@@ -58,7 +58,7 @@ from streamdp.moments.sketch import WhitenedSketch
 from streamdp.privacy.epochs import WARMUP_EPOCH, EpochClock
 from streamdp.privacy.user_bounding import UserBounder, partition_for_user
 from streamdp.refinement import FoldInModels, RefinementSketch
-from streamdp.services.dedup import SeenIds
+from streamdp.services.dedup import CountedIds
 from streamdp.services.vocabulary import SelectionHistogram
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch
@@ -216,10 +216,10 @@ class PartitionState:
     users_expired_through : int  stream epochs whose per-user counts expired (the partition's
                           progress passed their close time: no document on time for them can
                           follow in this partition's log)
-    seen_ids : SeenIds    keyed hashes of the ids of every document accepted so far
-                          (:mod:`streamdp.services.dedup`: a later record with one of them is a
-                          duplicate); checkpointed with the sketches, so a re-read after a crash
-                          deduplicates exactly as the lost run did
+    seen_ids : CountedIds keyed hashes of the ids of the documents counted, by epoch within the
+                          dedup window (:mod:`streamdp.services.dedup`: a later record with one
+                          of them is a duplicate); checkpointed with the sketches, so a re-read
+                          after a crash deduplicates exactly as the lost run did
     """
 
     topic: str
@@ -238,7 +238,7 @@ class PartitionState:
     users_warmup: UserBounder | None = None
     users_stream: UserBounder | None = None
     users_expired_through: int = 0
-    seen_ids: SeenIds = field(default_factory=SeenIds)
+    seen_ids: CountedIds = field(default_factory=CountedIds)
 
     @property
     def key(self) -> str:
@@ -316,6 +316,17 @@ class PartitionState:
             self.users_expired_through = e
 
     # ------------------------------------------------------------ updating
+    def final_routes(self, routes: np.ndarray, subspace_known: bool) -> np.ndarray:
+        """The routes :meth:`add` acts on: a document of an epoch this partition closed, of the
+        selection window (a vocabulary exists to count over) or of a closed warm-up (the
+        subspace is known and the warm-up sketch dropped) is LATE. A row with a final route
+        ≥ 0 is *counted* (streamdp.services.dedup remembers its id)."""
+        routes = np.where((routes > 0) & (routes <= self.closed_through), LATE, routes)
+        routes = np.where(routes == SELECTION, LATE, routes)
+        if self.warmup is None and subspace_known:
+            routes = np.where(routes == WARMUP_EPOCH, LATE, routes)
+        return routes
+
     def add(self, X: sp.csr_matrix, routes: np.ndarray, subspace: Subspace | None,
             clip: ClipBounds | None, warmup_factory,
             models: FoldInModels | None = None, *, users=None,
@@ -348,9 +359,7 @@ class PartitionState:
         exists (it pauses the partition instead). Documents routed to an epoch
         the release service already closed are late.
         """
-        routes = np.where((routes > 0) & (routes <= self.closed_through), LATE, routes)
-        # with a vocabulary to count over, the selection window is closed: its documents are late
-        routes = np.where(routes == SELECTION, LATE, routes)
+        routes = self.final_routes(routes, subspace is not None)
         if np.any(routes == FUTURE):
             raise ValueError("FUTURE-routed documents must be dead-lettered, not added")
         if models is not None:       # every model decided, before any sketch changes
@@ -370,10 +379,7 @@ class PartitionState:
             if r == LATE:
                 continue
             if r == WARMUP_EPOCH:
-                if self.warmup is None:
-                    if subspace is not None:      # warm-up closed: these are late
-                        out["late"] += rows.size
-                        continue
+                if self.warmup is None:           # (closed: final_routes made them late)
                     self.warmup = warmup_factory()
                 if w is None:
                     self.warmup.update(X[rows])
@@ -443,6 +449,9 @@ class PartitionState:
         if warmup_closed:
             self.warmup = None
             self.users_warmup = None        # its weights can no longer reach a released sum
+            # ids no later counted document can be within the dedup window of (epoch 0, the
+            # warm-up, counts as closed from here on)
+            self.seen_ids.expire(self.closed_through)
 
     # ------------------------------------------------------------ checkpoint
     def to_bytes(self) -> bytes:
@@ -457,8 +466,9 @@ class PartitionState:
             "refine": [[e, rs.to_dict()] for e, rs in sorted(self.refine.items())],
             "closed_through": self.closed_through, "counters": self.counters,
             "fence": self.fence,
-            # 8 bytes per accepted document id (streamdp.services.dedup), sorted
-            "seen_ids": self.seen_ids.to_bytes(),
+            # 8 bytes per counted document id, by epoch (streamdp.services.dedup, format v2;
+            # v1 was the bytes of one set under "seen_ids")
+            "dedup": self.seen_ids.to_obj(),
             # user mode: the bounders (secret: per-user counts), so a re-read after a crash or
             # a rebalance numbers every user's documents exactly as the lost run did
             **({} if self.users_stream is None and self.users_warmup is None else {
@@ -488,8 +498,8 @@ class PartitionState:
                    users_warmup=_bounder(obj.get("users_warmup")),
                    users_stream=_bounder(obj.get("users_stream")),
                    users_expired_through=int(obj.get("users_expired_through", 0)),
-                   # a state written before deduplication remembers no id (docs/privacy.md)
-                   seen_ids=SeenIds.from_bytes(obj.get("seen_ids") or b""))
+                   # v1 (one flat set) or none (before deduplication): lifetime ids
+                   seen_ids=_counted_ids(obj))
 
     def meta(self) -> dict:
         """Small manifest metadata: lets the release service check progress cheaply."""
@@ -577,3 +587,12 @@ def select_state(accepted, candidate):
 
 def state_key(topic: str, partition: int) -> str:
     return f"sketch/{topic}/{int(partition)}"
+
+
+def _counted_ids(obj: dict) -> CountedIds:
+    """The partition's counted ids from its checkpoint: format v2 under "dedup", v1 (one flat
+    set) under "seen_ids", none before deduplication (docs/privacy.md)."""
+    try:
+        return CountedIds.from_obj(obj["dedup"] if "dedup" in obj else obj.get("seen_ids"))
+    except ValueError as exc:
+        raise ser.SchemaError(f"partition state: {exc}") from None

@@ -174,6 +174,16 @@ class SketchContext:
                 change(st)
                 strategy.dirty.add(p)
 
+    def _forget_closed(self) -> None:
+        """Every partition held now drops what the closed warm-up and epochs make useless: raw
+        sketches, and ids out of the dedup window (the gauge follows at once)."""
+        for strategy in self.strategies:
+            for p, st in strategy.states.items():
+                st.forget_closed(self.closed_through, True)
+                strategy.dirty.add(p)
+                if strategy.metrics is not None:
+                    strategy.metrics.set_dedup_ids(p, len(st.seen_ids))
+
     # ------------------------------------------------------------ vocabulary, subspace
     def set_vocabulary(self, vocab) -> None:
         self.vocabulary = vocab
@@ -214,7 +224,7 @@ class SketchContext:
             # The warm-up is closed: drop the warm-up sketches of the partitions held now,
             # as a restart would (SketchStrategy.restore), so a warm-up document that still
             # arrives is late whether or not this process restarted in between.
-            self._each_state(lambda st: st.forget_closed(self.closed_through, True))
+            self._forget_closed()
             log.info("%s: subspace %s (k'=%d) loaded", self.instance, self.subspace.id, self.subspace.dim)
 
     # ------------------------------------------------------------ refinement models
@@ -319,7 +329,7 @@ class SketchContext:
         through = min(through, released)
         self.closed_through = max(self.closed_through, through)
         self.warmup_closed = True
-        self._each_state(lambda st: st.forget_closed(self.closed_through, True))
+        self._forget_closed()
 
     def confirmed_release(self) -> int | None:
         """The last epoch the release state on the state topic records as released
@@ -588,15 +598,22 @@ class SketchStrategy:
                     db.reject(i, exc)
         cb = db.to_counts(self.tokenizer)
         bad = [(batch[i], exc) for i, exc in cb.errors]
-        # deduplication by document id (streamdp.services.dedup: the one rule), last of the checks
-        cb, id_hashes, dups = self._without_duplicates(st, batch, cb, db)
-        bad = sorted(bad + dups, key=lambda me: me[0].offset())
         rt_good = t_recs[cb.index]
         routes = self.routing.route(cb.timestamps, rt_good, now) if cb.n_docs else np.zeros(0, np.int64)
         own_routes = routes           # by each document's own times: what user numbering follows
         routes = np.where(routes == SELECTION, LATE, routes)   # the vocabulary exists: window closed
         if self.models is not None:          # epochs the release state confirms closed: late
             routes = np.where((routes > 0) & (routes <= self.models.closed_through), LATE, routes)
+        # deduplication by document id (streamdp.services.dedup: the one rule), last of the checks:
+        # each document's own epoch (its ts, the public schedule); the counted ones add their ids
+        epochs = self.routing.clock.epochs(cb.timestamps) if cb.n_docs else np.zeros(0, np.int64)
+        counted = st.final_routes(routes, self.subspace is not None) >= 0
+        rows, id_hashes, dups = self._without_duplicates(st, batch, cb, db, epochs, counted)
+        if dups:
+            cb = _count_rows(cb, rows)
+            routes, own_routes, rt_good, counted, epochs = (
+                routes[rows], own_routes[rows], rt_good[rows], counted[rows], epochs[rows])
+        bad = sorted(bad + dups, key=lambda me: me[0].offset())
 
         # Stop at the first stream document that cannot be sketched yet: before the subspace,
         # any; with refinement, one whose model (the snapshot of its epoch − L) is not decided.
@@ -635,7 +652,8 @@ class SketchStrategy:
         # operator metrics); nothing here holds or stops on a user count (issue 23)
         counts = st.add(X, routes_k, self.subspace, self.clip, new_warmup, models=self.models,
                         refine_in_background=self.cfg.refinement_thread, **user_kw)
-        st.seen_ids.add(id_hashes[keep])
+        remember = keep[counted[keep]]
+        st.seen_ids.add(id_hashes[remember], epochs[remember])
         st.counters["dlq"] += len(bad)
         n_dup = sum(exc.error_class == messages.DUPLICATE_ID for _, exc in bad)
         if n_dup:
@@ -684,28 +702,37 @@ class SketchStrategy:
             return list(ids)
         return [f"{u}\x00{i}" for u, i in zip(users, ids)]
 
-    def _without_duplicates(self, st: PartitionState, batch: list, cb: messages.CountBatch, db):
-        """(the batch without its duplicates, the id hashes of its rows, the duplicates as
-        (message, error)). A row is a duplicate when its id's keyed hash is among the
-        partition's accepted ids or equals an earlier row's (streamdp.services.dedup)."""
+    def _counted_ids(self, st: PartitionState):
+        """The partition's counted ids under the configured window (a state restored from a
+        version-1 checkpoint is migrated; streamdp.services.dedup.CountedIds.bound_to)."""
+        st.seen_ids = st.seen_ids.bound_to(self.cfg.dedup_window_epochs)
+        return st.seen_ids
+
+    def _duplicate_error(self, m) -> messages.InvalidMessage:
+        n = self.cfg.dedup_window_epochs
+        within = ("for the life of the deployment" if n is None
+                  else f"within {n} epoch(s) of the counted copy, dedup_window_epochs")
+        return messages.InvalidMessage.duplicate(
+            f"a document with this id was already counted from partition {m.partition()} "
+            f"(ids are deduplicated per partition {within}; docs/privacy.md \"The unit is a "
+            "document id\")")
+
+    def _without_duplicates(self, st: PartitionState, batch: list, cb: messages.CountBatch, db,
+                            epochs: np.ndarray, counted: np.ndarray):
+        """(the rows of the batch that are not duplicates, the id hashes of those rows, the
+        duplicates as (message, error)). A row is a duplicate when its id's keyed hash was
+        counted before within the window of its epoch, or equals an earlier counted row's
+        (streamdp.services.dedup; ``counted``: the rows that would be counted)."""
         users = None if self.user_partitions is None else [db.user(int(i)) for i in cb.index]
         h = self.ctx.id_hasher.hashes(self._dedup_keys(cb.doc_ids, users))
-        dup = st.seen_ids.duplicates(h)
+        dup = (self._counted_ids(st).duplicates(h, epochs, counted) if h.size
+               else np.zeros(0, dtype=bool))
         if not dup.any():
-            return cb, h, []
-        out = []
-        for r in np.flatnonzero(dup).tolist():
-            m = batch[int(cb.index[r])]
-            out.append((m, messages.InvalidMessage.duplicate(
-                f"a document with this id was already counted from partition {m.partition()} "
-                "(ids are deduplicated per partition for the life of the deployment; "
-                "docs/privacy.md \"The unit is a document id\")")))
+            return np.arange(h.size), h, []
+        out = [(batch[int(cb.index[r])], self._duplicate_error(batch[int(cb.index[r])]))
+               for r in np.flatnonzero(dup).tolist()]
         keep = np.flatnonzero(~dup)
-        cb = messages.CountBatch(
-            counts=cb.counts[keep], timestamps=cb.timestamps[keep],
-            doc_ids=tuple(cb.doc_ids[i] for i in keep.tolist()), index=cb.index[keep],
-            n_tokens=cb.n_tokens[keep], n_unknown=cb.n_unknown[keep], errors=cb.errors)
-        return cb, h[keep], out
+        return keep, h[keep], out
 
     def process_before_vocabulary(self, p: int, batch: list) -> None:
         """Before the deployment's vocabulary exists (vocabulary_mode public/private):
@@ -717,7 +744,7 @@ class SketchStrategy:
         st = self.states[p]
         now = time.time()
         token_lists, bad, rts = [], [], []
-        new_ids: list[int] = []                 # id hashes of the documents accepted here
+        new_ids: dict[int, None] = {}           # id hashes of the documents counted here, in order
         n_late = n_tok = 0
         cut = None                              # (offset, record time) of the first blocked doc
         for m in batch:
@@ -729,26 +756,29 @@ class SketchStrategy:
                     cut = (m.offset(), t_rec)
                     break
                 h = self.ctx.id_hasher.hashes(self._dedup_keys([doc.id], [doc.user]))
-                if st.seen_ids.duplicates(h)[0] or int(h[0]) in new_ids:
-                    raise messages.InvalidMessage.duplicate(
-                        "a document with this id was already counted from partition "
-                        f"{m.partition()} (docs/privacy.md \"The unit is a document id\")")
+                e = self.routing.clock.epoch_of(doc.ts)
+                # the counted ones (selection) all have epoch 0: one of this batch is within any
+                # window of a selection document, and of a late one of epoch < N
+                near = self.cfg.dedup_window_epochs is None or e < self.cfg.dedup_window_epochs
+                if (near and int(h[0]) in new_ids) or self._counted_ids(st).duplicates(h, [e])[0]:
+                    raise self._duplicate_error(m)
                 toks = None
-                if route == SELECTION:
+                if route == SELECTION:          # counted (a late one is checked, never kept)
                     toks = self._selection_tokens(doc)
             except messages.InvalidMessage as exc:
                 bad.append((m, exc))
                 rts.append(math.nan if rt is None else rt)
                 continue
             rts.append(math.nan if rt is None else rt)
-            new_ids.append(int(h[0]))
             if route == SELECTION:
+                new_ids[int(h[0])] = None
                 token_lists.append(toks)
                 n_tok += len(toks)
             else:
                 n_late += 1
         # --- everything validated: now the one state update
-        st.seen_ids.add(new_ids)
+        # the selection window's documents: epoch 0 (before stream_start, like the warm-up)
+        st.seen_ids.add(list(new_ids), np.zeros(len(new_ids), np.int64))
         if token_lists:
             st.add_selection(token_lists, lambda: vocab_mod.SelectionHistogram.for_config(
                 self.cfg, self.candidates), self.candidates)
@@ -810,3 +840,11 @@ def _outcome(p: int, bad: list, hold: NotReady | None) -> None:
 def _record_time(m) -> tuple[int, float | None]:
     kind, ms = m.timestamp()
     return kind, (None if kind == TIMESTAMP_NOT_AVAILABLE else ms / 1000.0)
+
+
+def _count_rows(cb: messages.CountBatch, rows: np.ndarray) -> messages.CountBatch:
+    """The rows ``rows`` of a count batch (its errors kept)."""
+    return messages.CountBatch(
+        counts=cb.counts[rows], timestamps=cb.timestamps[rows],
+        doc_ids=tuple(cb.doc_ids[i] for i in rows.tolist()), index=cb.index[rows],
+        n_tokens=cb.n_tokens[rows], n_unknown=cb.n_unknown[rows], errors=cb.errors)
