@@ -174,7 +174,7 @@ def _user_partitions(cfg) -> int | None:
     if cfg.privacy_unit != "user":
         return None
     from streamdp.kafka.clients import open_state_store
-    from streamdp.services.config import check_unit, documents_partition_count, PRIVACY_MODE_KEY
+    from streamdp.services.start_checks import check_unit, documents_partition_count, PRIVACY_MODE_KEY
     n = documents_partition_count(cfg)
     store = open_state_store(cfg.bootstrap, cfg.kafka, cfg.topics.state)
     try:

@@ -214,7 +214,7 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
                         closing="operator",   # a replay: epochs close by the flush below
                         **user_fields)
     if user_partitions is not None:     # what the release service records (and checks)
-        from streamdp.services.config import documents_partition_count
+        from streamdp.services.start_checks import documents_partition_count
         user_partitions = documents_partition_count(cfg)
     release = ReleaseService(cfg)
     workers = [Sketcher(cfg, instance=f"sketcher-{i}") for i in range(sketchers)]

@@ -95,8 +95,9 @@ from streamdp.services.contract import check_contract, record_contract
 from streamdp.services.record_limits import check_limits, vocabulary_size
 from streamdp.kafka.clients import open_state_store, service_client_config
 from streamdp.kafka.connectivity import BrokerProbe, OutageGuard, check_bootstrap
-from streamdp.services.config import (ConfigError, ServiceConfig, check_privacy_mode,
-                                      check_stream_start, documents_partition_count)
+from streamdp.services.config import ConfigError, ServiceConfig
+from streamdp.services.start_checks import (check_privacy_mode, check_stream_start,
+                                            documents_partition_count)
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.partition_state import SELECTION, PartitionState
 from streamdp.services.release_inputs import ControlCommands, DocumentsPartitions

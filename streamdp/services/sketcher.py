@@ -35,8 +35,8 @@ from streamdp.observability.service_metrics import ServiceMetrics
 from streamdp.services import control
 from streamdp.services.contract import check_contract, record_contract
 from streamdp.services.record_limits import check_limits, vocabulary_size
-from streamdp.services.config import (ConfigError, ServiceConfig, check_privacy_mode,
-                                      documents_partition_count)
+from streamdp.services.config import ConfigError, ServiceConfig
+from streamdp.services.start_checks import check_privacy_mode, documents_partition_count
 from streamdp.services.processor import StreamProcessor, consumer_settings
 from streamdp.services.sketch_strategy import SketchContext, SketchStrategy, initial_vocabulary
 
