@@ -155,6 +155,7 @@ def test_checkpoints_of_format_1_migrate_to_lifetime_ids_and_unknown_versions_ar
     assert obj["dedup"]["v"] == 2 and obj["dedup"]["window"] is None
     ids = IdHasher(b"k" * 32).hashes([f"id-{i}" for i in range(10)])
     v1 = {k: v for k, v in obj.items() if k != "dedup"}
+    v1["v"] = 1                 # partition_state v1: the one that held these (issue 26 item 4)
     st = PartitionState.from_bytes(ser.dumps(v1), world.subspace)     # before deduplication
     assert len(st.seen_ids) == 0 and len(sk.states[0].seen_ids) == 10
     v1["seen_ids"] = SeenIds(ids).to_bytes()

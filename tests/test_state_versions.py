@@ -65,3 +65,18 @@ def test_v1_warmup_and_refinement_states_migrate_to_what_they_meant():
     old_r = {k: x for k, x in r.items() if k != "sums_lo"}
     rb = read_r(dict(old_r, v=1))
     assert not rb.sums_lo.any() and rb.to_dict()["v"] == REFINE_V
+
+
+def test_partition_state_v1_migrates_and_newer_or_damaged_is_refused():
+    from streamdp.services.partition_state import VERSION, PartitionState
+    obj = ser.loads(PartitionState("docs", 3).to_bytes())
+    assert obj["v"] == VERSION == 2
+    # v1, as written before refinement, fencing and deduplication
+    v1 = {k: x for k, x in obj.items() if k not in ("refine", "fence", "dedup")}
+    st = PartitionState.from_bytes(ser.dumps(dict(v1, v=1)), None)
+    assert (st.partition, st.fence, len(st.seen_ids), st.refine) == (3, 0, 0, {})
+    assert ser.loads(st.to_bytes())["v"] == VERSION
+    with pytest.raises(ser.SchemaError, match="partition_state v2: missing field.*fence.*dedup"):
+        PartitionState.from_bytes(ser.dumps(dict(v1, v=2)), None)
+    with pytest.raises(ser.SchemaError, match="version 3.*newer streamdp"):
+        PartitionState.from_bytes(ser.dumps(dict(obj, v=3)), None)

@@ -64,7 +64,9 @@ from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch
 
 KIND = "partition_state"
-VERSION = 1
+#: v2: ``refine``, ``fence`` and ``dedup`` present (the ``users_*`` fields only in user
+#: mode); v1 records are migrated (:func:`_state_v1_to_v2`)
+VERSION = 2
 LATE = -1          # route code for late documents
 FUTURE = -2        # route code for documents dead-lettered for a time in the future
 SELECTION = -3     # route code for documents of the vocabulary-selection window
@@ -480,11 +482,13 @@ class PartitionState:
     @classmethod
     def from_bytes(cls, data: bytes, subspace: Subspace | None) -> "PartitionState":
         obj = ser.loads(data)
-        ser.check_header(obj, KIND, VERSION)
+        obj = ser.upgrade(obj, KIND, VERSION, {1: _state_v1_to_v2})
+        ser.require(obj, KIND, "topic", "partition", "next_offset", "progress", "selection",
+                    "warmup", "epochs", "refine", "closed_through", "counters", "fence", "dedup")
         if obj["epochs"] and subspace is None:
             raise ser.SchemaError("partition state holds stream sketches but no subspace is known")
         selection = None
-        if obj.get("selection") is not None:
+        if obj["selection"] is not None:
             selection = SelectionHistogram.from_bytes(obj["selection"])
         return cls(topic=obj["topic"], partition=int(obj["partition"]),
                    next_offset=int(obj["next_offset"]),
@@ -492,9 +496,9 @@ class PartitionState:
                    selection=selection,
                    warmup=None if obj["warmup"] is None else WarmupSketch.from_bytes(obj["warmup"]),
                    epochs={int(e): WhitenedSketch.from_bytes(b, subspace) for e, b in obj["epochs"]},
-                   refine={int(e): RefinementSketch.from_dict(r) for e, r in obj.get("refine") or []},
+                   refine={int(e): RefinementSketch.from_dict(r) for e, r in obj["refine"]},
                    closed_through=int(obj["closed_through"]), counters=dict(obj["counters"]),
-                   fence=int(obj.get("fence", 0)),
+                   fence=int(obj["fence"]),
                    users_warmup=_bounder(obj.get("users_warmup")),
                    users_stream=_bounder(obj.get("users_stream")),
                    users_expired_through=int(obj.get("users_expired_through", 0)),
@@ -590,9 +594,21 @@ def state_key(topic: str, partition: int) -> str:
 
 
 def _counted_ids(obj: dict) -> CountedIds:
-    """The partition's counted ids from its checkpoint: format v2 under "dedup", v1 (one flat
-    set) under "seen_ids", none before deduplication (docs/privacy.md)."""
+    """The partition's counted ids from its checkpoint's "dedup" record."""
     try:
-        return CountedIds.from_obj(obj["dedup"] if "dedup" in obj else obj.get("seen_ids"))
+        return CountedIds.from_obj(obj["dedup"])
     except ValueError as exc:
         raise ser.SchemaError(f"partition state: {exc}") from None
+
+
+def _state_v1_to_v2(obj: dict) -> dict:
+    """A v1 partition state as v2 (the one migration of this kind): v1 records written before
+    refinement hold no refinement sums, before fencing the token 0; their counted ids are the
+    "dedup" record, or the one flat set under "seen_ids" (before the dedup window: lifetime
+    ids), or none (before deduplication; docs/privacy.md)."""
+    out = dict(obj)
+    out["refine"] = obj.get("refine") or []
+    out.setdefault("fence", 0)
+    if "dedup" not in obj:
+        out["dedup"] = _counted_ids({"dedup": out.pop("seen_ids", None)}).to_obj()
+    return out
