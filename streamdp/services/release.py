@@ -108,7 +108,7 @@ from streamdp.services.release_merge import (SketchMismatch, check_refine_sums, 
                                              merge_warmups)
 from streamdp.services.release_policy import IDLE_GRACE_SECONDS, ClosingPolicy  # noqa: F401
 from streamdp.services.release_sinks import ReleaseSinks
-from streamdp.services.release_writer import (EXIT_FENCED, SPENT_KEYS, WRITER_KEY, Fenced,  # noqa: F401
+from streamdp.services.release_writer import (SPENT_KEYS, WRITER_KEY, Fenced,  # noqa: F401
                                               WriterWatch,
                                               LeaseHeld, ReleaseLease, ReleaseWriter, bind_ledger,
                                               check_ledger, check_ledger_present,
@@ -687,11 +687,6 @@ class ReleaseService:
                 self._stop.wait(self.cfg.poll_seconds)
         finally:
             self.close()
-        if self.fenced:
-            log.error("release service exits with status %d: fenced - %s. Another release service "
-                      "of this deployment is its writer now; find it and keep exactly one "
-                      "(docs/operations.md 'Second release service')", EXIT_FENCED, self.fenced)
-            return EXIT_FENCED
         return 0
 
     def close(self) -> None:

@@ -72,11 +72,6 @@ class Fenced(ConfigError):
     """A newer release service took over this deployment: this one must not spend."""
 
 
-#: exit status of a release service that stopped because another one took over its fence: not a
-#: clean stop, so a supervisor (Kubernetes, systemd ``Restart=on-failure``, a CI job) sees a failure
-EXIT_FENCED = 3
-
-
 class LeaseHeld(ConfigError):
     """Another release service holds the single-writer lease."""
 
