@@ -431,7 +431,10 @@ class StreamingSpectralLDA:
         return self
 
     def _fix_subspace(self) -> None:
-        if self._warmup is None or self._warmup.n_docs == 0:
+        # whether warmup() was called is public (the caller's order of calls); how many of its
+        # documents are usable is not: a private warm-up without any is drawn from noise only,
+        # like the services' (issue 23, docs/privacy.md "What is public about timing")
+        if self._warmup is None or (self._warmup.n_docs == 0 and self.rho_ is None):
             raise ValueError("call warmup(X) with documents of length >= 3 before partial_fit(X): "
                              "the stream is sketched in the subspace the warm-up finds")
         plan = self._warmup_plan()
@@ -592,7 +595,9 @@ class StreamingSpectralLDA:
                              "close_epochs(watermark)")
         if not 0 < budget_fraction <= 1:
             raise ValueError(f"budget_fraction must be in (0, 1], got {budget_fraction!r}")
-        if self.sketch_.n_docs == 0:
+        if self.sketch_.n_docs == 0 and self.rho_ is None:
+            # non-private only: a private release of an empty stream is noise, not a refusal
+            # (its emptiness is an exact count; docs/privacy.md "What is public about timing")
             raise ValueError("the stream sketch is empty: partial_fit(X) with documents first")
         return self._spectral_release(budget_fraction, split if split is not None else self.budget_split)
 
@@ -776,7 +781,7 @@ class StreamingSpectralLDA:
         sketch = RefinementSketch(*model.shape)
         for b in batches:
             sketch.update(b, model)
-        if sketch.n_docs == 0:
+        if sketch.n_docs == 0 and self.rho_ is None:      # private: noise only, never refused
             raise ValueError("cluster_start() got no non-empty documents")
         if self.rho_ is None:
             T, sd, map_events = sketch.sums, 0.0, []
@@ -884,7 +889,7 @@ class StreamingSpectralLDA:
                 sketch.update(batch, model, weights=w)
             else:
                 sketch.update(batch, model)
-        if sketch.n_docs == 0:
+        if sketch.n_docs == 0 and self.rho_ is None:      # private: noise only, never refused
             raise ValueError("refine() got no non-empty documents")
         events = []
         premise = None
@@ -1044,7 +1049,9 @@ def fit(counts, n_topics: int, *, alpha0: float = 1.0, epsilon: float | None = N
         warmup_docs = _check_positive_int("warmup_docs", warmup_docs)
         warm_rows, stream_rows = np.arange(min(warmup_docs, n)), np.arange(warmup_docs, n)
         boundary = "count"
-    if warm_rows.size == 0 or stream_rows.size == 0:
+    # private: an empty side is drawn from noise like any other (how many rows fall on each side
+    # is data: refusing would publish an exact count); non-private: say what is missing
+    if epsilon is None and (warm_rows.size == 0 or stream_rows.size == 0):
         raise ValueError(f"the boundary leaves {warm_rows.size} warm-up and {stream_rows.size} "
                          f"stream rows out of {n}: both must be non-empty (no stream documents "
                          "or no warm-up documents)")
@@ -1059,9 +1066,10 @@ def fit(counts, n_topics: int, *, alpha0: float = 1.0, epsilon: float | None = N
     def ids(rows):
         return None if users is None else list(users[rows])
 
-    for s in range(0, warm_rows.size, batch_size):
+    # at least one (maybe empty) batch per side: the calls, not the row counts, are the schedule
+    for s in range(0, max(warm_rows.size, 1), batch_size):
         model.warmup(X[warm_rows[s:s + batch_size]], users=ids(warm_rows[s:s + batch_size]))
-    cuts = range(0, stream_rows.size, batch_size)
+    cuts = range(0, max(stream_rows.size, 1), batch_size)
     stream = [X[stream_rows[s:s + batch_size]] for s in cuts]
     stream_users = None if users is None else [ids(stream_rows[s:s + batch_size]) for s in cuts]
     for i, batch in enumerate(stream):

@@ -181,3 +181,38 @@ def test_a_failure_after_the_check_reuses_its_kept_draw(docs, monkeypatch):
     labels = [label for label, _ in _reserved(est)]
     assert labels.count("refine-premise#1") == 1 and "refine-premise#2" not in labels
     assert snap.stage == "refined" and "premise_check" in snap.privacy
+
+
+# ------------------------------------------------------- no document at all (an exact count 0)
+@pytest.mark.parametrize("call", ["release", "refine", "cluster"])
+def test_a_call_on_no_stream_document_and_its_neighbour_with_one_both_release(docs, call):
+    """Neighbours: no stream document and one. Before, a private release of an empty stream
+    sketch, and a refinement pass or clustering start without a non-empty document, raised
+    ValueError (an exact count, 0, deciding between an exception and a release). Now both are
+    releases: the empty one is noise only."""
+    kinds = {}
+    for n in (0, 1):
+        _, out = _run(call, docs, n, n_max=10**9)
+        kinds[n] = out if isinstance(out, str) else out.stage
+    assert kinds[0] == kinds[1] and kinds[0] in ("spectral", "refined"), kinds
+
+
+@pytest.mark.parametrize("side", ["warm-up", "stream"])
+def test_fit_with_no_document_on_one_side_and_its_neighbour_both_release(docs, side):
+    """fit's per-document boundary puts no row on one side, or one row: before, the empty side
+    was refused ('both must be non-empty'); now a private fit releases either way (the empty side
+    drawn from noise only). Without ε the refusal stays (nothing is protected there)."""
+    kinds = {}
+    for n in (0, 1):
+        rows = docs[:WARM + n]
+        ts = (np.r_[np.zeros(n), np.ones(WARM)] if side == "warm-up"
+              else np.r_[np.zeros(WARM), np.ones(n)])
+        try:
+            snap = streamdp.fit(rows, 3, epsilon=1.0, delta=1e-6, seed=0, sampler="fast",
+                                non_production=True, timestamps=ts, stream_start=0.5)
+            kinds[n] = snap.stage
+        except ValueError as exc:
+            kinds[n] = str(exc)
+    assert kinds == {0: "refined", 1: "refined"}, kinds
+    with pytest.raises(ValueError, match="both must be non-empty"):
+        streamdp.fit(docs[:WARM], 3, non_private=True, timestamps=np.zeros(WARM), stream_start=0.5)
