@@ -50,7 +50,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "streamdp.evaluation.corpora")),
     ("services", ("streamdp.services.*",)),
     # what a person runs: the CLI, the report, the demo, the snapshot reader library
-    ("app", ("streamdp.cli", "streamdp.__main__", "streamdp.report.*", "streamdp.snapshots",
+    ("app", ("streamdp.cli.*", "streamdp.__main__", "streamdp.report.*", "streamdp.snapshots",
              "streamdp.services.demo", "streamdp.services.demo_corpus")),
 ]
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
