@@ -54,8 +54,10 @@ from streamdp.refinement import BLOCK as REFINE_BLOCK
 from streamdp.refinement import (DEFAULT_MODEL_LAG, FoldInModels, RefinementConfig, RefinementModel,
                                  RefinementSketch, plan_refinement, refined_topics,
                                  topic_order)
-from streamdp.release import DenoiseConfig, decompose_sums, noise_scales, noise_sums
+from streamdp.release import (DenoiseConfig, decompose_sums, noise_scales, noise_sums,
+                             tensor_snr)
 from streamdp.snapshot import TopicSnapshot
+from streamdp.start import choose_continual_topics
 from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.subspace import Subspace
 
@@ -642,12 +644,33 @@ class ContinualRelease:
             noise_sd=spectral_sd, power=self.power, denoise=self.denoise,
             return_subspace_topics=True)
         private = self.tree is not None
-        stage, nts, fold_in = "spectral", None, None
+        stage, nts, fold_in, selection = "spectral", None, None, None
         if self.refined_epochs > 0:
             stage = "refined"
-            topic_word, alpha, nts, fold_in = refined_topics(
+            r_topics, r_alpha, r_nts, r_fold_in = refined_topics(
                 released.refine, sd[REFINE_BLOCK] if sd else 0.0, self.alpha0)
-            U = None
+            # THE continual selection rule (streamdp.start, post-processing of released
+            # values): the refined topics, or the spectral decomposition of the same sums
+            selection = choose_continual_topics(None if spectral_sd is None else tensor_snr(
+                released.sketch, n_topics=self.n_topics, alpha0=self.alpha0,
+                noise_sd=spectral_sd))
+            if selection["published"] == "spectral":
+                # numbered as the snapshot published before (the one identity rule), whose
+                # topics are the model the newest refinement rows were folded into: topic i
+                # continues topic i and later epochs' models keep the rows' order; the model
+                # later epochs fold into is what this snapshot published
+                perm = topic_order(topic_word, r_topics if self.published_topics is None
+                                   else self.published_topics)
+                topic_word, alpha = topic_word[perm], np.asarray(alpha)[perm]
+                lambdas = np.asarray(lambdas)[perm]
+                U = None if U is None else np.asarray(U)[:, perm]
+                fold_in = topic_word
+            else:
+                topic_word, alpha, fold_in = r_topics, r_alpha, r_fold_in
+                U = None
+            # each row's noise-to-signal in the released refinement sums (row i: topic i,
+            # whichever estimate is published): the budget's signal per topic
+            nts = r_nts
         elif self.published_topics is not None:
             # a spectral decomposition numbers its topics afresh: align them to the snapshot
             # published before (the one rule, refinement.topic_order; post-processing)
@@ -671,6 +694,8 @@ class ContinualRelease:
             **aggregator_fields,
             refinement=None if self.refinement is None else {
                 **self.refinement.to_dict(), "refined_epochs": self.refined_epochs})
+        if selection is not None:
+            privacy["topic_selection"] = selection
         if not private:
             privacy["mechanism"] = "none"
         else:
@@ -684,6 +709,8 @@ class ContinualRelease:
                              mechanism=self.aggregator if private else "none",
                              subspace_id=self.subspace.id, epoch=t, subspace_topics=U,
                              noise_to_signal=nts, fold_in_topics=fold_in, stage=stage,
+                             topic_source=("spectral" if selection is None
+                                           else selection["published"]),
                              topic_change=change,
                              # each topic's noised mass (row sums of the released refinement
                              # prefix): post-processing, what topic trends are computed from

@@ -236,6 +236,27 @@ def _check_topics(subspace: Subspace, n_topics: int, alpha0: float) -> None:
         raise ValueError(f"alpha0 must be > 0, got {alpha0}")
 
 
+def tensor_snr(noisy: SketchSums, *, n_topics: int, alpha0: float,
+               noise_sd: dict[str, float] | None) -> float:
+    """The whitened tensor's signal-to-noise index of released sums: λ_k^{3/2}·N / (σ₃·√k).
+
+    Whitening by W (‖W‖₂ = λ_k^{-1/2}, λ_k the k-th eigenvalue of the released K) scales the
+    noise of each entry of S3/N (sd σ₃/N) by up to ‖W‖₂³, and a k×k×k Gaussian tensor has
+    spectral norm about √k times its entries' sd, while the whitened signal's eigenvalues are
+    O(1) (≥ 2√(α0+1)/(α0+2)): the index is about the smallest signal eigenvalue over the
+    noise's spectral norm. λ_k within the noise on K (2σ₂√k'/N, the floor of
+    :func:`decompose_sums`) gives 0: that whitening direction is noise. Released values (count,
+    s1, s2) and public σ only: post-processing. Without noise (``noise_sd`` None): ∞."""
+    if noise_sd is None:
+        return math.inf
+    N = max(float(noisy.count), 1.0)
+    Kmat, _ = qspace_moments(noisy.s1 / N, noisy.s2 / N, None, alpha0)
+    lam_k = float(np.sort(np.linalg.eigvalsh(Kmat))[::-1][n_topics - 1])
+    if lam_k <= 2.0 * noise_sd["s2"] / N * math.sqrt(Kmat.shape[0]):
+        return 0.0
+    return lam_k ** 1.5 * N / (noise_sd["s3"] * math.sqrt(n_topics))
+
+
 def decompose_sums(noisy: SketchSums, subspace: Subspace, *, n_topics: int, alpha0: float,
                    noise_sd: dict[str, float] | None, power: PowerMethodConfig = PowerMethodConfig(),
                    denoise: DenoiseConfig = DenoiseConfig(), oracle_factory=None,

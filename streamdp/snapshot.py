@@ -45,7 +45,15 @@ class TopicSnapshot:
                                    the universal noise level) that the next refinement folds
                                    documents into; ``topic_word`` is the smoother estimate
                                    for reading and for perplexity
-    stage : str                    "spectral" or "refined" (how the topics were made)
+    stage : str                    "spectral" or "refined": whether the release has refinement
+                                   sums (from the first refined epoch on; topic i then continues
+                                   row i of those sums)
+    topic_source : str or None     continual releases: which estimate ``topic_word`` is —
+                                   "refinement" (the refined topics) or "spectral" (the
+                                   spectral decomposition of the same released sums), chosen by
+                                   the continual selection rule (streamdp.start.
+                                   choose_continual_topics; its record in
+                                   ``privacy["topic_selection"]``). None: not a continual release
     topic_change : (k,) ndarray or None
                                    continual releases: the mass each topic moved since the
                                    same index of the release published before (total
@@ -80,6 +88,7 @@ class TopicSnapshot:
     stage: str = "spectral"
     topic_change: np.ndarray | None = None
     topic_mass: np.ndarray | None = None
+    topic_source: str | None = None
 
     @property
     def new_topics(self) -> list[int]:
@@ -193,6 +202,7 @@ class TopicSnapshot:
                 "subspace_id": self.subspace_id, "release_id": self.release_id,
                 "created_at": float(self.created_at), "epoch": self.epoch,
                 "vocabulary_id": self.vocabulary_id, "stage": self.stage,
+                "topic_source": self.topic_source,
                 "subspace_topics": (None if self.subspace_topics is None
                                     else ser.pack_array(self.subspace_topics)),
                 "noise_to_signal": (None if self.noise_to_signal is None
@@ -221,7 +231,7 @@ class TopicSnapshot:
                    mechanism=obj["mechanism"], subspace_id=obj["subspace_id"],
                    release_id=obj["release_id"], created_at=float(obj["created_at"]),
                    epoch=obj.get("epoch"), vocabulary_id=obj.get("vocabulary_id"),
-                   stage=obj.get("stage", "spectral"),
+                   stage=obj.get("stage", "spectral"), topic_source=obj.get("topic_source"),
                    subspace_topics=(None if obj.get("subspace_topics") is None else
                                     ser.unpack_array(obj["subspace_topics"], name="subspace_topics")),
                    noise_to_signal=(None if obj.get("noise_to_signal") is None else

@@ -50,6 +50,31 @@ def choose_start(n_docs_noised: float, rho: float | None, k: int, k_prime: int) 
             "n_docs_noised": float(n_docs_noised), "index": idx if math.isfinite(idx) else None}
 
 
+#: the continual selection rule publishes the spectral decomposition when the released
+#: tensor's signal-to-noise index (streamdp.release.tensor_snr) reaches this: the noise's
+#: spectral norm estimate is then below the scale of the smallest whitened signal eigenvalue
+#: (≥ 2√(α0+1)/(α0+2) ≈ 0.94 at α0 = 1). Measured (docs/benchmarks.md, issue 22 item 4):
+#: synthetic LDA d = 1000, k = 10, ε = 1 reaches 1 at ≈ 30k stream documents, where its spectral
+#: decomposition is 3× closer to the truth than the refined release (0.029 vs 0.087 L2);
+#: Debian descriptions (k = 10, d = 2000 and k = 20, d = 5000, ε = 4, up to 38.6k documents)
+#: give 0: their k-th whitening eigenvalue is within the noise on K
+SPECTRAL_MIN_SNR = 1.0
+
+
+def choose_continual_topics(snr: float | None) -> dict:
+    """THE continual selection rule (docs/privacy.md "The continual selection rule"; issue 22
+    item 4): a refined continual release publishes the spectral decomposition of the same
+    released sums when their whitened tensor's signal-to-noise index ``snr``
+    (:func:`streamdp.release.tensor_snr`, released values only) reaches SPECTRAL_MIN_SNR, and
+    its refined topics otherwise: post-processing, no budget. Without noise (``snr`` None) the
+    refinement is kept (a non-private run's releases are as before)."""
+    source = ("spectral" if snr is not None and math.isfinite(snr) and snr >= SPECTRAL_MIN_SNR
+              else "refinement")
+    return {"published": source, "snr": None if snr is None or not math.isfinite(snr) else float(snr),
+            "rule": f"spectral iff lambda_k(K)^1.5*N/(sigma_3*sqrt(k)) >= {SPECTRAL_MIN_SNR:g} "
+                    "(private releases only)"}
+
+
 def choose_service_start(n_docs_noised: float | None, rho: float | None, k: int, k_prime: int,
                          *, public_available: bool) -> dict:
     """THE start rule of the services (docs/privacy.md "The start rule"; issue 22): the rule

@@ -72,6 +72,11 @@ def test_private_refinement_end_to_end(kafka_broker, tmp_path):
     assert s.privacy["refinement"]["refined"] is True
     assert s.privacy["refinement"]["model_epoch"] == 1 and s.privacy["refinement"]["model_lag"] == 2
     assert latest_json["stage"] == "refined" and "quality_note" in latest_json
+    # the continual selection rule ran in the release service (one implementation,
+    # ContinualRelease.post_process): its record and the published source agree
+    assert [x.topic_source for x in snaps[:2]] == ["spectral", "spectral"]
+    assert s.topic_source == s.privacy["topic_selection"]["published"]
+    assert s.privacy["topic_selection"]["rule"].startswith("spectral iff")
 
     # --- topic identity: topic i of the refined release is closest (L1) to topic i of its
     # model (snapshot 1) for most topics
