@@ -601,7 +601,6 @@ def from_mapping(values: dict, *, env: dict | None = None) -> ServiceConfig:
         raw = env.get(f"STREAMDP_{name.upper()}")
         if raw is None:
             continue
-        default = getattr(ServiceConfig, name, None) if not isinstance(f.default_factory, type) else None
         if not raw.strip():
             raise ConfigError(
                 f"environment STREAMDP_{name.upper()} is set but blank: unset it to keep the "
@@ -609,7 +608,7 @@ def from_mapping(values: dict, *, env: dict | None = None) -> ServiceConfig:
                 + (" (a number > 0; a non-private deployment sets STREAMDP_NON_PRIVATE=true and "
                    "STREAMDP_EPSILON=null)" if name == "epsilon" else ""))
         try:
-            merged[name] = _parse_env(raw, f.type, default)
+            merged[name] = _parse_env(raw, f.type)
         except ValueError as exc:
             raise ConfigError(f"environment STREAMDP_{name.upper()}={raw!r}: {exc}") from exc
     for name, v in merged.items():
@@ -716,7 +715,7 @@ def from_file(path: str | os.PathLike, overrides: dict | None = None, *,
     return from_mapping(values, env=env)
 
 
-def _parse_env(raw: str, typ, default):
+def _parse_env(raw: str, typ):
     import json
     t = str(typ)
     if raw.strip().lower() in ("null", "none") and "None" in t:
