@@ -80,3 +80,39 @@ def test_partition_state_v1_migrates_and_newer_or_damaged_is_refused():
         PartitionState.from_bytes(ser.dumps(dict(v1, v=2)), None)
     with pytest.raises(ser.SchemaError, match="version 3.*newer streamdp"):
         PartitionState.from_bytes(ser.dumps(dict(obj, v=3)), None)
+
+
+def _epoch_sums(refine=True):
+    from streamdp.continual import EpochSums
+    sub = Subspace(np.linalg.qr(np.random.default_rng(0).standard_normal((D, K)))[0])
+    sk = WhitenedSketch(sub).update(_X()).sums()
+    if not refine:
+        return EpochSums(sk)
+    r = np.random.default_rng(1).random((2, D))
+    return EpochSums(sk, r, r * 1e-17)
+
+
+def test_epoch_sums_old_layouts_migrate_to_what_the_reader_gave_and_newer_is_refused():
+    from streamdp.continual import EPOCH_SUMS_VERSION, EpochSums
+    cur = _epoch_sums().to_dict()
+    assert (cur["kind"], cur["v"]) == ("epoch_sums", EPOCH_SUMS_VERSION) == ("epoch_sums", 2)
+    back = EpochSums.from_dict(cur)
+    assert ser.dumps(back.to_dict()) == ser.dumps(cur)
+    # v1 as written before the document count and compensated summation: n_docs 0, no remainder
+    v1 = dict(cur, v=1, sketch={k: x for k, x in cur["sketch"].items() if k != "n_docs"})
+    del v1["refine_lo"]
+    old = EpochSums.from_dict(v1)
+    assert old.sketch.n_docs == 0 and old.refine_lo is None
+    assert np.array_equal(old.refine, back.refine) and old.sketch.count == back.sketch.count
+    assert EpochSums.from_dict(old.to_dict()).to_dict()["v"] == EPOCH_SUMS_VERSION
+    # v0: a tree node written before refinement was the bare sketch sums map
+    bare = _epoch_sums(refine=False).to_dict()["sketch"]
+    v0 = EpochSums.from_dict(bare)
+    assert v0.refine is None and v0.sketch.n_docs == bare["n_docs"]
+    assert np.array_equal(v0.sketch.s3, EpochSums.from_dict(_epoch_sums(False).to_dict()).sketch.s3)
+    with pytest.raises(ser.SchemaError, match="epoch_sums: unsupported schema version 3.*newer streamdp"):
+        EpochSums.from_dict(dict(cur, v=3))
+    with pytest.raises(ser.SchemaError, match="epoch_sums v2: missing field.*refine_lo"):
+        EpochSums.from_dict({k: x for k, x in cur.items() if k != "refine_lo"})
+    with pytest.raises(ser.SchemaError, match="epoch_sums v2: missing field.*n_docs"):
+        EpochSums.from_dict(dict(cur, sketch={k: x for k, x in cur["sketch"].items() if k != "n_docs"}))

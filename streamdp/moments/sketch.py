@@ -124,7 +124,7 @@ class SketchSums:
                   for n, v in lo.items()}
         return cls(count=float(obj["count"]),
                    **{n: ser.unpack_array(obj[n], name=n) for n in ("m1", "z", "s1", "s2", "s3")},
-                   n_docs=int(obj.get("n_docs", 0)), lo=lo)
+                   n_docs=int(obj["n_docs"]), lo=lo)
 
 
 def khatri_rao_rows(A: np.ndarray, B: np.ndarray) -> np.ndarray:
