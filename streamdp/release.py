@@ -189,7 +189,7 @@ def release_topics(sums: SketchSums, subspace: Subspace, *, n_topics: int, alpha
         # reserve → draw → persist → commit (streamdp.privacy.spend); the persisted output
         # is the release itself, since the iterative mechanism draws during decomposition
         topic_word, alpha, lambdas, U, n_docs = kept_or_fresh(
-            kept, lambda: spend(spender, events, label=name(), draw=draw))
+            kept, lambda: spend(spender, events, label=name(), draw=draw, fulfil=False))
     else:
         # reserve → draw → persist (the noised sums) → commit; the decomposition is
         # post-processing of the kept/persisted noised sums (issue 23 item 4)

@@ -350,6 +350,51 @@ def test_iterative_retry_is_a_new_charged_draw(monkeypatch):
     assert rho_retry == pytest.approx(rho * (2 - PREMISE_SHARE), rel=1e-9)
 
 
+class _Crash(BaseException):
+    """A process death inside a draw, as the next start sees it: nothing after it ran."""
+
+
+def test_iterative_crash_then_rerun_of_the_same_run_is_charged_again(tmp_path, monkeypatch):
+    """Durable ledger + run_id, iterative mechanism: the process dies *inside* the
+    decomposition, which post-processes its own noise, so whether it died may depend on the
+    noise. The re-run of the same run must not fulfil the crashed reservation with a fresh,
+    uncharged draw (rejection sampling on the noise): the crashed draw stays charged and the
+    retry is charged in full under a new key; a third run reuses the retry's persisted output."""
+    from streamdp.privacy.accountant import Accountant
+    X = sample_documents(make_lda_model(150, K, seed=1), 5000, seed=1)
+    ledger = tmp_path / "run.ledger"
+
+    def estimator(seed):
+        sampler = CountingSampler(seed)
+        est = StreamingSpectralLDA(K, epsilon=4.0, seed=0, sampler=sampler, non_production=True,
+                                   clip_length=40, mechanism="iterative", run_id="run-1",
+                                   accountant=Accountant(4.0, 1e-6, ledger))
+        return est.warmup(X[:2000]).partial_fit(X[2000:]), sampler
+
+    def stream_rho():
+        return Accountant(4.0, 1e-6, ledger).report()["rho_spent_by_partition"]["stream"]
+
+    first, _ = estimator(3)
+    real = release_mod.robust_power_method
+    monkeypatch.setattr(release_mod, "robust_power_method",
+                        lambda *a, **kw: (_ for _ in ()).throw(_Crash()))
+    with pytest.raises(_Crash):
+        first.release(0.3)
+    rho_crashed = stream_rho()              # the release's reservation, left uncommitted
+    monkeypatch.setattr(release_mod, "robust_power_method", real)
+    again, sampler = estimator(99)
+    snap = again.release(0.3)
+    assert sampler.draws > 0
+    # the crashed reservation stays charged and the retry is charged in full (the premise
+    # check's ñ was persisted before the crash and is reused, not charged again)
+    assert stream_rho() == pytest.approx(rho_crashed * (2 - PREMISE_SHARE), rel=1e-9)
+    rep = Accountant(4.0, 1e-6, ledger).report()
+    assert rep["uncommitted"] == 0
+    third, sampler3 = estimator(7)
+    np.testing.assert_array_equal(third.release(0.3).topic_word, snap.topic_word)
+    assert sampler3.draws == 0 and stream_rho() == pytest.approx(rho_crashed * (2 - PREMISE_SHARE))
+
+
 def test_a_rerun_after_a_failed_decomposition_decomposes_the_persisted_sums(tmp_path, monkeypatch):
     """Durable ledger + run_id: the output store persists the tensor release's *noised sums*
     (before the decomposition), so a fresh estimator re-running the same run after the

@@ -63,6 +63,7 @@ from __future__ import annotations
 import dataclasses
 
 import hashlib
+import itertools
 import logging
 import os
 from pathlib import Path
@@ -110,16 +111,24 @@ class SpendSession:
 
     # ------------------------------------------------------------ the protocol
     def spend(self, events: Sequence[GaussianEvent], *, label: str, draw: Callable[[], T],
-              codec: "Codec | None" = None) -> T:
+              codec: "Codec | None" = None, fulfil: bool = True) -> T:
         """reserve (keyed) → draw → persist → commit; see :func:`spend`."""
         events = tag_unit(events, self.unit)
-        key = spend_key(self.scope, label)
         codec = codec or ARRAY_CODEC
-        if self.store is not None:
-            found = self.store.get(key)
-            if found is not None:
-                return self._persisted_output(key, label, events, found, codec)
-        token = self.reserve(events, label=label)           # 1. durable, keyed
+        for attempt in itertools.count():
+            # attempt 0 is the label itself; later ones exist only with fulfil=False
+            lab = label if attempt == 0 else f"{label}~retry{attempt}"
+            key = spend_key(self.scope, lab)
+            if self.store is not None:
+                found = self.store.get(key)
+                if found is not None:
+                    return self._persisted_output(key, lab, events, found, codec)
+            if fulfil:
+                token = self.reserve(events, label=lab)     # 1. durable, keyed
+                break
+            token = self._reserve_unfulfilled(events, key)
+            if token is not None:
+                break
         out = draw()                                        # 2.
         if self.store is None:                              # 3-4 by the caller
             self.commit(token)
@@ -146,6 +155,25 @@ class SpendSession:
                 "delete the outputs to spend again") from exc
         log.info("reusing the persisted output of %r (no new draw, no new charge)", key)
         return codec.decode(found["value"])
+
+    def _reserve_unfulfilled(self, events: tuple[GaussianEvent, ...], key: str
+                             ) -> Reservation | None:
+        """Step 1 for a draw whose post-processing runs inside it (``fulfil=False``): a
+        fresh reservation of ``key``, or None when ``key`` is used up. An uncommitted
+        reservation of ``key`` was left by a crash *inside* such a draw, where the crash may
+        have depended on the noise: fulfilling it with a fresh draw would be rejection
+        sampling, so it is committed as spent and the caller tries the next key."""
+        try:
+            token = self.accountant.reserve(events, label=key, key=key)
+        except AlreadySpent:
+            return None
+        if token.fulfilling:
+            log.warning("reservation %r was left uncommitted by a crash inside a draw that "
+                        "post-processes its own noise: it stays charged (committed unused) and "
+                        "a new reservation pays for the retry", key)
+            self.accountant.commit(token)
+            return None
+        return token
 
     # ------------------------------------------------------------ BudgetSpender
     def reserve(self, events: Sequence[GaussianEvent], *, label: str = "") -> Reservation:
@@ -222,7 +250,7 @@ class UnitSpender:
 
 
 def spend(spender: BudgetSpender | None, events: Sequence[GaussianEvent], *, label: str,
-          draw: Callable[[], T], codec: "Codec | None" = None) -> T:
+          draw: Callable[[], T], codec: "Codec | None" = None, fulfil: bool = True) -> T:
     """The spend protocol, the one code path of every noise draw.
 
     ``events`` are the Gaussian events ``draw`` will realise (all of its noise);
@@ -231,13 +259,17 @@ def spend(spender: BudgetSpender | None, events: Sequence[GaussianEvent], *, lab
     exception from ``draw`` leaves the reservation uncommitted (spent, and
     fulfilled by the next draw of the same key). No events (non-private): just
     ``draw()``. ``codec`` encodes the output for an output store (default:
-    arrays, numbers and tuples of them).
+    arrays, numbers and tuples of them). ``fulfil=False``: ``draw`` post-processes its
+    own noise (the iterative mechanism's power-method queries), so a reservation a crash
+    left uncommitted is never fulfilled by a fresh draw: it stays charged and the retry is
+    reserved and charged anew under ``label~retry<i>`` (docs/privacy.md, "The iterative
+    mechanism").
     """
     events = tuple(events)
     if not events:
         return draw()
     if isinstance(spender, SpendSession):
-        return spender.spend(events, label=label, draw=draw, codec=codec)
+        return spender.spend(events, label=label, draw=draw, codec=codec, fulfil=fulfil)
     if spender is None:
         raise ValueError(f"{label!r}: a private draw needs a budget spender (an accountant)")
     # A spender that keys nothing (EventLog, a bare accountant, a wrapper): the
