@@ -116,3 +116,22 @@ def test_epoch_sums_old_layouts_migrate_to_what_the_reader_gave_and_newer_is_ref
         EpochSums.from_dict({k: x for k, x in cur.items() if k != "refine_lo"})
     with pytest.raises(ser.SchemaError, match="epoch_sums v2: missing field.*n_docs"):
         EpochSums.from_dict(dict(cur, sketch={k: x for k, x in cur["sketch"].items() if k != "n_docs"}))
+
+
+def test_public_release_v1_migrates_and_newer_or_damaged_is_refused():
+    from streamdp.services import public_release as pr
+    models = [{"kind": "refinement_model", "v": 1, "epoch": 0}]
+    cur = ser.loads(pr.encode(4, models, "public"))
+    assert (cur["kind"], cur["v"], cur["start"]) == ("public_release", pr.VERSION, "public") \
+        and pr.VERSION == 2
+    assert ser.loads(pr.encode(4, models))["start"] == "tensor"      # no choice made yet
+    # v1 as written before issue 22 (no start): the tensor start, as the v1 reader read it
+    v1 = ser.dumps({"kind": "public_release", "v": 1, "epoch": 4, "models": models})
+    assert (pr.decode(v1), pr.decode_start(v1)) == ((4, models), "tensor")
+    v1p = ser.dumps({"kind": "public_release", "v": 1, "epoch": 4, "models": models,
+                     "start": "public"})
+    assert (pr.decode(v1p), pr.decode_start(v1p)) == ((4, models), "public")
+    with pytest.raises(ser.SchemaError, match="public_release: unsupported schema version 3.*newer"):
+        pr.decode(ser.dumps(dict(cur, v=3)))
+    with pytest.raises(ser.SchemaError, match="public_release v2: missing field.*start"):
+        pr.decode_start(ser.dumps({k: x for k, x in cur.items() if k != "start"}))

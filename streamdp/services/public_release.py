@@ -6,13 +6,15 @@ written by the release service after each release state persist — so it never 
 epoch whose draw is not durable — and re-written at start-up when it lags the persisted state
 (a crash between the two writes). Payload (msgpack)::
 
-    {"kind": "public_release", "v": 1, "epoch": t,
+    {"kind": "public_release", "v": 2, "epoch": t,
      "models": [refinement model dicts (RefinementModel.to_dict) of the last L snapshots],
      "start": "tensor" | "public"}
 
 ``start`` (issue 22) is the deployment's start, chosen at the warm-up close: with "public",
 the public start's model is among ``models`` as epoch 0, the model of epochs 1…L
-(:func:`streamdp.refinement.model_epoch_for`). Absent in records written before it: tensor.
+(:func:`streamdp.refinement.model_epoch_for`); "tensor" until a choice is made. v1 records
+lacked it when written before issue 22 or before the choice; :func:`_v1_to_v2` reads them as
+"tensor", as the v1 reader did.
 
 Everything in it is released: ``epoch`` is the last published epoch (public: a snapshot
 exists), each model is the topic-word matrix and α its snapshot published. What it does not
@@ -26,25 +28,33 @@ from streamdp import serialization as ser
 
 KEY = "public/release"
 KIND = "public_release"
-VERSION = 1
+VERSION = 2
 
 
 def encode(epoch: int, models: list[dict], start: str | None = None) -> bytes:
-    obj = {"kind": KIND, "v": VERSION, "epoch": int(epoch), "models": list(models)}
-    if start is not None:
-        obj["start"] = str(start)
-    return ser.dumps(obj)
+    """``start`` None: no choice made yet, recorded as "tensor" (the start a sketcher assumes)."""
+    return ser.dumps({"kind": KIND, "v": VERSION, "epoch": int(epoch), "models": list(models),
+                      "start": "tensor" if start is None else str(start)})
+
+
+def _v1_to_v2(obj: dict) -> dict:
+    """v1 as v2: a v1 record without ``start`` (before issue 22, or before the choice) meant
+    the tensor start."""
+    return {**obj, "start": obj.get("start") or "tensor"}
+
+
+def _read(payload: bytes) -> dict:
+    obj = ser.upgrade(ser.loads(payload), KIND, VERSION, {1: _v1_to_v2})
+    ser.require(obj, KIND, "epoch", "models", "start")
+    return obj
 
 
 def decode_start(payload: bytes) -> str:
-    """The start a public release record announces ("tensor" when it predates the field)."""
-    obj = ser.loads(payload)
-    ser.check_header(obj, KIND, VERSION)
-    return str(obj.get("start") or "tensor")
+    """The start a public release record announces ("tensor" or "public")."""
+    return str(_read(payload)["start"])
 
 
 def decode(payload: bytes) -> tuple[int, list[dict]]:
     """(epoch, model dicts) of a public release record."""
-    obj = ser.loads(payload)
-    ser.check_header(obj, KIND, VERSION)
-    return int(obj["epoch"]), list(obj.get("models") or [])
+    obj = _read(payload)
+    return int(obj["epoch"]), list(obj["models"])
