@@ -1,4 +1,4 @@
-"""Compiled in-order column sums (numba) for :func:`streamdp.refinement._sequential_column_sum`.
+"""Compiled in-order column sums (numba) for :func:`streamdp.refinement_sketch.sequential_column_sum`.
 
 ``out[cols[j], :] += vals[j, :]`` for j = 0, 1, 2, … in order, in place: each output entry is
 the left-to-right sum of its terms in entry (document) order, continued from what ``out``
