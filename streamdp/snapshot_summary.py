@@ -56,7 +56,8 @@ def summary(snap: TopicSnapshot, vocabulary: Sequence[str] | None = None, n: int
     return _jsonable({
         "kind": "topic_summary", "v": SUMMARY_VERSION, "schema_version": snap.schema_version,
         "release_id": snap.release_id, "epoch": snap.epoch, "created_at": snap.created_at,
-        "stage": snap.stage, "mechanism": snap.mechanism, "subspace_id": snap.subspace_id,
+        "stage": snap.stage, "topic_source": snap.topic_source,
+        "mechanism": snap.mechanism, "subspace_id": snap.subspace_id,
         "vocabulary_id": snap.vocabulary_id, "n_docs": snap.n_docs, "n_topics": snap.n_topics,
         "alpha": snap.alpha, "noise_to_signal": snap.noise_to_signal,
         "quality_note": snap.quality_note, "topics": topics,

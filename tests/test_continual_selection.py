@@ -118,7 +118,8 @@ def test_identity_is_kept_across_a_switch():
     # index i names the same true topic after the switch as before it, for every index whose
     # topic before the switch was not a near-copy of another (a copy may become the topic it
     # hid: marked new above)
-    first = next(i for i, s in enumerate(snaps) if s.topic_source == "spectral" and s.stage == "refined")
+    first = next(i for i, s in enumerate(snaps)
+                 if s.topic_source == "spectral" and s.stage == "refined")
     before, after = snaps[first - 1], snaps[first]
     assert before.topic_source == "refinement"
     nearest_before = np.abs(truth[:, None, :] - before.topic_word[None]).sum(axis=2).argmin(axis=0)

@@ -292,8 +292,8 @@ def test_http_source_errors_are_clear():
 # ------------------------------------------------------------------ summary and topics --json
 def check_summary(doc: dict, snap: TopicSnapshot, vocab, n: int) -> None:
     assert doc["kind"] == "topic_summary" and doc["v"] == 1 and doc["schema_version"] == 1
-    for key in ("release_id", "epoch", "created_at", "stage", "mechanism", "subspace_id",
-                "vocabulary_id", "n_topics"):
+    for key in ("release_id", "epoch", "created_at", "stage", "topic_source", "mechanism",
+                "subspace_id", "vocabulary_id", "n_topics"):
         assert doc[key] == getattr(snap, key), key
     assert doc["n_docs"] == snap.n_docs
     assert doc["alpha"] == snap.alpha.tolist()
