@@ -406,6 +406,10 @@ class SketchStrategy:
                 st = PartitionState(self.topic, p)
                 starts[p] = OFFSET_BEGINNING
             st.fence = fencing_token(generation, st.fence)
+            try:        # the configured dedup window, before the close drops ids out of it
+                self._counted_ids(st)
+            except ValueError as exc:
+                raise ConfigError(f"partition {p}: {exc}") from None
             st.forget_closed(ctx.closed_through, ctx.warmup_closed)
             if ctx.user_partitions is not None:       # user mode: the partition's bounders
                 try:
