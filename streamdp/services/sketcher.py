@@ -8,9 +8,9 @@ A :class:`Sketcher` is two parts, as in Sentry's arroyo:
   docstring states the commit and checkpoint semantics (the one place they are stated).
 * :class:`streamdp.services.sketch_strategy.SketchStrategy`: the per-assignment work —
   routing and the :class:`PartitionState` of each assigned partition, restored on assign,
-  checkpointed on revoke — with :class:`SketchContext`, what the partitions share
-  (vocabulary, subspace, refinement models, control messages, the state store). Its module
-  docstring states the vocabulary, time, refinement and control rules.
+  checkpointed on revoke — with :class:`streamdp.services.sketch_context.SketchContext`, what
+  the partitions share (vocabulary, subspace, refinement models, control messages, the state
+  store). Its module docstring states the vocabulary, time, refinement and control rules.
 
 This class builds both from a :class:`ServiceConfig`, runs the loop with the outage guard
 and signals, and keeps the attributes the rest of the code base reads (``states``,
@@ -38,7 +38,8 @@ from streamdp.services.record_limits import check_limits, vocabulary_size
 from streamdp.services.config import ConfigError, ServiceConfig
 from streamdp.services.start_checks import check_privacy_mode, documents_partition_count
 from streamdp.services.processor import StreamProcessor, consumer_settings
-from streamdp.services.sketch_strategy import SketchContext, SketchStrategy, initial_vocabulary
+from streamdp.services.sketch_context import SketchContext, initial_vocabulary
+from streamdp.services.sketch_strategy import SketchStrategy
 
 log = logging.getLogger("streamdp.sketcher")
 
