@@ -27,7 +27,7 @@ from streamdp.privacy.epochs import EpochClock
 from streamdp.privacy.noise import DEFAULT_SAMPLER, SAMPLER_KINDS, require_production_sampler
 from streamdp.privacy.user_bounding import DEFAULT_MAX_USERS, SCHEDULES
 from streamdp.privacy.plan import WARMUP_SHARE
-from streamdp.services.partition_state import Routing
+from streamdp.services.routing import Routing
 # the deployment's start-up checks, for callers (and tests) that import them from here
 from streamdp.services.start_checks import (PRIVACY_MODE_KEY, check_privacy_mode,  # noqa: F401
                                             check_stream_start, check_unit,

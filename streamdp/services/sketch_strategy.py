@@ -69,9 +69,9 @@ from streamdp.privacy import rounding
 from streamdp.services.state_auth import StateIntegrityError
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.config import ConfigError
-from streamdp.services.partition_state import (LATE, PRODUCER_TIMESTAMP, SELECTION, PartitionState,
-                                               RecordTimeRejected, check_user, fencing_token,
+from streamdp.services.partition_state import (PartitionState, check_user, fencing_token,
                                                select_state, state_key)
+from streamdp.services.routing import LATE, PRODUCER_TIMESTAMP, SELECTION, RecordTimeRejected
 from streamdp.services.sketch_context import SketchContext
 from streamdp.whitening.warmup import WarmupSketch
 

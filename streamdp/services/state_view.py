@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import time
 
-from streamdp.services.partition_state import (PartitionState, effective_progress,
-                                               select_state)
+from streamdp.services.partition_state import PartitionState, select_state
+from streamdp.services.routing import effective_progress
 
 log = logging.getLogger(__name__)
 
