@@ -5,7 +5,8 @@ Public entry points: :class:`StreamingSpectralLDA`, :func:`fit`, the sketch
 """
 from streamdp.cluster_start import ClusterStartConfig
 from streamdp.continual import ContinualRelease
-from streamdp.estimator import StreamingSpectralLDA, fit
+from streamdp.estimator import StreamingSpectralLDA
+from streamdp.fitting import fit
 from streamdp.moments.clipping import ClipBounds
 from streamdp.moments.sketch import SketchSums, WhitenedSketch
 from streamdp.privacy.epochs import EpochClock

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from streamdp import start
 from streamdp.documents import as_count_batch
-from streamdp.estimator import fit
+from streamdp.fitting import fit
 
 
 class PublicStart(start.PublicStart):

@@ -1,7 +1,8 @@
 """The refinement sums of a stream (DESIGN §8): Σ_d R_d over the documents a sketch has seen,
 each folded into its model as it arrives, summed in chunks of the sketch's own document
 sequence and the chunks added compensated (docs/privacy.md, "Floating point"). The per-document
-terms R_d and their bound ‖R_d‖_F ≤ 1 are the model's (:meth:`streamdp.refinement.RefinementModel.document_terms`).
+terms R_d and their bound ‖R_d‖_F ≤ 1 are the model's
+(:meth:`streamdp.refinement.RefinementModel.document_terms`).
 """
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the sketches' compensated sums and its proven rounding bound are numerics the sketches use
     ("core", ("streamdp.errors", "streamdp.backoff", "streamdp.serialization", "streamdp.documents",
               "streamdp._counts_decode_kernel", "streamdp._fold_in_kernel", "streamdp._sum2_kernel",
-              "streamdp._column_sum_kernel", "streamdp.refinement_sketch", "streamdp.refinement_topics",
+              "streamdp._column_sum_kernel", "streamdp.refinement_sketch",
+              "streamdp.refinement_topics",
               "streamdp.moments.*", "streamdp.whitening", "streamdp.whitening.subspace",
               "streamdp.tensor", "streamdp.tensor.power_method", "streamdp.privacy.rounding",
               "streamdp.text", "streamdp.text.tokenizer", "streamdp.text.vocabulary",
@@ -42,7 +43,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("privacy", ("streamdp.privacy.*",)),
     # the private pipeline: warm-up, release, refinement, starts, continual, the estimator
     ("engine", ("streamdp", "streamdp.release", "streamdp.continual", "streamdp.estimator",
-                "streamdp.refinement", "streamdp.refinement_rule", "streamdp.cluster_start", "streamdp.public_start",
+                "streamdp.fitting", "streamdp.refinement", "streamdp.refinement_rule",
+                "streamdp.cluster_start", "streamdp.public_start",
                 "streamdp.whitening.warmup", "streamdp.tensor.private",
                 "streamdp.text.vocab_selection", "streamdp.trends")),
     # messages, Kafka, HTTP metrics/health, packaged corpora
