@@ -135,3 +135,56 @@ def test_public_release_v1_migrates_and_newer_or_damaged_is_refused():
         pr.decode(ser.dumps(dict(cur, v=3)))
     with pytest.raises(ser.SchemaError, match="public_release v2: missing field.*start"):
         pr.decode_start(ser.dumps({k: x for k, x in cur.items() if k != "start"}))
+
+
+def _release_state_v1(**drop):
+    """A release state as main wrote it before this version (no header), refinement on."""
+    from streamdp.refinement import RefinementConfig
+    from streamdp.snapshot import TopicSnapshot
+    rng = np.random.default_rng(2)
+    tw = rng.random((K, D))
+    snap = TopicSnapshot(topic_word=tw / tw.sum(1, keepdims=True), alpha=np.full(K, 0.3),
+                         eigenvalues=np.ones(K), n_docs=0.0, privacy={}, mechanism="none",
+                         subspace_id="s", epoch=3, release_id="release-3", stage="refined")
+    from streamdp.refinement import FoldInModels
+    models = FoldInModels()
+    models.add_snapshot(snap)
+    obj = {"continual": {"epoch": 3}, "last_snapshot": snap.to_bytes(), "control_offset": 17,
+           "orders": [[10.0, 2, None]], "writer_epoch": 4,
+           "refinement_models": [models.models[3].to_dict()],
+           "refinement": RefinementConfig(model_lag=3).to_dict()}
+    return {k: x for k, x in obj.items() if k not in drop}, snap, models.models[3]
+
+
+def test_release_state_v1_migrates_to_what_the_service_read_and_newer_or_damaged_is_refused():
+    from streamdp.refinement import RefinementConfig, RefinementModel
+    from streamdp.services import release_state as rs
+    cfg = RefinementConfig(model_lag=3)
+    v1, snap, model = _release_state_v1()
+    # a v1 record with every field (what main wrote) reads as it was, with the header
+    got = rs.decode(ser.dumps(v1), refinement=cfg, now=5.0)
+    assert got == {**v1, "kind": "release_state", "v": rs.VERSION} and rs.VERSION == 2
+    cur = rs.encode(**v1)
+    assert rs.decode(cur, refinement=cfg, now=5.0) == got
+    # before the public schedule: forced_through / flush_requested become standing orders at now
+    old = dict(_release_state_v1(orders=1)[0], forced_through=4, flush_requested=True)
+    got = rs.decode(ser.dumps(old), refinement=cfg, now=5.0)
+    assert got["orders"] == [[5.0, 4, None], [5.0, -1, 5.0]] and "forced_through" not in got
+    assert rs.decode(ser.dumps(dict(old, forced_through=-1, flush_requested=False)),
+                     refinement=cfg, now=5.0)["orders"] == []
+    # before the model lag: the configured lag; before the model rule: the last snapshot's model
+    old = _release_state_v1(refinement_models=1)[0]
+    old["refinement"] = {k: x for k, x in old["refinement"].items() if k != "model_lag"}
+    got = rs.decode(ser.dumps(old), refinement=cfg, now=5.0)
+    assert got["refinement"] == cfg.to_dict()
+    [m] = [RefinementModel.from_dict(x) for x in got["refinement_models"]]
+    assert (m.epoch, m.model_id) == (model.epoch, model.model_id)
+    assert np.array_equal(m.topic_word, model.topic_word) and np.array_equal(m.alpha, model.alpha)
+    # refinement off: no model, the recorded refinement kept
+    assert rs.decode(ser.dumps(dict(old, refinement=None)), refinement=None,
+                     now=5.0)["refinement_models"] == []
+    with pytest.raises(ser.SchemaError, match="release_state: unsupported schema version 3.*newer"):
+        rs.decode(ser.dumps(dict(ser.loads(cur), v=3)), refinement=cfg, now=5.0)
+    with pytest.raises(ser.SchemaError, match="release_state v2: missing field.*orders"):
+        rs.decode(ser.dumps({k: x for k, x in ser.loads(cur).items() if k != "orders"}),
+                  refinement=cfg, now=5.0)

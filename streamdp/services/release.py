@@ -101,7 +101,7 @@ from streamdp.services.start_checks import (check_privacy_mode, check_stream_sta
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.partition_state import SELECTION, PartitionState
 from streamdp.services.release_inputs import ControlCommands, DocumentsPartitions
-from streamdp.services import public_records, public_release, state_loss
+from streamdp.services import public_records, public_release, release_state, state_loss
 from streamdp.services.state_auth import StateAuth
 from streamdp.services.release_merge import (SketchMismatch, check_refine_sums,  # noqa: F401
                                              load_states, merge_epoch_sums, merge_refine_sums,
@@ -490,11 +490,12 @@ class ReleaseService:
                 self.fold_models = self._new_fold_models()
             state = self.store.read_latest(control.RELEASE_STATE_KEY)
             if state is not None:
-                obj = persisted = ser.loads(state.payload)
+                obj = persisted = release_state.decode(state.payload, refinement=self.refinement,
+                                                       now=time.time())
                 self._check_refinement_unchanged(obj)
                 self.continual.load_state(obj["continual"])
                 if self.refinement is not None:
-                    for m in obj.get("refinement_models") or []:
+                    for m in obj["refinement_models"]:
                         model = RefinementModel.from_dict(m)
                         if model.epoch == PUBLIC_START_EPOCH:
                             self.fold_models.models[PUBLIC_START_EPOCH] = model
@@ -503,12 +504,9 @@ class ReleaseService:
                     # a pending draw's epoch gets its model when it is post-processed
                     self.fold_models.close_through(self.continual.epoch
                                                    - (self.continual.pending is not None))
-                if obj.get("last_snapshot"):
+                if obj["last_snapshot"]:
                     snap = self._state_snapshot = TopicSnapshot.from_bytes(obj["last_snapshot"])
                     self.trends.seed(snap)          # the next release gets a point, no test
-                    if self.refinement is not None and not self.fold_models.models:
-                        # a state written before the model rule kept only the last snapshot
-                        self.fold_models.add_snapshot(snap)
                     self._publish(snap, republish=True)      # persisted: safe to (re)publish
                     self.metrics.set_last_release_timestamp(snap.created_at)
                 self.metrics.set_tree(self.continual.epoch, self.cfg.horizon)
@@ -614,11 +612,9 @@ class ReleaseService:
 
     def _check_refinement_unchanged(self, obj: dict) -> None:
         """The tree's per-node plan includes the refinement block: it cannot change mid-way."""
-        had = obj.get("refinement")
+        had = obj["refinement"]
         if int(obj["continual"].get("epoch") or 0) == 0:
             return                          # nothing released yet: any setting is fine
-        if had is not None and self.refinement is not None and "model_lag" not in had:
-            had = {**had, "model_lag": self.refinement.model_lag}   # written before the lag existed
         if had != self._refinement_dict():
             raise ConfigError(
                 f"configuration fields 'refinement'/'refinement_share'/'refinement_model_lag': "
@@ -1095,13 +1091,13 @@ class ReleaseService:
                 "release_id": None if snap is None else snap.release_id}
         if self.accountant is not None:
             meta["ledger"] = self.accountant.head()
-        ok = self._persist(control.RELEASE_STATE_KEY, ser.dumps({
-            "continual": self.continual.state_dict(),
-            "last_snapshot": None if snap is None else snap.to_bytes(),
-            **self.commands.state(orders), "writer_epoch": self.writer_epoch,
-            "refinement_models": [] if self.fold_models is None else [
+        ok = self._persist(control.RELEASE_STATE_KEY, release_state.encode(
+            continual=self.continual.state_dict(),
+            last_snapshot=None if snap is None else snap.to_bytes(),
+            **self.commands.state(orders), writer_epoch=self.writer_epoch,
+            refinement_models=[] if self.fold_models is None else [
                 self.fold_models.models[e].to_dict() for e in sorted(self.fold_models.models)],
-            "refinement": self._refinement_dict()}), meta)
+            refinement=self._refinement_dict()), meta)
         if ok:
             self._state_snapshot = snap
             self.commands.keep(orders)

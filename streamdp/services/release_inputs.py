@@ -63,18 +63,9 @@ class ControlCommands:
     def restore(self, obj: dict | None) -> None:
         """Resume from a persisted release state (``None``: nothing persisted yet), and read
         from its saved offset (the beginning without one)."""
-        if obj is not None:
-            self.offset = obj.get("control_offset")
-            if "orders" in obj:
-                self.orders = tuple(Order.from_list(o) for o in obj["orders"] or [])
-            else:       # a state written before the public schedule (issue 23)
-                now = time.time()
-                old = []
-                if obj.get("forced_through", -1) >= 0:
-                    old.append(Order(now, int(obj["forced_through"])))
-                if obj.get("flush_requested"):
-                    old.append(Order(now, -1, now))
-                self.orders = tuple(old)
+        if obj is not None:             # a current record (streamdp.services.release_state)
+            self.offset = obj["control_offset"]
+            self.orders = tuple(Order.from_list(o) for o in obj["orders"])
         start = OFFSET_BEGINNING if self.offset is None else self.offset
         self.consumer.assign([TopicPartition(self.cfg.topics.control, 0, start)])
 
