@@ -188,3 +188,20 @@ def test_release_state_v1_migrates_to_what_the_service_read_and_newer_or_damaged
     with pytest.raises(ser.SchemaError, match="release_state v2: missing field.*orders"):
         rs.decode(ser.dumps({k: x for k, x in ser.loads(cur).items() if k != "orders"}),
                   refinement=cfg, now=5.0)
+
+
+def test_counted_ids_read_v2_only_and_refuse_the_rest_saying_what_to_do():
+    from streamdp.services.dedup import DEDUP_VERSION, CountedIds, SeenIds
+    ids = CountedIds(3)
+    ids.add(np.arange(5, dtype=np.uint64), np.array([1, 1, 2, 2, 2]))
+    cur = ids.to_obj()
+    assert cur["v"] == DEDUP_VERSION == 2 and "kind" not in cur    # nested: partition_state names it
+    back = CountedIds.from_obj(cur)
+    assert ser.dumps(back.to_obj()) == ser.dumps(cur)
+    with pytest.raises(ser.SchemaError, match="counted_ids: unsupported schema version 3.*newer"):
+        CountedIds.from_obj(dict(cur, v=3))
+    with pytest.raises(ser.SchemaError, match="counted_ids v2: missing field.*by_epoch"):
+        CountedIds.from_obj({k: x for k, x in cur.items() if k != "by_epoch"})
+    # format 1 (a flat set's bytes) lives only in partition_state v1, which migrates it
+    with pytest.raises(ser.SchemaError, match="counted_ids: expected a map"):
+        CountedIds.from_obj(SeenIds(np.arange(3, dtype=np.uint64)).to_bytes())

@@ -50,7 +50,8 @@ What it guarantees
   (issue 23: everything an observer sees is output).
 
 Checkpoint format: version 2 (:meth:`CountedIds.to_obj`: the window, the ids by epoch). A
-version-1 checkpoint (one flat set, written before the window) is migrated: its ids become
+version-1 checkpoint (one flat set, written before the window, in partition_state v1) is
+migrated by partition_state's one migration: its ids become
 *lifetime* ids — a duplicate for any later document with the same id, never dropped — which is
 what they were when written (strictly more duplicates than the window rule, never fewer).
 """
@@ -60,6 +61,8 @@ import hashlib
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from streamdp import serialization as ser
 
 DUPLICATE_ID = "duplicate_id"        # the dead-letter error class (messages.DUPLICATE_ID)
 
@@ -169,6 +172,7 @@ def _sorted_unique(a: np.ndarray) -> np.ndarray:
 
 
 DEDUP_VERSION = 2       # the checkpoint format of CountedIds (1: a flat SeenIds, no window)
+DEDUP_KIND = "counted_ids"
 
 
 class CountedIds:
@@ -271,15 +275,13 @@ class CountedIds:
 
     @classmethod
     def from_obj(cls, obj) -> "CountedIds":
-        """A version-2 record (:meth:`to_obj`), or version 1: the bytes of one flat set (None
-        or empty: a state written before deduplication, no ids)."""
-        if obj is None or isinstance(obj, (bytes, bytearray)):
-            return cls(None, lifetime=SeenIds.from_bytes(bytes(obj or b"")))
-        if not isinstance(obj, dict) or obj.get("v") != DEDUP_VERSION:
-            raise ValueError(f"document-id dedup record of version "
-                             f"{obj.get('v') if isinstance(obj, dict) else type(obj).__name__!r}: "
-                             f"this streamdp reads versions 1 and {DEDUP_VERSION} (a newer "
-                             "streamdp wrote it: run that version)")
+        """A version-2 record (:meth:`to_obj`); another version is refused saying what to do.
+        Version 1, one flat set, existed only inside partition_state v1, whose one migration
+        converts it (streamdp.services.partition_state._state_v1_to_v2). The record is nested
+        in the partition state, which names its kind: it carries only ``v``."""
+        obj = ser.upgrade({"kind": DEDUP_KIND, **obj} if isinstance(obj, dict) else obj,
+                          DEDUP_KIND, DEDUP_VERSION)
+        ser.require(obj, DEDUP_KIND, "window", "lifetime", "by_epoch")
         window = obj["window"]
         return cls(None if window is None else int(window),
                    lifetime=SeenIds.from_bytes(obj["lifetime"]),

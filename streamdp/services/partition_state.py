@@ -32,7 +32,7 @@ from streamdp.moments.sketch import WhitenedSketch
 from streamdp.privacy.epochs import WARMUP_EPOCH
 from streamdp.privacy.user_bounding import UserBounder, partition_for_user
 from streamdp.refinement import FoldInModels, RefinementSketch
-from streamdp.services.dedup import CountedIds
+from streamdp.services.dedup import CountedIds, SeenIds
 from streamdp.services.vocabulary import SelectionHistogram
 from streamdp.services.routing import (  # noqa: F401 (re-exported)
     FUTURE, FUTURE_TIMESTAMP, LATE, PRODUCER_TIMESTAMP, SELECTION, RecordTimeRejected, Routing,
@@ -468,5 +468,6 @@ def _state_v1_to_v2(obj: dict) -> dict:
     out["refine"] = obj.get("refine") or []
     out.setdefault("fence", 0)
     if "dedup" not in obj:
-        out["dedup"] = _counted_ids({"dedup": out.pop("seen_ids", None)}).to_obj()
+        flat = out.pop("seen_ids", None) or b""     # dedup format 1: one flat set of ids
+        out["dedup"] = CountedIds(None, lifetime=SeenIds.from_bytes(bytes(flat))).to_obj()
     return out
