@@ -496,6 +496,10 @@ class ContinualRelease:
         # topic identity: the topics last published, so the next spectral snapshot numbers its
         # topics alike (refined ones continue the rows of the refinement sums)
         self.published_topics: np.ndarray | None = None
+        # the continual selection rule's inputs (public: indices of released sums): each recent
+        # release's tensor index, and the smallest index of a model refined epochs were folded into
+        self.release_snr: dict[int, float] = {}
+        self.fold_model_snr = math.inf
         if rho is not None:
             if not (rho > 0 and math.isfinite(rho)):
                 raise ValueError(f"rho must be a finite number > 0 or None, got {rho!r}")
@@ -611,6 +615,11 @@ class ContinualRelease:
                 sd[REFINE_BLOCK] = e.sigma * mult
         if refined and self.refinement is not None:
             self.refined_epochs += 1
+            # this epoch's rows were folded into the snapshot of epoch t − L (the refinement
+            # model rule), or into a public start's model before any snapshot (index ∞)
+            m = self.epoch - self.refinement.model_lag
+            self.fold_model_snr = min(self.fold_model_snr,
+                                      self.release_snr.get(m, 0.0) if m >= 1 else math.inf)
         self.pending = (released, sd)          # noised (public) from here on
 
     def post_process(self) -> TopicSnapshot:
@@ -670,15 +679,19 @@ class ContinualRelease:
             return_subspace_topics=True)
         private = self.tree is not None
         stage, nts, fold_in, selection = "spectral", None, None, None
+        snr = None if spectral_sd is None else tensor_snr(
+            released.sketch, n_topics=self.n_topics, alpha0=self.alpha0, noise_sd=spectral_sd)
+        if snr is not None:     # kept for the releases later epochs may be folded into
+            lag = 0 if self.refinement is None else self.refinement.model_lag
+            self.release_snr = {e: v for e, v in self.release_snr.items() if e > t - lag - 1}
+            self.release_snr[t] = float(snr)
         if self.refined_epochs > 0:
             stage = "refined"
             r_topics, r_alpha, r_nts, r_fold_in = refined_topics(
                 released.refine, sd[REFINE_BLOCK] if sd else 0.0, self.alpha0)
             # THE continual selection rule (streamdp.start, post-processing of released
             # values): the refined topics, or the spectral decomposition of the same sums
-            selection = choose_continual_topics(None if spectral_sd is None else tensor_snr(
-                released.sketch, n_topics=self.n_topics, alpha0=self.alpha0,
-                noise_sd=spectral_sd))
+            selection = choose_continual_topics(snr, self.fold_model_snr)
             if selection["published"] == "spectral":
                 # numbered as the snapshot published before (the one identity rule), whose
                 # topics are the model the newest refinement rows were folded into: topic i
@@ -764,7 +777,10 @@ class ContinualRelease:
         return {"horizon": self.horizon, **state, "refined_epochs": self.refined_epochs,
                 "documents_released": self.documents_released, "pending": pending,
                 "published_topics": published, "premise_kept": self.premise_kept,
-                "last_premise": self.last_premise}
+                "last_premise": self.last_premise,
+                "release_snr": [[e, v] for e, v in sorted(self.release_snr.items())],
+                "fold_model_snr": (None if math.isinf(self.fold_model_snr)
+                                   else self.fold_model_snr)}
 
     def load_state(self, state: dict) -> "ContinualRelease":
         self.refined_epochs = int(state.get("refined_epochs", 0))
@@ -774,6 +790,11 @@ class ContinualRelease:
         self.documents_released = int(state.get("documents_released", 0))
         self.premise_kept = state.get("premise_kept")
         self.last_premise = state.get("last_premise")
+        # absent in states before the fold-model condition: no index known, so the rows
+        # already folded count as folded into noise (the rule as it was before)
+        self.release_snr = {int(e): float(v) for e, v in state.get("release_snr", [])}
+        fold = state.get("fold_model_snr", 0.0 if self.refined_epochs else None)
+        self.fold_model_snr = math.inf if fold is None else float(fold)
         pending = state.get("pending")
         self.pending = None if pending is None else (EpochSums.from_dict(pending["sums"]),
                                                      pending["sd"])

@@ -38,23 +38,35 @@ def _run(n_stream: int, epsilon: float, epochs: int = 4, seed: int = 0):
     return snaps, corpus.true_topics, est
 
 
-def test_the_rule_reads_its_index_only():
-    assert choose_continual_topics(SPECTRAL_MIN_SNR)["published"] == "spectral"
-    assert choose_continual_topics(SPECTRAL_MIN_SNR * 0.99)["published"] == "refinement"
-    assert choose_continual_topics(0.0)["published"] == "refinement"
+def test_the_rule_reads_its_index_and_the_fold_models_index_only():
+    # spectral only where the tensor is informative now and some refinement rows were folded
+    # into a model that was noise by the same index
+    assert choose_continual_topics(SPECTRAL_MIN_SNR, 0.0)["published"] == "spectral"
+    assert choose_continual_topics(SPECTRAL_MIN_SNR * 0.99, 0.0)["published"] == "refinement"
+    assert choose_continual_topics(0.0, 0.0)["published"] == "refinement"
+    assert choose_continual_topics(50.0, SPECTRAL_MIN_SNR)["published"] == "refinement"
+    assert choose_continual_topics(50.0, SPECTRAL_MIN_SNR * 0.99)["published"] == "spectral"
+    assert choose_continual_topics(50.0, float("inf"))["published"] == "refinement"  # public start
+    assert choose_continual_topics(50.0)["published"] == "spectral"       # fold index unknown
     # non-private (no noise): the refinement is kept, as before the rule
-    assert choose_continual_topics(None)["published"] == "refinement"
+    assert choose_continual_topics(None, 0.0)["published"] == "refinement"
 
 
-def test_large_stream_publishes_spectral_small_noisy_stream_refined():
-    """Behaviour, not numbers: on a large synthetic stream the last release publishes the
-    spectral decomposition (and it is the better estimate there); on a small stream at a small
-    ε every refined release publishes the refinement."""
-    big, truth, _ = _run(120_000, 1.0)
-    last = big[-1]
-    assert last.stage == "refined" and last.topic_source == "spectral"
-    sel = last.privacy["topic_selection"]
-    assert sel["published"] == "spectral" and sel["snr"] >= SPECTRAL_MIN_SNR
+def test_informative_fold_models_keep_the_refinement_small_noisy_stream_too():
+    """Behaviour, not numbers: on a large synthetic stream whose first releases were already
+    informative (index ≥ 1), the refined releases continue to publish the refinement — and it
+    is the better estimate there (the rule before the fold-model condition published the
+    spectral half, 3× further from the truth); on a small stream at a small ε every refined
+    release publishes the refinement."""
+    big, truth, est = _run(120_000, 1.0)
+    refined = [s for s in big if s.stage == "refined"]
+    assert refined and all(s.topic_source == "refinement" for s in refined)
+    sel = refined[-1].privacy["topic_selection"]
+    assert sel["snr"] >= SPECTRAL_MIN_SNR and sel["fold_model_snr"] >= SPECTRAL_MIN_SNR
+    # the spectral decomposition of the same released sums is the worse estimate here
+    spectral = [s for s in big if s.stage == "spectral"]
+    assert (matched_topic_error(truth, refined[-1].topic_word)["l2_mean"]
+            < 0.5 * matched_topic_error(truth, spectral[-1].topic_word)["l2_mean"])
     small, _, _ = _run(4_000, 0.3)
     refined = [s for s in small if s.stage == "refined"]
     assert refined and all(s.topic_source == "refinement" for s in refined)
@@ -85,7 +97,7 @@ def test_the_choice_is_a_function_of_the_released_sums():
         released, sd = c.pending
         spectral_sd = {b: v for b, v in sd.items() if b != REFINE_BLOCK}
         want = choose_continual_topics(tensor_snr(released.sketch, n_topics=K, alpha0=1.0,
-                                                  noise_sd=spectral_sd))
+                                                  noise_sd=spectral_sd), c.fold_model_snr)
         persisted = c.state_dict()                  # the draw as the service persists it
         snap = c.post_process()
         assert snap.topic_source == want["published"]
@@ -110,6 +122,8 @@ def test_identity_is_kept_across_a_switch():
     snaps, truth, _ = _run(100_000, 0.5, epochs=12)    # the index crosses the rule's level
     sources = [s.topic_source for s in snaps if s.stage == "refined"]
     assert "refinement" in sources and "spectral" in sources, sources
+    switch = next(s for s in snaps if s.topic_source == "spectral" and s.stage == "refined")
+    assert switch.privacy["topic_selection"]["fold_model_snr"] < SPECTRAL_MIN_SNR
     for a, b in zip(snaps, snaps[1:]):
         moved = 0.5 * np.abs(b.topic_word - a.topic_word).sum(axis=1)
         assert set(np.flatnonzero(moved > 0.5)) == set(b.new_topics)
