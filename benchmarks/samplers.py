@@ -120,7 +120,7 @@ def lattice_sweep(sizes: list[int], rels: list[int], fixed_ks: list[int], repeat
     rows = []
     for n in sizes:
         x = np.random.default_rng(0).normal(size=n).tolist()
-        ks = [("exact (2⁻¹⁰⁷⁴)", -1074), (f"default: 2^k·√n ≤ 2⁻⁴¹σ", lattice_exponent(SIGMA, n))]
+        ks = [("exact (2⁻¹⁰⁷⁴)", -1074), ("default: 2^k·√n ≤ 2⁻⁴¹σ", lattice_exponent(SIGMA, n))]
         ks += [(f"σ·2^-{r}", int(np.floor(np.log2(SIGMA))) - r) for r in rels]
         ks += [(f"k = {k}", k) for k in fixed_ks]
         for label, k in ks:

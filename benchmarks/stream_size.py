@@ -75,7 +75,6 @@ def main(argv=None) -> int:
     for n, seed in progress(settings, "stream size × seed"):
         n_warm = int(0.3 * n)
         X = sample_documents(truth, n_warm + n, seed=100 + seed, lengths=lengths)
-        ts = np.r_[np.zeros(n_warm), np.ones(n)]
         est = streamdp.StreamingSpectralLDA(a.k, 1.0, epsilon=a.epsilon, delta=DELTA, seed=seed,
                                             noise_seed=7 + seed, sampler="fast",
                                             **({} if a.start == "tensor" else {"start": a.start}))

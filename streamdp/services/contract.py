@@ -214,8 +214,8 @@ def record_contract(cfg: ServiceConfig, store, contract: dict, *, role: str) -> 
     check_key(cfg, rec, role=role)
     diffs = contract_differences(dict(rec.meta.get("fields") or {}), contract)
     if diffs:
-        raise ConfigError(f"the deployment contract was recorded by another service at the same "
-                          f"time and differs: " + "; ".join(diffs))
+        raise ConfigError("the deployment contract was recorded by another service at the same "
+                          "time and differs: " + "; ".join(diffs))
 
 
 def store_name(cfg: ServiceConfig) -> str:

@@ -243,7 +243,6 @@ def produce(bootstrap: str, topic: str, records: Iterable[dict | tuple[str, floa
     documents already queued are flushed first; ``stats`` (if given) then holds
     ``queued``, ``delivered`` and ``failed``. ``progress`` (e.g. a progress bar's
     ``update``) is called with the number of documents newly acknowledged by the broker."""
-    own = producer is None
     base = producer_config if producer_config is not None else client_config(bootstrap, "producer")
     producer = producer or Producer({**base, "enable.idempotence": True, "acks": "all",
                                      "linger.ms": 20, "queue.buffering.max.messages": 200_000})

@@ -12,9 +12,7 @@ from pathlib import Path
 from streamdp.errors import ConfigError
 from streamdp.kafka.clients import partition_count
 from streamdp.moments.clipping import ClipBounds
-
-# ``ServiceConfig`` in the annotations is streamdp.services.config's, not imported: that module
-# re-exports these checks for its older callers, and the layer test refuses the cycle.
+from streamdp.services.service_config import ServiceConfig
 
 
 PRIVACY_MODE_KEY = "deployment/privacy"
