@@ -24,36 +24,36 @@ Raw state: an epoch's raw sums live until the epoch is closed; afterwards only
 the raw partial sums of *incomplete* higher nodes (≤ depth − 1 of them) and the
 noised nodes are kept. Those partials are sensitive: checkpoints of this object
 must be protected like raw data.
+
+What an epoch releases is :mod:`streamdp.epoch_sums`; the open epochs' sketches,
+:mod:`streamdp.epoch_sketches`; the noise of one node or BLT step,
+:mod:`streamdp.continual_mechanism`; the BLT and tree kinds, :mod:`streamdp.aggregator_kinds`.
+This module re-exports the names tests and services import from here.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from streamdp import serialization as ser
-from streamdp.documents import as_count_batch
+from streamdp.aggregator_kinds import AGGREGATORS, KINDS
+from streamdp.continual_mechanism import SketchNodeMechanism
+from streamdp.epoch_sketches import EpochSketches  # noqa: F401 (re-exported)
+from streamdp.epoch_sums import EPOCH_SUMS_VERSION, EpochSums, zero_sums  # noqa: F401 (re-exported)
 from streamdp.moments.clipping import ClipBounds
-from streamdp.moments.sketch import SketchSums, WhitenedSketch
-from streamdp.privacy.epochs import WARMUP_EPOCH, EpochClock
-from streamdp.privacy.events import STREAM, BudgetSpender, GaussianEvent, epoch_partition
+from streamdp.moments.sketch import SketchSums
+from streamdp.privacy.events import STREAM, BudgetSpender
 from streamdp.privacy.noise import GaussianSampler
-from streamdp.privacy.blt import (DEFAULT_MAX_EPOCHS, BLTAggregator, BLTParams, calibrate_unit_rho,
-                                  default_params)
-from streamdp.privacy.plan import BudgetSplit, PremiseCheck, plan_release, premise_split
+from streamdp.privacy.blt import DEFAULT_MAX_EPOCHS, BLTParams
+from streamdp.privacy.plan import BudgetSplit, PremiseCheck, premise_split
 from streamdp.privacy.premise import draw_noisy_count
 from streamdp.privacy.report import release_report
-from streamdp.privacy.sensitivity import BLOCK_CLIP
-from streamdp.privacy.spend import Codec, recommit_kept
-from streamdp.privacy.tree import (HorizonExceeded, TreeAggregator, completing_levels,
-                                  covering_levels, tree_depth)
-from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, dd_add, per_document_magnitude,
-                                       require_within_premise, rounding_bound)
+from streamdp.privacy.spend import recommit_kept
+from streamdp.privacy.tree import HorizonExceeded
+from streamdp.privacy.rounding import DEFAULT_MAX_DOCUMENTS_PER_SUM, require_within_premise
 from streamdp.refinement import BLOCK as REFINE_BLOCK
-from streamdp.refinement import (DEFAULT_MODEL_LAG, FoldInModels, RefinementConfig, RefinementModel,
-                                 RefinementSketch, plan_refinement, refined_topics,
-                                 topic_order)
+from streamdp.refinement import RefinementConfig, refined_topics, topic_order
 from streamdp.release import (DenoiseConfig, decompose_sums, noise_scales, noise_sums,
                              tensor_snr)
 from streamdp.snapshot import TopicSnapshot
@@ -64,357 +64,6 @@ from streamdp.whitening.subspace import Subspace
 
 class PendingRelease(RuntimeError):
     """A drawn epoch is waiting for its post-processing (or none is, when one was asked for)."""
-
-
-@dataclass(frozen=True, eq=False)
-class EpochSums:
-    """What one epoch (or tree node) releases: the spectral sketch sums and, with refinement,
-    the k × d refinement sums of its documents under the model public when they arrived."""
-
-    sketch: SketchSums
-    refine: np.ndarray | None = None
-    refine_lo: np.ndarray | None = None     # double-double remainder of ``refine``
-
-    def __add__(self, other: "EpochSums") -> "EpochSums":
-        """Compensated: epoch and tree-node sums add only second-order rounding
-        (streamdp.privacy.rounding); ``refine`` is the sum rounded once."""
-        if not isinstance(other, EpochSums):
-            return NotImplemented
-        if (self.refine is None) != (other.refine is None):
-            raise ValueError("cannot add epoch sums with and without refinement sums")
-        if self.refine is None:
-            return EpochSums(self.sketch + other.sketch)
-        hi, lo = dd_add(self.refine, self.refine_lo, other.refine, other.refine_lo)
-        return EpochSums(self.sketch + other.sketch, hi, lo)
-
-    def to_dict(self) -> dict:
-        return {"kind": "epoch_sums", "v": EPOCH_SUMS_VERSION, "sketch": self.sketch.to_dict(),
-                "refine": None if self.refine is None else ser.pack_array(self.refine),
-                "refine_lo": None if self.refine_lo is None else ser.pack_array(self.refine_lo)}
-
-    @classmethod
-    def from_dict(cls, obj: dict) -> "EpochSums":
-        obj = ser.upgrade(_epoch_sums_header(obj), "epoch_sums", EPOCH_SUMS_VERSION,
-                          {0: _epoch_sums_v0_to_v1, 1: _epoch_sums_v1_to_v2})
-        ser.require(obj, "epoch_sums", "sketch", "refine", "refine_lo")
-        ser.require({"v": obj["v"], **obj["sketch"]}, "epoch_sums", "n_docs")   # the sketch's own
-        lo = obj["refine_lo"]
-        return cls(SketchSums.from_dict(obj["sketch"]),
-                   None if obj["refine"] is None else ser.unpack_array(obj["refine"], name="refine"),
-                   None if lo is None else ser.unpack_array(lo, name="refine_lo"))
-
-
-#: epoch_sums record version (issue 26 item 4). v0: a bare sketch-sums map with no header
-#: (before refinement); v1: the header, ``refine`` and, once written, ``n_docs`` and
-#: ``refine_lo``; v2: every field always present (:func:`_epoch_sums_v1_to_v2`)
-EPOCH_SUMS_VERSION = 2
-
-
-def _epoch_sums_header(obj):
-    """A headerless map (a tree written before refinement, v0) gets its kind and version, so
-    the one reader, :func:`streamdp.serialization.upgrade`, migrates it."""
-    if isinstance(obj, dict) and "kind" not in obj and "count" in obj:
-        return {"kind": "epoch_sums", "v": 0, "sketch": obj}
-    return obj
-
-
-def _epoch_sums_v0_to_v1(obj: dict) -> dict:
-    """v0 as v1: the sketch sums alone, no refinement sums."""
-    return {"kind": "epoch_sums", "sketch": obj["sketch"], "refine": None}
-
-
-def _epoch_sums_v1_to_v2(obj: dict) -> dict:
-    """v1 as v2: v1 records written before the document count (issue 11) count none, and
-    those written before compensated summation have no refinement remainder."""
-    return {**obj, "sketch": {"n_docs": 0, **obj["sketch"]}, "refine_lo": obj.get("refine_lo")}
-
-
-def zero_sums(subspace: Subspace) -> SketchSums:
-    """The sums of an empty epoch (still closed and noised like any other)."""
-    d, kp = subspace.d, subspace.dim
-    return SketchSums(0.0, np.zeros(d), np.zeros((d, kp)), np.zeros(kp), np.zeros((kp, kp)),
-                      np.zeros((kp, kp, kp)))
-
-
-class SketchNodeMechanism:
-    """Noises one tree node (an :class:`EpochSums`) with the per-block Gaussian plan.
-
-    Spectral blocks get ρ_node·(1 − r)·share at sensitivity = their clip bound (s1/s2
-    derived from the noised m1/z when those are bought, as in a one-shot release); with
-    refinement (share r) the k × d refinement sums get ρ_node·r at sensitivity 1.
-    """
-
-    def __init__(self, subspace: Subspace, clip: ClipBounds, split: BudgetSplit, rho_node: float,
-                 sampler: GaussianSampler, refine_share: float | None = None, *,
-                 max_documents: int = DEFAULT_MAX_DOCUMENTS_PER_SUM) -> None:
-        self.subspace, self.clip, self.split = subspace, clip, split
-        self.rho_node, self.sampler = float(rho_node), sampler
-        self.refine_share = refine_share
-        self.max_documents = max_documents
-        # True once a noised, charged premise check decides each epoch (ContinualRelease): then
-        # no exact document count may refuse a draw (docs/privacy.md "The premise check")
-        self.premise_checked = False
-
-    def plan(self, partition: str) -> list[GaussianEvent]:
-        r = self.refine_share or 0.0
-        events = plan_release(self.rho_node * (1 - r), self.clip, self.split, "tensor",
-                              partition=partition, max_documents=self.max_documents)
-        if self.refine_share:
-            events.append(plan_refinement(self.rho_node * r, partition=partition,
-                                          max_documents=self.max_documents))
-        return events
-
-    def privatize(self, value: EpochSums | SketchSums, events) -> EpochSums:
-        if isinstance(value, SketchSums):
-            value = EpochSums(value)
-        events = list(events)
-        spectral = [e for e in events if e.block != REFINE_BLOCK]
-        # refuses (before any draw) a node of more than max_documents documents; the sketch's
-        # n_docs counts every row of the node, so it covers the refinement sums too
-        noised = noise_sums(value.sketch, spectral, self.sampler, self.subspace.Q,
-                            max_documents=None if self.premise_checked else self.max_documents)
-        refine = None
-        if self.refine_share:
-            e = next(e for e in events if e.block == REFINE_BLOCK)
-            refine = self.sampler.add_noise(value.refine, e.sigma)
-        return EpochSums(noised, refine)
-
-    # ---- the BLT's noise interface (streamdp/privacy/blt.py: NoiseMechanism)
-    def _raw_blocks(self, value: EpochSums | SketchSums, events) -> dict[str, np.ndarray]:
-        if isinstance(value, SketchSums):
-            value = EpochSums(value)
-        return {e.block: (np.asarray(value.refine, dtype=np.float64) if e.block == REFINE_BLOCK
-                          else np.atleast_1d(np.asarray(getattr(value.sketch, e.block),
-                                                        dtype=np.float64)))
-                for e in events}
-
-    def layout(self, value: EpochSums | SketchSums, events) -> list:
-        """Public (block, shape) of the noised blocks, in event order."""
-        return [(b, list(v.shape)) for b, v in self._raw_blocks(value, events).items()]
-
-    def flatten(self, value: EpochSums | SketchSums, events) -> np.ndarray:
-        """The raw noised blocks (those with an event) as one flat vector: SECRET."""
-        return np.concatenate([v.ravel() for v in self._raw_blocks(value, events).values()])
-
-    def noise(self, value: EpochSums | SketchSums, flat: np.ndarray, events) -> np.ndarray:
-        """Each block of ``flat`` (the BLT's (Cx)_t, secret data) through the sampler with its
-        σ_b, after refusing (before any draw) an epoch of more than max_documents documents."""
-        sk = value.sketch if isinstance(value, EpochSums) else value
-        if not self.premise_checked:
-            require_within_premise(sk.n_docs, self.max_documents, "continual epoch")
-        raw = self._raw_blocks(value, events)
-        where, at = {}, 0
-        for b, v in raw.items():
-            where[b] = (at, v.shape)
-            at += v.size
-        if at != flat.size:
-            raise ValueError(f"flat value of size {flat.size}, the plan needs {at}")
-        out = np.empty_like(flat)
-        # draw in noise_sums' block order (then refinement), as a one-shot release does
-        for e in sorted(events, key=lambda e: _DRAW_ORDER.index(e.block)):
-            a, shape = where[e.block]
-            size = int(np.prod(shape))
-            out[a:a + size] = np.asarray(self.sampler.add_noise(flat[a:a + size].reshape(shape),
-                                                                e.sigma), dtype=np.float64).ravel()
-        return out
-
-    def assemble(self, flat: np.ndarray, layout: list, events) -> EpochSums:
-        """The released EpochSums from the flat noised blocks (post-processing): blocks without
-        an event are derived (s1 = Qᵀm1, s2 = Qᵀz from the noised m1/z) or withheld (zero),
-        s2 and s3 symmetrised — exactly as :func:`~streamdp.release.noise_sums` treats them."""
-        blocks, at = {}, 0
-        for b, shape in layout:
-            size = int(np.prod(shape))
-            blocks[b] = np.asarray(flat[at:at + size], dtype=np.float64).reshape(shape)
-            at += size
-        spectral = [e for e in events if e.block != REFINE_BLOCK]
-        base = zero_sums(self.subspace)
-        sk = base.replace(**{b: (float(v[0]) if b == "count" else v)
-                             for b, v in blocks.items() if b != REFINE_BLOCK})
-        # noise_sums with no draws for the given blocks: reuse its derived/withheld rules
-        out = noise_sums(sk, [_Given(e.block) for e in spectral], _NO_DRAW, self.subspace.Q,
-                         max_documents=10 ** 12)
-        return EpochSums(out, blocks.get(REFINE_BLOCK))
-
-    def magnitudes(self, events) -> list[float]:
-        """X_b = N_max·M_b + R_b ≥ ‖computed epoch sum of block b‖_F (rounding.py)."""
-        out = []
-        for e in events:
-            c = BLOCK_CLIP[e.block](self.clip)
-            out.append(self.max_documents * per_document_magnitude(e.block, c)
-                       + rounding_bound(e.block, c, self.max_documents))
-        return out
-
-
-_DRAW_ORDER = ("count", "m1", "z", "s1", "s2", "s3", REFINE_BLOCK)
-
-
-@dataclass(frozen=True)
-class _Given:
-    """An 'event' for :func:`noise_sums` on already noised values (block name only)."""
-
-    block: str
-    sigma: float = 0.0
-
-
-class _NoDraw:
-    """A sampler that adds nothing: the values handed to it are already noised outputs."""
-
-    def add_noise(self, value, sigma):
-        return np.asarray(value, dtype=np.float64)
-
-
-_NO_DRAW = _NoDraw()
-
-
-# an epoch's noised tree nodes, as a spend session's output store keeps them
-NODES_CODEC = Codec(lambda nodes: [n.to_dict() for n in nodes],
-                    lambda data: [EpochSums.from_dict(d) for d in data])
-# (a BLT epoch's draw is y_t, a flat public array: the default array codec)
-
-
-class _BLTKind:
-    """The BLT factorization (:mod:`streamdp.privacy.blt`) as a continual release drives it.
-
-    Each aggregator kind answers the same questions (the continual release asks them without
-    knowing which kind it runs): its state kind, its unit ρ and aggregator, the last epoch it
-    may close, its noise multiplier, the largest raw sum a close would noise, its report
-    fields and how it is restored."""
-
-    state_kind = BLTAggregator.kind
-
-    def depth(self, horizon: int) -> None:
-        return None
-
-    def default_params(self, horizon: int) -> BLTParams:
-        return default_params(horizon)
-
-    def unit_rho(self, cr: "ContinualRelease", share: float | None) -> float:
-        # ρ_unit ≤ ρ/W, W ≥ Σ_{j<T_max}(c_j + ε)² (ε: the BLT's rounding term; the
-        # sensitivities Δ_b, hence ε, do not depend on ρ_node), shrunk until T_max epochs are
-        # charged ≤ ρ with the samplers' rounding term (calibrate_unit_rho)
-        def aggregator_for(rho_unit: float) -> BLTAggregator:
-            return BLTAggregator(cr.blt_params, SketchNodeMechanism(
-                cr.subspace, cr.clip, cr.split, rho_unit, cr.sampler, share,
-                max_documents=cr.max_documents))
-        return calibrate_unit_rho(cr.release_rho, aggregator_for)
-
-    def make(self, cr: "ContinualRelease", spender) -> BLTAggregator:
-        return BLTAggregator(cr.blt_params, cr.mechanism, spender, label=cr.label)
-
-    def epoch_limit(self, cr: "ContinualRelease") -> float:
-        return cr.tree.max_epochs if cr.tree else math.inf
-
-    def noise_multiplier(self, cr: "ContinualRelease") -> float:
-        return cr.tree.noise_multiplier()
-
-    def largest_raw_sum(self, cr: "ContinualRelease", sums: EpochSums) -> int:
-        return int(sums.sketch.n_docs)          # the epoch's own sum is what is noised
-
-    def premise_checks(self, cr: "ContinualRelease") -> int:
-        """Every check is charged to every atom (T_max of them): a BLT step noises the raw
-        buffers of all earlier epochs, so an epoch over N_max that passes its check (the δ
-        event) breaks the rounding bound F_b of every later step, for every atom's document."""
-        return DEFAULT_MAX_EPOCHS
-
-    def premise_partition(self, cr: "ContinualRelease", t: int) -> str:
-        return STREAM
-
-    def empty_completing(self, cr: "ContinualRelease", t: int) -> None:
-        """Noise only: nothing but the epoch's own sum is noised (it is replaced by zeros)."""
-
-    def report_fields(self, cr: "ContinualRelease", t: int) -> dict:
-        return {
-            "blt": {**cr.blt_params.to_dict(), "nbuf": cr.blt_params.nbuf,
-                    "column_norm_squared": cr.blt_params.sensitivity_squared(),
-                    "rounding_ratio": cr.tree.rounding_ratio(),
-                    "charge_weight": cr.tree.charge_weight(),
-                    "max_epochs": cr.tree.max_epochs,
-                    "noise_multiplier": cr.noise_multiplier()},
-            # the unit plan (sensitivity Δ_b, Σρ = rho_node = ρ/charge_weight), named as the
-            # tree's node plan; epoch t reserved it at sensitivity Δ_b·(c_{t−1} + ε)
-            "node_events": [e.to_dict() for e in cr.tree.unit_events()],
-            # the premise checks' ρ included (a document's worst atom: epoch 1, one check; a
-            # user: one check per epoch)
-            "rho_spent_per_document": (cr.tree.rho_per_document(t)
-                                       + cr.premise.rho * min(t, cr.premise.checks_per_atom)),
-            "rho_per_document": (cr.tree.rho_per_document()
-                                 + cr.premise.rho * cr.premise.checks_per_atom)}
-
-    def restore(self, cr: "ContinualRelease", state: dict) -> BLTAggregator:
-        # the running mechanism's (θ, ω) fix σ and every future reservation: keep them, even if
-        # this version would optimise slightly different ones for the horizon
-        stored = BLTParams.from_dict(state["params"])
-        if stored != cr.blt_params:
-            cr.blt_params = stored
-            cr._build(cr.tree.spender)
-        return BLTAggregator.from_state(state, EpochSums.from_dict, cr.mechanism, cr.tree.spender)
-
-
-class _TreeKind:
-    """The binary tree mechanism (:mod:`streamdp.privacy.tree`) as a continual release drives
-    it (the questions: :class:`_BLTKind`)."""
-
-    state_kind = "tree_aggregator"
-
-    def depth(self, horizon: int) -> int:
-        return tree_depth(horizon)
-
-    def default_params(self, horizon: int) -> None:
-        return None
-
-    def unit_rho(self, cr: "ContinualRelease", share: float | None) -> float:
-        return cr.release_rho / cr.depth         # each document is in one node per level
-
-    def make(self, cr: "ContinualRelease", spender) -> TreeAggregator:
-        return TreeAggregator(cr.horizon, cr.mechanism, spender, label=cr.label, codec=NODES_CODEC)
-
-    def epoch_limit(self, cr: "ContinualRelease") -> float:
-        return cr.horizon
-
-    def noise_multiplier(self, cr: "ContinualRelease") -> float:
-        return math.sqrt(len(covering_levels(cr.tree.epoch)))
-
-    def largest_raw_sum(self, cr: "ContinualRelease", sums: EpochSums) -> int:
-        """The largest tree node completing now: its raw partial plus this epoch."""
-        n = int(sums.sketch.n_docs)
-        t = cr.tree.epoch + 1
-        largest = n
-        for level in completing_levels(t, cr.horizon):
-            part = cr.tree._raw.get(level) if level >= 1 else None
-            if part is not None:
-                largest = max(largest, n + int(part.sketch.n_docs))
-        return largest
-
-    def premise_checks(self, cr: "ContinualRelease") -> int:
-        """A document is in one node per level; a check counts the largest completing node."""
-        return cr.depth
-
-    def premise_partition(self, cr: "ContinualRelease", t: int) -> str:
-        top = max(completing_levels(t, cr.horizon))     # the completing nodes are nested
-        return epoch_partition(t - (1 << top) + 1, t)
-
-    def empty_completing(self, cr: "ContinualRelease", t: int) -> None:
-        """Noise only: the nodes completing at t are drawn from zero sums (their raw partials
-        would hold more documents than the check allows)."""
-        for level in completing_levels(t, cr.horizon):
-            if level >= 1 and cr.tree._raw.get(level) is not None:
-                cr.tree._raw[level] = cr._as_epoch_sums(None)
-
-    def report_fields(self, cr: "ContinualRelease", t: int) -> dict:
-        return {"tree_depth": cr.depth,
-                "nodes_summed": [list(r) for r in cr.tree.covering_nodes(t)],
-                "rho_per_document": (cr.depth * cr.rho_node
-                                     + cr.premise.rho * cr.premise.checks_per_atom),
-                "node_events": [e.to_dict() for e in cr.tree.node_events(1, 1)]}
-
-    def restore(self, cr: "ContinualRelease", state: dict) -> TreeAggregator:
-        return TreeAggregator.from_state(state, EpochSums.from_dict, cr.mechanism,
-                                         cr.tree.spender, codec=NODES_CODEC)
-
-
-_KINDS = {"blt": _BLTKind(), "tree": _TreeKind()}
-AGGREGATORS = tuple(_KINDS)
 
 
 class ContinualRelease:
@@ -458,7 +107,7 @@ class ContinualRelease:
         if aggregator not in AGGREGATORS:
             raise ValueError(f"aggregator must be one of {AGGREGATORS}, got {aggregator!r}")
         self.aggregator = aggregator
-        self._kind = _KINDS[aggregator]
+        self._kind = KINDS[aggregator]
         self.subspace, self.clip = subspace, clip
         self.n_topics, self.alpha0 = int(n_topics), float(alpha0)
         self.horizon = int(horizon)
@@ -816,97 +465,3 @@ class ContinualRelease:
                              "cannot change mid-way")
         self.tree = self._kind.restore(self, state)
         return self
-
-
-class EpochSketches:
-    """Open per-epoch sketches: stream documents routed by their own timestamp.
-
-    Documents whose epoch is already closed are *late*: dropped and counted in
-    ``late_documents`` (moving them to another epoch would change their atom).
-    Warm-up-timestamped documents arriving here are late too.
-
-    Refinement (``n_topics`` given): a document of epoch e is folded into the model of the
-    snapshot of epoch e − L (:func:`streamdp.refinement.model_epoch_for`, L = ``model_lag``),
-    never into whatever model is newest when it arrives. A document whose model is not
-    decided yet (epoch e − L still open) is *held* — its counts kept in arrival order — and
-    folded by :meth:`model_released` when the caller closes e − L and hands over its model,
-    before any later document of the same epoch: each epoch's refinement sums see their
-    documents in arrival order whatever the calls' batches.
-    """
-
-    def __init__(self, subspace: Subspace, clip: ClipBounds, clock: EpochClock,
-                 n_topics: int | None = None, model_lag: int = DEFAULT_MODEL_LAG) -> None:
-        self.subspace, self.clip, self.clock = subspace, clip, clock
-        self.n_topics = n_topics          # None: no refinement sums
-        self.open: dict[int, WhitenedSketch] = {}
-        self.refine: dict[int, RefinementSketch] = {}
-        self.models = FoldInModels(model_lag)
-        self.held: dict[int, list] = {}     # epoch -> (counts, weights) awaiting their model
-        self.closed_through = 0
-        self.late_documents = 0
-
-    def add(self, X, timestamps, weights=None) -> "EpochSketches":
-        """Route documents to their epochs; with refinement also fold them into their epoch's
-        model (:class:`FoldInModels`), or hold them until it is decided.
-        ``weights``: user-level weights, one per row (streamdp.privacy.user_bounding)."""
-        X = as_count_batch(X, self.subspace.d)
-        ts = np.asarray(timestamps, dtype=np.float64).ravel()
-        if ts.shape[0] != X.shape[0]:
-            raise ValueError(f"{X.shape[0]} documents but {ts.shape[0]} timestamps")
-        epochs = self.clock.epochs(ts)
-        for e in np.unique(epochs):
-            rows = np.flatnonzero(epochs == e)
-            if e == WARMUP_EPOCH or e <= self.closed_through:
-                self.late_documents += rows.size
-                continue
-            sk = self.open.get(int(e))
-            if sk is None:
-                sk = self.open[int(e)] = WhitenedSketch(self.subspace, self.clip)
-            w = None if weights is None else np.asarray(weights, dtype=np.float64)[rows]
-            sk.update(X[rows], weights=w)
-            if self.n_topics is not None:
-                self._refine(int(e), X[rows], w)
-        return self
-
-    def _refine(self, e: int, X, w=None) -> None:
-        if e in self.held or not self.models.decided(e):
-            self.held.setdefault(e, []).append((X, w))   # after any earlier held ones: in order
-            return
-        model = self.models.model_for(e)
-        if model is None:
-            return                                     # e − L < 1: no refinement term
-        rs = self.refine.get(e)
-        if rs is None:
-            rs = self.refine[e] = RefinementSketch(self.n_topics, self.subspace.d)
-        rs.update(X, model, weights=w)
-
-    def model_released(self, snap, fold_in_iter: int = 5) -> None:
-        """Epoch ``snap.epoch`` is closed and released as ``snap`` (a TopicSnapshot, or a
-        RefinementModel with its epoch): keep its model (:meth:`FoldInModels.add_snapshot`)
-        and fold every held document whose model is now decided, in arrival order."""
-        if isinstance(snap, RefinementModel):
-            self.models.released(snap, self.closed_through)
-        else:
-            self.models.add_snapshot(snap, fold_in_iter, self.closed_through)
-        for e in sorted(self.held):
-            if self.models.decided(e):
-                for X, w in self.held.pop(e):
-                    self._refine(e, X, w)
-
-    def pop_through(self, epoch: int) -> list[tuple[int, EpochSums | None]]:
-        """Close epochs closed_through+1 … epoch in order; empty ones give None."""
-        out = []
-        for e in range(self.closed_through + 1, int(epoch) + 1):
-            if e in self.held:
-                raise RuntimeError(
-                    f"epoch {e} has documents still waiting for their refinement model (the "
-                    f"snapshot of epoch {self.models.model_epoch(e)}): close epochs one at a time "
-                    "and pass each snapshot's model to model_released() before the next")
-            sk, rs = self.open.pop(e, None), self.refine.pop(e, None)
-            if sk is None:
-                out.append((e, None))
-                continue
-            hi, lo = (None, None) if rs is None else rs.total()
-            out.append((e, EpochSums(sk.sums(), hi, lo)))
-        self.closed_through = max(self.closed_through, int(epoch))
-        return out

@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("streamdp.errors", "streamdp.backoff", "streamdp.serialization", "streamdp.documents",
               "streamdp._counts_decode_kernel", "streamdp._fold_in_kernel", "streamdp._sum2_kernel",
               "streamdp._column_sum_kernel", "streamdp.refinement_sketch",
-              "streamdp.refinement_topics",
+              "streamdp.refinement_topics", "streamdp.epoch_sums",
               "streamdp.moments.*", "streamdp.whitening", "streamdp.whitening.subspace",
               "streamdp.tensor", "streamdp.tensor.power_method", "streamdp.privacy.rounding",
               "streamdp.text", "streamdp.text.tokenizer", "streamdp.text.vocabulary",
@@ -43,6 +43,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("privacy", ("streamdp.privacy.*",)),
     # the private pipeline: warm-up, release, refinement, starts, continual, the estimator
     ("engine", ("streamdp", "streamdp.release", "streamdp.continual", "streamdp.estimator",
+                "streamdp.continual_mechanism", "streamdp.aggregator_kinds",
+                "streamdp.epoch_sketches",
                 "streamdp.fitting", "streamdp.refinement", "streamdp.refinement_rule",
                 "streamdp.cluster_start", "streamdp.public_start",
                 "streamdp.whitening.warmup", "streamdp.tensor.private",

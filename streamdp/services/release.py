@@ -54,7 +54,7 @@ fold each stream document of epoch e into the model of the snapshot of epoch e �
 this service's release state record, which keeps the models of the last L snapshots
 (``refinement_models``: every model a sketcher can still need, so a restarted one can
 rebuild them), and checkpoint per-epoch k × d refinement sums; an epoch close merges them
-with the sketch sums into one :class:`~streamdp.continual.EpochSums` leaf of the tree.
+with the sketch sums into one :class:`~streamdp.epoch_sums.EpochSums` leaf of the tree.
 Epoch e is closed with ``refined=True`` iff e − L ≥ 1 — the same public rule, never a
 document count — so snapshots 1…L are spectral and later ones refined, topic i continuing
 topic i.
