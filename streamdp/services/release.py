@@ -44,6 +44,8 @@ Modules (one idea each; this class orchestrates them and keeps the order above):
   control topic, the documents partitions (sketcher states, caught-up probe);
 * :mod:`~streamdp.services.release_policy` — when an epoch is closable (pure);
 * :mod:`~streamdp.services.release_merge` — merging the partitions' states (pure);
+* :mod:`~streamdp.services.release_start` — the start: its rule at the warm-up close, the
+  restart check, its report and the fold-in models it implies (pure);
 * :mod:`~streamdp.services.release_sinks` — publishing (snapshots topic, snapshot files, the
   HTTP view) and control announcements; :attr:`ReleaseSinks.published` is the only "latest
   snapshot" of the service (:attr:`ReleaseService.latest` reads it).
@@ -89,7 +91,6 @@ from streamdp.privacy.plan import BudgetSplit, warmup_plan
 from streamdp.release import DenoiseConfig
 from streamdp.refinement import (PUBLIC_START_EPOCH, FoldInModels, RefinementModel,
                                   model_epoch_for)
-from streamdp.start import choose_service_start, warmup_noised_count
 from streamdp.services import control
 from streamdp.services.contract import check_contract, record_contract
 from streamdp.services.record_limits import check_limits, vocabulary_size
@@ -108,6 +109,7 @@ from streamdp.services.release_merge import (SketchMismatch, check_refine_sums, 
                                              merge_warmups)
 from streamdp.services.release_policy import IDLE_GRACE_SECONDS, ClosingPolicy  # noqa: F401
 from streamdp.services.release_sinks import ReleaseSinks
+from streamdp.services import release_start
 from streamdp.services.release_writer import (SPENT_KEYS, WRITER_KEY, Fenced,  # noqa: F401
                                               WriterWatch,
                                               LeaseHeld, ReleaseLease, ReleaseWriter, bind_ledger,
@@ -485,9 +487,11 @@ class ReleaseService:
                                   f"{rec.meta.get('vocabulary_id')}, this service has "
                                   f"{self.vocabulary.id}: use the same vocabulary file")
             self._new_continual()
-            self._restore_start(rec.meta.get("start"))
+            self.start_choice = release_start.restored_start(rec.meta.get("start"), self.cfg,
+                                                             self.public_start)
             if self.refinement is not None:
-                self.fold_models = self._new_fold_models()
+                self.fold_models = release_start.fold_in_models(
+                    self.refinement, self.public_start, self.public_start_chosen)
             state = self.store.read_latest(control.RELEASE_STATE_KEY)
             if state is not None:
                 obj = persisted = release_state.decode(state.payload, refinement=self.refinement,
@@ -533,59 +537,7 @@ class ReleaseService:
     # ------------------------------------------------------------ the start (issue 22)
     @property
     def public_start_chosen(self) -> bool:
-        return bool(self.start_choice) and self.start_choice.get("start") == "public"
-
-    def _new_fold_models(self) -> FoldInModels:
-        """The fold-in models with the start's: epochs 1…L are folded into the public start
-        (model epoch 0, streamdp.refinement.model_epoch_for) when it was chosen."""
-        models = FoldInModels(self.refinement.model_lag, public_start=self.public_start_chosen)
-        if self.public_start_chosen:
-            models.models[PUBLIC_START_EPOCH] = RefinementModel(
-                self.public_start.topic_word, self.public_start.alpha, self.public_start.start_id,
-                self.refinement.fold_in_iter, PUBLIC_START_EPOCH)
-        return models
-
-    def _choose_start(self, warmup_hist) -> dict:
-        """THE start rule of the services (streamdp.start.choose_service_start) at the warm-up
-        close, from public configuration and released values only: start: public / tensor as
-        configured; auto from the warm-up's noised count (its clip histogram, already released)."""
-        public_available = self.public_start is not None and self.refinement is not None
-        if self.cfg.start == "public":
-            return {"start": "public", "rule": "configured (start: public)"}
-        if self.cfg.start == "tensor" or not public_available:
-            return {"start": "tensor", "rule": f"configured (start: {self.cfg.start}"
-                    + ("" if self.cfg.start == "tensor" else ", no public start") + ")"}
-        n = None if warmup_hist is None else warmup_noised_count(warmup_hist)
-        return choose_service_start(n, self.plan.stream_rho, self.cfg.n_topics, self.k_prime,
-                                    public_available=True)
-
-    def _restore_start(self, recorded: dict | None) -> None:
-        """The choice persisted with the subspace (none before issue 22: tensor). A
-        configuration that contradicts it is refused: epochs 1…L were folded by it."""
-        self.start_choice = dict(recorded) if recorded else {"start": "tensor",
-                                                             "rule": "before the start choice"}
-        chosen = self.start_choice["start"]
-        if (self.cfg.start in ("public", "tensor") and chosen != self.cfg.start) or (
-                chosen == "public" and self.public_start is None):
-            raise ConfigError(
-                f"configuration fields 'start'/'public_start_file': this deployment's start is "
-                f"{chosen!r} (chosen at its warm-up close, {self.start_choice.get('rule')}), the "
-                f"configuration says start {self.cfg.start!r}"
-                + ("" if self.public_start is not None else " without a public start file")
-                + ": the first epochs were folded into that start, so it cannot change; restore "
-                  "the original setting, or start a new deployment")
-        if chosen == "public" and self.start_choice.get("start_id") != self.public_start.start_id:
-            raise ConfigError(
-                f"configuration field 'public_start_file': this deployment started from public "
-                f"start {self.start_choice.get('start_id')}, the file holds "
-                f"{self.public_start.start_id}: restore the original file, or start a new deployment")
-
-    def _start_report(self) -> dict:
-        """What every snapshot's privacy report says about the start: the public input (no
-        budget) or the tensor start, and the rule that chose it."""
-        if self.public_start_chosen:
-            return {"kind": "public", **self.public_start.report(), "choice": self.start_choice}
-        return {"kind": "tensor", "choice": self.start_choice}
+        return release_start.is_public(self.start_choice)
 
     def _is_persisted(self, key: str) -> bool:
         """Whether the output reserved under ``key`` is in the restored, persisted state."""
@@ -962,7 +914,8 @@ class ReleaseService:
                           t0: float | None, warmup_hist=None) -> bool:
         t0 = time.perf_counter() if t0 is None else t0
         # the start is chosen once, here, and persisted in the same write as the subspace
-        choice = self._choose_start(warmup_hist)
+        choice = release_start.choose_start(self.cfg, self.public_start, self.refinement,
+                                            warmup_hist, self.plan.stream_rho, self.k_prime)
         if choice["start"] == "public":
             choice["start_id"] = self.public_start.start_id
         meta = {"clip": clip.to_dict(), "subspace_id": sub.id, "vocabulary_id": self.vocabulary.id,
@@ -976,7 +929,8 @@ class ReleaseService:
         self.subspace, self.clip = sub, clip
         self._new_continual()
         if self.refinement is not None:
-            self.fold_models = self._new_fold_models()
+            self.fold_models = release_start.fold_in_models(
+                self.refinement, self.public_start, self.public_start_chosen)
         log.info("start: %s (%s)", choice["start"], choice.get("rule"))
         self._write_public()                 # epoch 0: the warm-up is released (and the start)
         self._send_control("subspace_ready", subspace_id=sub.id)
@@ -1051,7 +1005,7 @@ class ReleaseService:
         if self.refinement is not None:
             privacy["refinement"] = {**(privacy.get("refinement") or {}), "model_epoch": model_epoch,
                                      "model_lag": self.refinement.model_lag, "refined": refined}
-        privacy["start"] = self._start_report()
+        privacy["start"] = release_start.start_report(self.start_choice, self.public_start)
         if self.public_start_chosen:         # public input, no budget (PublicStart.report)
             privacy["public_start"] = self.public_start.report()
         # keep stage, noise_to_signal, fold_in_topics, subspace_topics (replace, not rebuild)

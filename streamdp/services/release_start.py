@@ -1,0 +1,73 @@
+"""The release service's start (issue 22; docs/services.md §The start): chosen once at the
+warm-up close from public configuration and released values only, persisted with the subspace,
+checked against the configuration at a restart, reported in every snapshot, and the fold-in
+models it implies (epochs 1…L are folded into the public start when it was chosen).
+
+Pure: :class:`~streamdp.services.release.ReleaseService` passes what each rule reads."""
+from __future__ import annotations
+
+from streamdp.refinement import PUBLIC_START_EPOCH, FoldInModels, RefinementModel
+from streamdp.errors import ConfigError
+from streamdp.start import choose_service_start, warmup_noised_count
+
+
+def is_public(choice: dict | None) -> bool:
+    """Whether the recorded choice (None: not chosen yet) is the public start."""
+    return bool(choice) and choice.get("start") == "public"
+
+
+def fold_in_models(refinement, public_start, public: bool) -> FoldInModels:
+    """The fold-in models with the start's: epochs 1…L are folded into the public start
+    (model epoch 0, streamdp.refinement.model_epoch_for) when it was chosen."""
+    models = FoldInModels(refinement.model_lag, public_start=public)
+    if public:
+        models.models[PUBLIC_START_EPOCH] = RefinementModel(
+            public_start.topic_word, public_start.alpha, public_start.start_id,
+            refinement.fold_in_iter, PUBLIC_START_EPOCH)
+    return models
+
+
+def choose_start(cfg, public_start, refinement, warmup_hist, stream_rho: float | None,
+                 k_prime: int) -> dict:
+    """THE start rule of the services (streamdp.start.choose_service_start) at the warm-up
+    close, from public configuration and released values only: start: public / tensor as
+    configured; auto from the warm-up's noised count (its clip histogram, already released)."""
+    public_available = public_start is not None and refinement is not None
+    if cfg.start == "public":
+        return {"start": "public", "rule": "configured (start: public)"}
+    if cfg.start == "tensor" or not public_available:
+        return {"start": "tensor", "rule": f"configured (start: {cfg.start}"
+                + ("" if cfg.start == "tensor" else ", no public start") + ")"}
+    n = None if warmup_hist is None else warmup_noised_count(warmup_hist)
+    return choose_service_start(n, stream_rho, cfg.n_topics, k_prime, public_available=True)
+
+
+def restored_start(recorded: dict | None, cfg, public_start) -> dict:
+    """The choice persisted with the subspace (none before issue 22: tensor). A
+    configuration that contradicts it is refused: epochs 1…L were folded by it."""
+    start_choice = dict(recorded) if recorded else {"start": "tensor",
+                                                    "rule": "before the start choice"}
+    chosen = start_choice["start"]
+    if (cfg.start in ("public", "tensor") and chosen != cfg.start) or (
+            chosen == "public" and public_start is None):
+        raise ConfigError(
+            f"configuration fields 'start'/'public_start_file': this deployment's start is "
+            f"{chosen!r} (chosen at its warm-up close, {start_choice.get('rule')}), the "
+            f"configuration says start {cfg.start!r}"
+            + ("" if public_start is not None else " without a public start file")
+            + ": the first epochs were folded into that start, so it cannot change; restore "
+              "the original setting, or start a new deployment")
+    if chosen == "public" and start_choice.get("start_id") != public_start.start_id:
+        raise ConfigError(
+            f"configuration field 'public_start_file': this deployment started from public "
+            f"start {start_choice.get('start_id')}, the file holds "
+            f"{public_start.start_id}: restore the original file, or start a new deployment")
+    return start_choice
+
+
+def start_report(choice: dict | None, public_start) -> dict:
+    """What every snapshot's privacy report says about the start: the public input (no
+    budget) or the tensor start, and the rule that chose it."""
+    if is_public(choice):
+        return {"kind": "public", **public_start.report(), "choice": choice}
+    return {"kind": "tensor", "choice": choice}
