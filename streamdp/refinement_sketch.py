@@ -15,6 +15,7 @@ from streamdp import serialization as ser
 from streamdp.documents import as_count_batch
 from streamdp.privacy import rounding
 from streamdp.moments.accumulator import ChunkedAccumulator, Part
+from streamdp.moments.sketch import weighted_rows
 
 #: the refinement sketch's state. v2: the compensation ``sums_lo`` present; v1 states are
 #: migrated (:func:`_sketch_v1_to_v2`). ``pending`` is written only for an open chunk (both).
@@ -38,7 +39,8 @@ REFINE_CHUNK = FOLD_IN_BLOCK
 
 
 def column_sum_kernel():
-    """The compiled in-order column sum (:mod:`streamdp._column_sum_kernel`), imported on first use."""
+    """The compiled in-order column sum (:mod:`streamdp._column_sum_kernel`), imported on first use
+    (numba: ``import streamdp`` does not pay for it)."""
     from streamdp._column_sum_kernel import add_rows_by_column
     return add_rows_by_column
 
@@ -140,7 +142,6 @@ class RefinementSketch:
         X = as_count_batch(X, d)
         w = None
         if weights is not None:
-            from streamdp.moments.sketch import weighted_rows
             X, w = weighted_rows(X, weights)
         for a, b in self.acc.segments(X.shape[0]):     # they end where this sketch's chunks end
             # the chunk's running sum continues entry after entry, so folding it in sub-blocks

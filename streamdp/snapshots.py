@@ -49,6 +49,8 @@ from streamdp.serialization import SchemaError
 from streamdp.snapshot import SCHEMA_VERSION, TopicSnapshot
 # the JSON summary is part of this reader API (docs/consumers.md); the release service writes it too
 from streamdp.snapshot_summary import SUMMARY_VERSION, privacy_summary, summary
+from streamdp import trends as _trends
+from streamdp.text.vocabulary import Vocabulary
 
 log = logging.getLogger("streamdp.snapshots")
 
@@ -186,7 +188,6 @@ class DirectorySource(Source):
         return _DirectoryCursor(self)
 
     def vocabulary(self):
-        from streamdp.text.vocabulary import Vocabulary
         base = self.path.parent if self.path.is_file() else self.path
         p = base / "vocabulary.txt"
         return Vocabulary.load(p) if p.is_file() else None
@@ -297,7 +298,6 @@ class HttpSource(Source):
         return None if raw is None else _decode(raw, self.url + HTTP_LATEST_MSGPACK)
 
     def vocabulary(self):
-        from streamdp.text.vocabulary import Vocabulary
         raw = self.get(HTTP_VOCABULARY)
         return None if raw is None else Vocabulary.from_bytes(raw, source=self.url + HTTP_VOCABULARY)
 
@@ -571,7 +571,6 @@ def trends(source: Source | str | os.PathLike | Iterable[Snapshot], *,
     given in release order). Released values only: each refined release's ``topic_mass`` and
     the known noise of the continual mechanism (docs/consumers.md §Topic trends). Over HTTP
     (the latest release only) there is one point."""
-    from streamdp import trends as _trends
     if isinstance(source, (Source, str, os.PathLike)):
         snaps = list(releases(source))
     else:

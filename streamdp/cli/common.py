@@ -12,6 +12,7 @@ import logging
 import math
 
 from streamdp import progress
+from streamdp.errors import ConfigError
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -98,7 +99,6 @@ def config_from_args(a: argparse.Namespace):
         if v is not None:
             values[field] = v
     if getattr(a, "non_private", False):
-        from streamdp.services.config import ConfigError
         if getattr(a, "epsilon", None) is not None:
             raise ConfigError("--non-private and --epsilon contradict each other: give one")
         values["non_private"] = True
@@ -108,6 +108,7 @@ def config_from_args(a: argparse.Namespace):
 
 def check_reachable(cfg) -> None:
     """Fail within seconds, naming 'bootstrap', when Kafka cannot be reached."""
+    # confluent_kafka: loaded when a command runs, not for --help
     from streamdp.kafka.clients import service_client_config
     from streamdp.kafka.connectivity import check_bootstrap
     check_bootstrap(service_client_config(cfg.bootstrap, cfg.kafka, "admin"), timeout=10.0)

@@ -9,6 +9,10 @@ from pathlib import Path
 from streamdp import snapshots
 from streamdp import trends as T
 from streamdp.cli.common import HelpFormatter, positive_float, positive_int
+# the report package loads its renderer (jinja2, plotly) only when write_report runs
+from streamdp.report import write_report
+from streamdp.report.load import load_snapshots, load_vocabulary, open_source
+from streamdp.snapshots import KafkaSource
 from streamdp.text.vocabulary import Vocabulary
 
 
@@ -94,10 +98,6 @@ def _print_trends(a, snapshots) -> int:
 
 
 def _report(a) -> int:
-    # the report (jinja2, plotly) and the Kafka source: loaded when the command runs
-    from streamdp.report import write_report
-    from streamdp.report.load import load_snapshots, load_vocabulary, open_source
-    from streamdp.snapshots import KafkaSource
     if a.bootstrap is not None:
         if a.source is not None:
             raise ValueError(f"give either a snapshot source ({a.source}) or --bootstrap (the "

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from streamdp.synthetic import make_lda_model, sample_documents
 from streamdp.text.tokenizer import Tokenizer
 from streamdp.text.vocabulary import Vocabulary
 
@@ -140,8 +141,6 @@ def synthetic_corpus(d: int = 1000, k: int = 10, *, alpha0: float = 1.0, n_docs:
     2000+seed). Words are named ``w0000``…; ``with_tokens`` also returns token lists (each
     document's tokens in a seeded random order — slow for large N). Licence: generated data.
     """
-    from streamdp.synthetic import make_lda_model, sample_documents
-
     model = make_lda_model(d, k, alpha0=alpha0, beta=beta, seed=1000 + seed)
     X = sample_documents(model, n_docs, mean_length=mean_length, length_offset=3, seed=2000 + seed)
     width = len(str(d - 1))

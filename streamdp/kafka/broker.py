@@ -296,6 +296,8 @@ class EmbeddedBroker:
         self._finalizer = weakref.finalize(self, _terminate, self._proc, 2.0)
 
     def _wait_ready(self, port: int, deadline: float) -> None:
+        # confluent_kafka (and kafka.topics, which loads it) only once a broker starts: the
+        # CLI imports this module for `streamdp --help`
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
         from streamdp.kafka.topics import client_config      # librdkafka lines through logging

@@ -7,9 +7,13 @@ through :mod:`streamdp.report.load`, a thin layer over :mod:`streamdp.snapshots`
 """
 from __future__ import annotations
 
-from streamdp.report.load import ReportInputError
+from streamdp.report.load import ReportInputError, load_snapshots, load_vocabulary, open_source
 
 __all__ = ["ReportInputError", "render_report", "write_report", "report_from_dir"]
+
+
+# render (jinja2, plotly) is imported when a report is written: `streamdp --help` and the
+# snapshot readers do not load it
 
 
 def render_report(*args, **kw) -> str:
@@ -26,7 +30,6 @@ def report_from_dir(source, out, *, vocabulary=None, **kw):
     """Write the report of a snapshot folder, one snapshot file, an http(s):// release service
     or kafka://BOOTSTRAP/TOPIC to ``out``; returns the path written. ``vocabulary``: a
     Vocabulary, a file, or None (the source's own: a folder's vocabulary.txt, GET /vocabulary.txt)."""
-    from streamdp.report.load import load_snapshots, load_vocabulary, open_source
     src = open_source(source)
     snaps = load_snapshots(src)
     if vocabulary is None or isinstance(vocabulary, str) or hasattr(vocabulary, "__fspath__"):

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 import plotly.offline
 from plotly.subplots import make_subplots
 
+from streamdp import trends as _trends
 from streamdp.privacy.report import describe, is_non_private
 from streamdp.report.analysis import (ATOM_NAMES, budget_series, check_vocabulary,
                                       follow_topics, noise_level, order_releases, release_label)
@@ -263,7 +264,6 @@ def render_report(snapshots: list[TopicSnapshot], vocabulary, *, source: str, n_
     # distinct topics first (issue 22): what a reader can tell apart, then the rest
     topics.sort(key=lambda t: (t["flag"] != "distinct", t["index"]))
     drift = drift_figure(histories)
-    from streamdp import trends as _trends
     tr = _trends.trends(releases)
     trend_fig = trends_figure(tr, histories)
     budget = budget_figure(points)

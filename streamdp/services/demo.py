@@ -11,6 +11,7 @@ The true topics are compared with the released ones on the words they share.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import tempfile
@@ -20,17 +21,26 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+from confluent_kafka import Producer
 
 from streamdp import progress
 from streamdp.evaluation import matched_topic_error
+from streamdp.kafka.broker import EmbeddedBroker
 from streamdp.kafka.connectivity import quiet_librdkafka
 from streamdp.privacy.noise import DEFAULT_SAMPLER
-from streamdp.kafka.topics import TopicNames, ensure_topics
+from streamdp.kafka.topics import TopicNames, client_config, ensure_topics
+from streamdp.public_start import PublicStart
 from streamdp.report import report_from_dir
 from streamdp.services import control
+from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.config import ServiceConfig
 from streamdp.services.demo_corpus import TOPICS, sample_texts, zipf_users
 from streamdp.services.produce import produce
+from streamdp.services.release import ReleaseService
+from streamdp.services.sketcher import Sketcher
+from streamdp.services.start_checks import documents_partition_count
+from streamdp.start import save_public_start
+from streamdp.text.tokenizer import Tokenizer
 from streamdp.text.vocabulary import Vocabulary
 
 log = logging.getLogger("streamdp.demo")
@@ -73,13 +83,8 @@ def _demo_public_start(work: Path, vocab_fields: dict, k: int, n_docs: int, seed
     """The demo's public start file: ``n_docs`` other documents about the same themes (another
     seed of the generator: the same six topics, other word weights), standing in for documents
     an operator declares public, fitted without privacy on the deployment's vocabulary."""
-    from streamdp.public_start import PublicStart
-    from streamdp.services import vocabulary as vocab_mod
-    from streamdp.services.config import ServiceConfig as Cfg
-    from streamdp.start import save_public_start
-    from streamdp.text.tokenizer import Tokenizer
     if vocab_fields.get("vocabulary_mode") == "public":    # the one the release service builds
-        vocab, _ = vocab_mod.public_vocabulary(Cfg(**vocab_fields))
+        vocab, _ = vocab_mod.public_vocabulary(ServiceConfig(**vocab_fields))
     else:
         vocab = Vocabulary.load(vocab_fields["vocabulary"])
     texts, _, _ = sample_texts(n_docs, seed=seed + 1000)
@@ -101,9 +106,6 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
              selection_docs: int = 10_000, privacy_unit: str = "document",
              max_docs_per_user_epoch: int | None = None, start: str = "auto",
              public_docs: int = 5_000) -> dict:
-    from streamdp.kafka.broker import EmbeddedBroker
-    from streamdp.services.release import ReleaseService
-    from streamdp.services.sketcher import Sketcher
 
     # everything that can be refused is refused before a broker starts or a folder is made
     if epsilon is not None and (isinstance(epsilon, bool) or not isinstance(epsilon, (int, float))
@@ -214,7 +216,6 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
                         closing="operator",   # a replay: epochs close by the flush below
                         **user_fields)
     if user_partitions is not None:     # what the release service records (and checks)
-        from streamdp.services.start_checks import documents_partition_count
         user_partitions = documents_partition_count(cfg)
     release = ReleaseService(cfg)
     workers = [Sketcher(cfg, instance=f"sketcher-{i}") for i in range(sketchers)]
@@ -225,8 +226,6 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
     for t in threads:
         t.start()
     try:
-        from confluent_kafka import Producer
-        from streamdp.kafka.topics import client_config
         if selection_docs:
             out(f"producing {selection_docs:,} selection-window documents; the sketchers hold "
                 "the later ones until the vocabulary is selected")
@@ -367,7 +366,6 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
             for t in threads:
                 t.join(timeout=30)
             # a client destroyed after the broker is gone logs its disconnects: destroy them first
-            import gc
             del workers, release, threads
             gc.collect()
             if broker is not None:

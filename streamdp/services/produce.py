@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -29,6 +30,7 @@ from confluent_kafka import Producer
 from streamdp import messages
 from streamdp.kafka.topics import client_config
 from streamdp.privacy.user_bounding import partition_for_user
+from streamdp.services.dedup import IdHasher, SeenIds
 
 log = logging.getLogger("streamdp.produce")
 
@@ -174,7 +176,6 @@ class SentIds:
     KEY = b"streamdp produce --dedup-state"
 
     def __init__(self, path: str | Path | None = None, *, user_mode: bool = False) -> None:
-        from streamdp.services.dedup import IdHasher, SeenIds
         self.path = None if path is None else Path(path)
         self.user_mode = user_mode
         self.hasher = IdHasher(self.KEY)
@@ -206,8 +207,6 @@ class SentIds:
         """Add this run's ids to the state file (atomically: write, fsync, rename)."""
         if self.path is None:
             return
-        import os
-        from streamdp.services.dedup import SeenIds
         merged = SeenIds.from_bytes(self.before.to_bytes() + self.this_run.to_bytes())
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "wb") as f:

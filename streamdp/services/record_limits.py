@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import numpy as np
 from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
 
+from streamdp.errors import ConfigError
 from streamdp.kafka.clients import service_client_config
 from streamdp.kafka.state_records import DEFAULT_CHUNK_BYTES
 from streamdp.kafka.topics import MESSAGE_MAX_BYTES, TopicNames, describe_topic_config
+from streamdp.snapshot import TopicSnapshot
 
 MAX_MESSAGE_BYTES = "max.message.bytes"
 #: key, headers, record-batch framing and small metadata of one record
@@ -43,7 +46,6 @@ KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 def largest_snapshot_bytes(n_topics: int, d: int, k_prime: int) -> int:
     """Bytes of the largest snapshot of k = ``n_topics`` topics over ``d`` words (every optional
     array present: the refined stage), plus :data:`REPORT_ALLOWANCE`."""
-    from streamdp.snapshot import TopicSnapshot
     k = int(n_topics)
     snap = TopicSnapshot(topic_word=np.zeros((k, int(d))), alpha=np.zeros(k), eigenvalues=np.zeros(k),
                          n_docs=0.0, privacy={}, mechanism="tensor", subspace_id="x" * 64,
@@ -142,8 +144,6 @@ def check_topic_limits(admin, cfg, d: int, topics: list[str] | None = None, *,
 def check_limits(cfg, d: int, topics: list[str]) -> None:
     """A service's start-up check (before any side effect): :func:`check_topic_limits` on the
     topics it writes, as a ConfigError."""
-    from confluent_kafka.admin import AdminClient
-    from streamdp.services.config import ConfigError
     try:
         admin = AdminClient(service_client_config(cfg.bootstrap, cfg.kafka, "admin"))
         check_topic_limits(admin, cfg, d, topics)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import logging
 import math
 from dataclasses import field
 from pathlib import Path
@@ -23,9 +24,15 @@ from streamdp.kafka.topics import TopicNames
 from streamdp.moments.clipping import WARMUP_NORMALISING_CLIP, ClipBounds
 from streamdp.privacy.epochs import EpochClock
 from streamdp.privacy.noise import DEFAULT_SAMPLER, SAMPLER_KINDS, require_production_sampler
-from streamdp.privacy.user_bounding import DEFAULT_MAX_USERS, SCHEDULES
+from streamdp.privacy.user_bounding import (DEFAULT_MAX_USERS, SCHEDULES, UserBounder,
+                                            bounding_report)
 from streamdp.privacy.plan import WARMUP_SHARE
+from streamdp.refinement import RefinementConfig
 from streamdp.services.routing import Routing
+from streamdp.services.vocabulary import VocabularyError, file_provenance
+from streamdp.start import PublicStartFileError, load_public_start
+from streamdp.text.tokenizer import Tokenizer
+from streamdp.text.vocabulary import Vocabulary
 
 
 #: user mode: kept documents per user per epoch when not configured (as the estimator)
@@ -317,7 +324,6 @@ class ServiceConfig:
         """A fresh bounder of this configuration (user mode), or None (document mode)."""
         if self.privacy_unit != "user":
             return None
-        from streamdp.privacy.user_bounding import UserBounder
         m, M = self.user_bounds
         return UserBounder(max_docs_per_epoch=m, max_docs=M, schedule=self.user_weights,
                            max_users=self.max_users)
@@ -327,7 +333,6 @@ class ServiceConfig:
         b = self.user_bounder()
         if b is None:
             return None
-        from streamdp.privacy.user_bounding import bounding_report
         return {**bounding_report(b), "warmup_share": float(self.warmup_share),
                 "partition_rule": "partition_for_user: BLAKE2b-64(user) mod the deployment's "
                                   "partition count; documents elsewhere are dead-lettered"}
@@ -352,7 +357,6 @@ class ServiceConfig:
                f"lower lateness/max_future_seconds, or turn refinement off")
         if not self.non_production:
             _refuse("refinement_model_lag", why)
-        import logging
         logging.getLogger("streamdp.config").warning(
             "configuration field 'refinement_model_lag' %s (accepted because non_production is "
             "true: only safe when each epoch's documents are produced after the release of "
@@ -435,7 +439,6 @@ class ServiceConfig:
     def load_public_start(self, vocabulary_id: str | None):
         """The public start of ``public_start_file``, checked against the deployment's
         vocabulary (None: not known yet) and n_topics; ConfigError says what to fix."""
-        from streamdp.start import PublicStartFileError, load_public_start
         try:
             return load_public_start(self.public_start_file, vocabulary_id=vocabulary_id,
                                      n_topics=self.n_topics)
@@ -446,7 +449,6 @@ class ServiceConfig:
         """The engine's RefinementConfig of this deployment, or None (refinement off)."""
         if not self.refinement:
             return None
-        from streamdp.refinement import RefinementConfig
         return RefinementConfig(share=float(self.refinement_share),
                                 model_lag=int(self.refinement_model_lag))
 
@@ -492,8 +494,6 @@ class ServiceConfig:
 
     def load_vocabulary_file(self):
         """(Vocabulary, provenance dict) of ``vocabulary_mode: file`` (see load_vocabulary)."""
-        from streamdp.services.vocabulary import VocabularyError, file_provenance
-        from streamdp.text.vocabulary import Vocabulary
         if self.vocabulary_mode != "file":
             raise ConfigError(f"configuration field 'vocabulary_mode' is {self.vocabulary_mode!r}: "
                               "the vocabulary comes from the deployment's vocabulary record, not "
@@ -526,7 +526,6 @@ class ServiceConfig:
                        "public_by_assumption": True}
 
     def tokenizer_(self):
-        from streamdp.text.tokenizer import Tokenizer
         try:
             return Tokenizer.from_config(self.tokenizer) if self.tokenizer else Tokenizer()
         except (ValueError, TypeError) as exc:

@@ -12,7 +12,10 @@ from pathlib import Path
 from streamdp.errors import ConfigError
 from streamdp.kafka.clients import partition_count
 from streamdp.moments.clipping import ClipBounds
+from streamdp.privacy.ledger import FileLedger
+from streamdp.services import control, public_records
 from streamdp.services.service_config import ServiceConfig
+from streamdp.whitening.subspace import Subspace
 
 
 PRIVACY_MODE_KEY = "deployment/privacy"
@@ -136,7 +139,6 @@ def check_privacy_mode(cfg: ServiceConfig, store=None, *, role: str = "release",
                     "Never use this mode for data that needs protection.")
     evidence = []
     if role == "release" and cfg.ledger and Path(cfg.ledger).is_file():
-        from streamdp.privacy.ledger import FileLedger
         kinds = sorted({r.kind for r in FileLedger(cfg.ledger).read()})
         if kinds:
             evidence.append(f"the ledger {cfg.ledger!r} holds private budget records ({', '.join(kinds)})")
@@ -145,12 +147,10 @@ def check_privacy_mode(cfg: ServiceConfig, store=None, *, role: str = "release",
         if rec is not None and rec.meta.get("private"):
             evidence.append(f"the state topic {cfg.topics.state!r} records a private deployment "
                             f"(epsilon={rec.meta.get('epsilon')})")
-        from streamdp.services import control, public_records
         # a sketcher reads only public records (docs/privacy.md §Trust boundary)
         sub = store.read_latest(control.SUBSPACE_KEY if role == "release"
                                 else public_records.SUBSPACE_KEY)
         if sub is not None:
-            from streamdp.whitening.subspace import Subspace
             events = Subspace.from_bytes(sub.payload).provenance.get("events") or []
             clip = sub.meta.get("clip") or {}
             if events or clip != ClipBounds.unclipped().to_dict():
