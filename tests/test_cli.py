@@ -137,3 +137,16 @@ def test_control_messages_from_the_cli_are_signed(kafka_broker, kafka_topics, tm
     cfg.write_text(json.dumps(base))
     r = run("control", "--config", str(cfg), "flush")
     assert r.returncode == 2 and "control_key_file" in r.stderr, r.stderr
+
+
+def test_help_loads_no_kafka_config_report_or_numba():
+    """Why the CLI's command bodies, the report's renderer and the numba kernels are imported
+    inside functions (docs/architecture.md, "Layers"): `streamdp --help` loads none of them."""
+    code = ("import runpy, sys\nsys.argv = ['streamdp', '--help']\n"
+            "try:\n    runpy.run_module('streamdp', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "heavy = ('confluent_kafka', 'pydantic', 'plotly', 'jinja2', 'numba')\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
