@@ -84,7 +84,6 @@ from streamdp.kafka.state_errors import WriterFenced, WriterReinitialised
 from streamdp.privacy.accountant import BudgetExhausted
 from streamdp.privacy.spend import SpendSession, recommit_kept
 from streamdp.privacy.noise import make_sampler
-from streamdp.privacy.report import add_budget_context
 from streamdp.privacy.rounding import DocumentCountExceeded
 from streamdp.privacy.tree import HorizonExceeded
 from streamdp.privacy.plan import BudgetSplit, warmup_plan
@@ -109,7 +108,7 @@ from streamdp.services.release_merge import (SketchMismatch, check_refine_sums, 
                                              merge_warmups)
 from streamdp.services.release_policy import IDLE_GRACE_SECONDS, ClosingPolicy  # noqa: F401
 from streamdp.services.release_sinks import ReleaseSinks
-from streamdp.services import release_start
+from streamdp.services import release_start, snapshot_privacy
 from streamdp.services.release_writer import (SPENT_KEYS, WRITER_KEY, Fenced,  # noqa: F401
                                               WriterWatch,
                                               LeaseHeld, ReleaseLease, ReleaseWriter, bind_ledger,
@@ -815,20 +814,9 @@ class ReleaseService:
             self.metrics.set_budget_from_report(self.accountant.report())
 
     def vocabulary_report(self) -> dict:
-        """What every snapshot's privacy report says about the vocabulary (public facts only:
-        never the exact number of selection documents)."""
-        out = {"vocabulary_id": None if self.vocabulary is None else self.vocabulary.id,
-               "mode": self.cfg.vocabulary_mode}
-        for k in ("selection", "source", "source_version", "lang", "size", "candidates",
-                  "candidates_id", "max_words_per_document", "selection_end", "events", "rho",
-                  "delta_approximate", "n_candidates_above_cut", "n_new_words",
-                  "min_noisy_count", "public_by_assumption", "privacy_cost", "sigma"):
-            if k in self.vocabulary_meta:
-                out[k] = self.vocabulary_meta[k]
-        if self.cfg.vocabulary_mode == "private":
-            out["composition"] = ("parallel: the selection window (ts < selection_end) is its own "
-                                  "atom, disjoint from the warm-up and the stream")
-        return out
+        """What every snapshot's privacy report says about the vocabulary (snapshot_privacy)."""
+        return snapshot_privacy.vocabulary_report(self.cfg.vocabulary_mode, self.vocabulary,
+                                                  self.vocabulary_meta)
 
     # ------------------------------------------------------------ warm-up
     def _release_warmup(self, parts: list[PartitionState]) -> None:
@@ -989,25 +977,14 @@ class ReleaseService:
         epoch = self.continual.epoch
         model_epoch = None if self.refinement is None else model_epoch_for(
             epoch, self.refinement.model_lag, self.public_start_chosen)
-        refined = model_epoch is not None
         snap = self.continual.post_process()
-        privacy = add_budget_context(
-            snap.privacy, epsilon=self.cfg.epsilon, delta=self.cfg.delta, rho_budget=self.rho,
-            warmup_events=self.subspace.provenance.get("events", []), accountant=self.accountant,
-            warmup_premise_check=self.subspace.provenance.get("premise_check"),
-            vocabulary_id=self.vocabulary.id, vocabulary=self.vocabulary_report(),
-            privacy_unit=self.cfg.privacy_unit, user_bounding=self.cfg.user_bounding_report(),
-            **self.cfg.privacy_fields())
-        if self.accountant is not None:
-            # this release's own reservation is committed right after the state is persisted
-            report = privacy["accountant"]
-            report["uncommitted"] = max(0, report["uncommitted"] - len(self.spend.pending))
-        if self.refinement is not None:
-            privacy["refinement"] = {**(privacy.get("refinement") or {}), "model_epoch": model_epoch,
-                                     "model_lag": self.refinement.model_lag, "refined": refined}
-        privacy["start"] = release_start.start_report(self.start_choice, self.public_start)
-        if self.public_start_chosen:         # public input, no budget (PublicStart.report)
-            privacy["public_start"] = self.public_start.report()
+        privacy = snapshot_privacy.snapshot_privacy(
+            snap.privacy, self.cfg, rho=self.rho, subspace=self.subspace,
+            accountant=self.accountant,
+            own_pending=0 if self.accountant is None else len(self.spend.pending),
+            vocabulary=self.vocabulary, vocabulary_meta=self.vocabulary_meta,
+            refinement=self.refinement, model_epoch=model_epoch, start_choice=self.start_choice,
+            public_start=self.public_start)
         # keep stage, noise_to_signal, fold_in_topics, subspace_topics (replace, not rebuild)
         # created_at is the epoch's due time (THE schedule, release_policy): public inputs only,
         # never the moment the computation ended (that depends on data volume and load)
