@@ -46,6 +46,8 @@ Modules (one idea each; this class orchestrates them and keeps the order above):
 * :mod:`~streamdp.services.release_merge` — merging the partitions' states (pure);
 * :mod:`~streamdp.services.release_start` — the start: its rule at the warm-up close, the
   restart check, its report and the fold-in models it implies (pure);
+* :mod:`~streamdp.services.snapshot_privacy` — what a snapshot's privacy section adds to the
+  release's report: budget context, vocabulary, refinement model, start (pure);
 * :mod:`~streamdp.services.release_sinks` — publishing (snapshots topic, snapshot files, the
   HTTP view) and control announcements; :attr:`ReleaseSinks.published` is the only "latest
   snapshot" of the service (:attr:`ReleaseService.latest` reads it).
