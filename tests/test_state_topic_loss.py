@@ -177,3 +177,34 @@ def test_a_new_deployment_on_documents_an_earlier_deployment_released_is_refused
     with StateStore(None, bootstrap, names.state) as store:
         rec = store.read_latest(LOSS_KEY)
     assert rec is not None and any(names.documents in e for e in rec.meta["evidence"])
+
+
+def test_a_ledger_of_another_budget_is_refused_before_the_lease(kafka_broker, tmp_path):
+    """An existing ledger written with another ε (another deployment's, or the operator changed
+    ε on a deployment whose contract is not recorded yet) and no ``.lease`` next to it yet: the
+    start is refused naming the budget, and leaves nothing behind — no ``<ledger>.lease``, the
+    ledger unchanged, no record on the state topic. Before: the lease was taken before the
+    accountant read the ledger's budget, so the refusal left ``<ledger>.lease``."""
+    from streamdp.privacy.accountant import Accountant
+
+    bootstrap = kafka_broker.bootstrap
+    corpus = make_corpus(300, 600, 2, seed=14)
+    names = fresh_topics(bootstrap)
+    cfg = make_config(tmp_path / "deployment", bootstrap, names, corpus, epsilon=1.0)
+    Accountant(2.0, cfg.delta, cfg.ledger)          # a ledger that enforces another budget
+    ledger = Path(cfg.ledger)
+    before = ledger.read_bytes()
+    files = _files_next_to(cfg.ledger)
+    assert files == ["ledger.jsonl", "vocabulary.txt"], files
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match="cannot change") as info:
+        ReleaseService(cfg)
+    assert time.monotonic() - t0 < 30
+    msg = str(info.value)
+    assert "ε=2.0" in msg and "ε=1.0" in msg and str(ledger) in msg, msg
+    assert _files_next_to(cfg.ledger) == files, "a refused start left a file next to the ledger"
+    assert ledger.read_bytes() == before
+    assert _state_records(bootstrap, names) == {}
+    # the same ledger with its own budget: starts (and takes the lease)
+    ReleaseService(replace(cfg, epsilon=2.0)).close()
+    assert (ledger.parent / "ledger.jsonl.lease").exists()

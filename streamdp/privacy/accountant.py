@@ -162,6 +162,29 @@ def _event_from_dict(d: dict) -> GaussianEvent:
                          delta=float(d.get("delta", 0.0)), unit=d.get("unit", "document"))
 
 
+def recorded_budget(ledger: Ledger, epsilon: float, delta: float,
+                    unit: str = "document") -> dict | None:
+    """The budget record of ``ledger`` (its payload; None: a new ledger, no budget yet).
+
+    Raises :class:`LedgerMismatch` unless it records this (ε, δ, privacy unit): the budget of a
+    ledger never changes. Read-only, so a service can refuse a start before any side effect
+    (the release service runs it before it takes its lease); :class:`Accountant` runs it again
+    under the ledger's lock.
+    """
+    recorded_unit = LEDGER_UNITS[unit]
+    budget = [r for r in ledger.read() if r.kind == "budget"]
+    if not budget:
+        return None
+    p = budget[0].payload
+    if (p.get("epsilon"), p.get("delta"), p.get("unit")) != (float(epsilon), float(delta),
+                                                             recorded_unit):
+        raise LedgerMismatch(
+            f"ledger {ledger!r} enforces (ε={p.get('epsilon')}, δ={p.get('delta')}, "
+            f"unit={p.get('unit')!r}); this accountant was configured with "
+            f"(ε={float(epsilon)}, δ={float(delta)}, unit={recorded_unit!r})")
+    return p
+
+
 # --------------------------------------------------------------- accountant
 class _Fold:
     """Everything the accountant derives from the ledger, folded record by record.
@@ -240,14 +263,8 @@ class Accountant:
         self._fold = _Fold()
         rho = zcdp_rho(self.epsilon, self.delta)
         with self._lock, self.ledger.exclusive():
-            budget = [r for r in self.ledger.read() if r.kind == "budget"]
-            if budget:
-                p = budget[0].payload
-                if (p.get("epsilon"), p.get("delta"), p.get("unit")) != (self.epsilon, self.delta, UNIT):
-                    raise LedgerMismatch(
-                        f"ledger {self.ledger!r} enforces (ε={p.get('epsilon')}, δ={p.get('delta')}, "
-                        f"unit={p.get('unit')!r}); this accountant was configured with "
-                        f"(ε={self.epsilon}, δ={self.delta}, unit={UNIT!r})")
+            p = recorded_budget(self.ledger, self.epsilon, self.delta, unit)
+            if p is not None:
                 # If the conversion code ever changes, keep the smaller budget.
                 rho = min(rho, float(p["rho"]))
             else:

@@ -114,7 +114,8 @@ from streamdp.services import release_start, snapshot_privacy
 from streamdp.services.release_writer import (SPENT_KEYS, WRITER_KEY, Fenced,  # noqa: F401
                                               WriterWatch,
                                               LeaseHeld, ReleaseLease, ReleaseWriter, bind_ledger,
-                                              check_ledger, check_ledger_present,
+                                              check_ledger, check_ledger_budget,
+                                              check_ledger_present,
                                               check_release_records, spent_records,
                                               writer_transactional_id)
 from streamdp.snapshot import TopicSnapshot
@@ -205,6 +206,7 @@ class ReleaseService:
                     ledger.is_file() and ledger.stat().st_size > 0))
                 if cfg.private:
                     check_ledger_present(cfg, known)
+                    check_ledger_budget(cfg)     # another (ε, δ, unit) than the ledger's
                 # the first side effects, after every read-only refusal: the lease file (and
                 # its folder), then the ledger, the privacy-mode marker and the contract record
                 self.lease = ReleaseLease(cfg.ledger)

@@ -38,7 +38,7 @@ from streamdp.kafka.clients import service_client_config
 from streamdp.kafka.connectivity import client_extras
 from streamdp.kafka.state_errors import WriterFenced
 from streamdp.kafka.state_store import StateStore
-from streamdp.privacy.accountant import Accountant, LedgerMismatch
+from streamdp.privacy.accountant import Accountant, LedgerMismatch, recorded_budget
 from streamdp.privacy.ledger import FileLedger, ledger_head
 from streamdp.services import control
 from streamdp.services.config import ConfigError, ServiceConfig
@@ -163,10 +163,28 @@ def bind_ledger(cfg: ServiceConfig, recs: dict) -> Accountant:
         acc = Accountant(cfg.epsilon, cfg.delta, FileLedger(path),
                          unit=cfg.privacy_unit)        # the ledger records the unit and checks it
     except LedgerMismatch as exc:
-        raise ConfigError(f"{exc}. The budget of a deployment cannot change: configure the "
-                          "(epsilon, delta) and privacy_unit the ledger records") from exc
+        raise _budget_changed(exc) from exc
     check_ledger(cfg, acc, recs)
     return acc
+
+
+def _budget_changed(exc: LedgerMismatch) -> ConfigError:
+    return ConfigError(f"{exc}. The budget of a deployment cannot change: configure the "
+                       "(epsilon, delta) and privacy_unit the ledger records")
+
+
+def check_ledger_budget(cfg: ServiceConfig) -> None:
+    """Refuse an existing ledger that records another (ε, δ, privacy unit) than ``cfg``'s.
+    Read-only (no file is created): the release service runs it before it takes the lease, so
+    this refusal leaves no ``<ledger>.lease``; :func:`bind_ledger`'s accountant checks it again
+    under the ledger's lock."""
+    path = os.path.abspath(cfg.ledger)
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return                                  # a new ledger: the accountant records cfg's budget
+    try:
+        recorded_budget(FileLedger(path), cfg.epsilon, cfg.delta, cfg.privacy_unit)
+    except LedgerMismatch as exc:
+        raise _budget_changed(exc) from exc
 
 
 def check_ledger_present(cfg: ServiceConfig, recs: dict) -> None:
