@@ -451,3 +451,88 @@ def test_selection_window_documents_are_deduplicated(tmp_path, monkeypatch, wind
     assert (window is None) == (not st.seen_ids.by_epoch)       # lifetime ids, or epoch 0's
     if window is not None:
         assert list(st.seen_ids.by_epoch) == [0]
+
+
+
+def _checkpointed_under_window_2(bootstrap, tmp_path):
+    """A deployment whose one sketcher counted the warm-up's ids within N = 2 epochs and
+    stopped (checkpoints on the state topic, offsets committed): (config, what it wrote)."""
+    from crash_helpers import committed_offsets
+    from service_helpers import (Pipeline, fresh_topics, make_config as svc_config, make_corpus,
+                                 read_topic, wait_for)
+    from streamdp.services.produce import produce
+
+    corpus = make_corpus(200, 200, 2, seed=8)
+    names = fresh_topics(bootstrap)
+    cfg = svc_config(tmp_path, bootstrap, names, corpus, epsilon=None, dedup_window_epochs=2)
+    pipe = Pipeline(cfg, sketchers=1, release=False)
+    try:
+        pipe.start()
+        produce(bootstrap, names.documents, corpus.records())
+        sk = pipe.sketchers[0]
+        # no release service: the warm-up documents are counted, the stream waits for the
+        # subspace (held, not committed)
+        wait_for(lambda: sum(len(st.seen_ids) for st in list(sk.states.values())) == 200, 60,
+                 "every warm-up document's id counted", check=pipe.check)
+    finally:
+        pipe.stop()                              # checkpoints every partition and commits
+
+    def written():
+        return ([(r.key, r.value) for r in read_topic(bootstrap, names.state, timeout=5.0)],
+                committed_offsets(bootstrap, cfg.group_id, names.documents, (0, 1)),
+                len(read_topic(bootstrap, names.dlq, timeout=5.0)))
+    before = written()
+    state, committed, _ = before
+    assert sum(committed.values()) >= 200, committed
+    assert any(k and k.startswith(f"sketch/{names.documents}/".encode()) for k, _ in state), \
+        "no partition checkpoint on the state topic"
+    return cfg, before, written
+
+
+def test_a_sketcher_restarted_with_another_window_is_refused_before_any_write(kafka_broker,
+                                                                              tmp_path):
+    """Careless operator: a sketcher whose partitions' checkpoints count ids within N = 2
+    epochs is restarted with dedup_window_epochs = 3 (it would count again, or drop, ids the
+    checkpoints decided under N = 2). Real sketcher, real checkpoints on the state topic: the
+    restart is refused at start (the deployment contract), in seconds, naming the field, before
+    it writes anything — the state topic, the group's committed offsets and the DLQ unchanged.
+    The same restart with N = 2 starts (the refusal is about the window, nothing else)."""
+    import time
+    from dataclasses import replace
+
+    from streamdp.services.config import ConfigError
+    from streamdp.services.sketcher import Sketcher
+
+    cfg, before, written = _checkpointed_under_window_2(kafka_broker.bootstrap, tmp_path)
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        Sketcher(replace(cfg, dedup_window_epochs=3), instance="sketcher-wider")
+    assert time.monotonic() - t0 < 20
+    msg = str(info.value)
+    assert "'dedup_window_epochs'" in msg and "recorded 2" in msg, msg
+    assert written() == before
+    Sketcher(cfg, instance="sketcher-same").close()     # the recorded window: starts
+
+
+def test_the_restore_refuses_a_checkpoint_of_another_window_by_itself(kafka_broker, tmp_path,
+                                                                      monkeypatch):
+    """The restore's own refusal (streamdp.services.sketch_strategy, CountedIds.bound_to),
+    behind the contract: with the field taken out of the contract's list (as for a contract
+    recorded before the field existed), a sketcher with N = 3 starts, and its first assignment
+    restores the N = 2 checkpoints and is refused naming dedup_window_epochs — nothing
+    written, no offset committed, nothing dead-lettered."""
+    from dataclasses import replace
+
+    from streamdp.services.config import ConfigError
+    from streamdp.services.contract import CONTRACT_FIELDS
+    from streamdp.services.sketcher import Sketcher
+
+    monkeypatch.delitem(CONTRACT_FIELDS, "dedup_window_epochs")
+    cfg, before, written = _checkpointed_under_window_2(kafka_broker.bootstrap, tmp_path)
+    wider = Sketcher(replace(cfg, dedup_window_epochs=3), instance="sketcher-wider")
+    with pytest.raises(ConfigError) as info:
+        wider.run(max_seconds=60, install_signals=False)
+    msg = str(info.value)
+    assert "partition" in msg and "within 2 epoch(s)" in msg, msg
+    assert "dedup_window_epochs = 3" in msg, msg
+    assert written() == before
