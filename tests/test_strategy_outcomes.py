@@ -75,3 +75,62 @@ def test_a_record_that_must_wait_is_raised_and_the_processor_holds_its_partition
     assert sk2.paused == {0: "subspace"} and sk2.consumer.pos == 1     # seeked back to it
     assert [v for _, v in sk2.producer.produced] == [GARBAGE]
     assert sk2.states[0].next_offset == 1
+
+
+# ------------------------------------------------------------------ outages while acting on them
+class _NoWait:
+    """The guard's stop flag: never set, and its back-off waits return at once."""
+
+    def is_set(self):
+        return False
+
+    def wait(self, timeout=None):
+        return False
+
+
+def _guard(kafka_broker):
+    from streamdp.kafka.connectivity import OutageGuard
+    from streamdp.observability import HealthState
+    # the real guard; its recovery probe asks the embedded broker
+    return OutageGuard(HealthState(), {"bootstrap.servers": kafka_broker.bootstrap}, _NoWait(),
+                       initial_backoff=0.01, max_backoff=0.01)
+
+
+def _broker_down():
+    from confluent_kafka import KafkaError, KafkaException
+    return KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
+
+
+def test_an_outage_raised_by_a_dead_letter_and_a_hold_together_is_ridden_out(
+        tmp_path, monkeypatch, kafka_broker):
+    """A batch with a bad record and a record that must wait, while the broker goes down: the
+    DLQ producer's queue is full and its poll raises a KafkaException, and the hold's pause
+    raises one too. StreamProcessor.submit's two except* handlers then raise one
+    ExceptionGroup of two KafkaExceptions. Before: OutageGuard caught only a bare
+    KafkaException, so the group crashed the sketcher instead of being ridden out (alive, not
+    ready, retried). A group holding anything but outage errors still fails loudly."""
+    records = [(GARBAGE, epoch_start(1))] + _docs(3)
+    sk = make_sketcher(_world(tmp_path, records), monkeypatch)
+    sk.context.subspace = None                   # the stream's documents wait for the subspace
+
+    def queue_full(*a, **k):
+        raise BufferError("Local: Queue full")
+
+    def down(*a, **k):
+        raise _broker_down()
+    sk.producer.produce, sk.producer.poll, sk.consumer.pause = queue_full, down, down
+    with pytest.raises(ExceptionGroup) as info:        # what the guard is handed
+        sk.process(0, sk.consumer.consume(num_messages=20))
+    assert [type(e).__name__ for e in info.value.exceptions] == ["KafkaException"] * 2
+
+    guard = _guard(kafka_broker)
+    sk2 = make_sketcher(_world(tmp_path / "b", records), monkeypatch)
+    sk2.context.subspace = None
+    sk2.producer.produce, sk2.producer.poll, sk2.consumer.pause = queue_full, down, down
+    assert guard.run(sk2.step) is False                # ridden out, not raised
+    assert guard.in_outage and not guard.health.ready_flag()[0]
+
+    def outage_and_bug():
+        raise ExceptionGroup("mixed", [_broker_down(), ValueError("a bug, not an outage")])
+    with pytest.raises(ExceptionGroup):
+        guard.run(outage_and_bug)

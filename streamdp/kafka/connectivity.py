@@ -17,8 +17,8 @@ Three pieces (issue 15, "Outages"):
     "all brokers down" in :data:`BROKER_STATUS`.
 :class:`OutageGuard`
     Wraps one iteration of a service's poll loop. While Kafka is unreachable
-    (a Kafka/state-store error escaping the step, or librdkafka reporting all
-    brokers down, confirmed by a metadata probe) the service stays *alive*
+    (a Kafka/state-store error escaping the step — alone or inside an exception
+    group —, or librdkafka reporting all brokers down, confirmed by a metadata probe) the service stays *alive*
     (liveness beats during the back-off), is *not ready*, retries with
     exponential back-off, and logs one line when the episode starts and one
     when it ends; after recovery it restores its readiness and runs the
@@ -252,6 +252,14 @@ def _outage_errors() -> tuple[type[BaseException], ...]:
     return (KafkaException, StateStoreError, TimeoutError, BufferError, RuntimeError)
 
 
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside ``exc``: itself, or every leaf of an exception group, however
+    nested (a stream processor's ``except*`` handlers that fail together raise one group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
 class OutageGuard:
     """Run a service's ``step`` so that a Kafka outage neither kills nor floods it.
 
@@ -320,14 +328,25 @@ class OutageGuard:
             if self.in_outage:
                 self._end()
             step()
-        except _outage_errors() as exc:
-            if isinstance(exc, RuntimeError) and not isinstance(exc, (KafkaException,)) \
-                    and self.probe():
+        except Exception as exc:
+            if not self.is_outage(exc):
                 raise                   # not an outage: a genuine failure keeps failing loudly
             self._start(f"{type(exc).__name__}: {exc}")
             self._backoff_wait()
             return False
         return True
+
+    def is_outage(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is Kafka being unreachable: every exception in it (one, or each leaf
+        of an exception group) is a Kafka, state-store, timeout or buffer error, or a
+        RuntimeError while the broker does not answer a probe. Anything else in it (a bug, bad
+        data) is not: the step keeps failing loudly."""
+        leaves = _leaves(exc)
+        if not all(isinstance(e, _outage_errors()) for e in leaves):
+            return False
+        plain_runtime = any(isinstance(e, RuntimeError) and not isinstance(e, KafkaException)
+                            for e in leaves)
+        return not (plain_runtime and self.probe())
 
     def _start(self, why: str) -> None:
         self.failures += 1
