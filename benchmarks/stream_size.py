@@ -11,6 +11,14 @@ descriptions (the co-occurrence reference a user would judge by).
 
     python benchmarks/stream_size.py --sizes 25000,50000,100000,200000,400000 --seeds 0,1,2 \\
         --json benchmarks/results/stream_size.json
+
+Two code versions on the same sampling model (``--truth``: the first run fits and saves it, the
+second loads it), then the stream size where each seed first reaches 10 distinct topics::
+
+    PYTHONPATH=<base> python benchmarks/stream_size.py --start auto --truth /tmp/truth.npz \\
+        --json base.json
+    PYTHONPATH=. python benchmarks/stream_size.py --start auto --truth /tmp/truth.npz --json n.json
+    python benchmarks/stream_size.py --documents-needed base.json n.json
 """
 from __future__ import annotations
 
@@ -20,6 +28,7 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -39,17 +48,67 @@ from streamdp.synthetic import LDAModel, sample_documents  # noqa: E402
 DELTA = 1e-6
 
 
-def ground_truth(corpus, k: int, seed: int):
+def ground_truth(corpus, k: int, seed: int, truth_path: str | None = None):
+    """The sampling model, its documents' lengths and the held-out reference texts.
+
+    The model is fitted by the ``streamdp`` being measured, so two code versions would sample
+    their streams from different topics; ``truth_path`` fixes it: loaded when the file exists,
+    else fitted and saved there (the lengths and reference depend only on the corpus).
+    """
     train, test = shuffle_split(corpus.n_docs, seed=seed, test_fraction=0.1)
     X = corpus.counts[train]
     n = X.shape[0]
-    ts = np.r_[np.zeros(int(0.3 * n)), np.ones(n - int(0.3 * n))]
-    snap = streamdp.fit(X, k, epsilon=None, seed=seed, timestamps=ts, stream_start=0.5,
-                        refinement=streamdp.RefinementConfig(passes=1))
+    if truth_path and Path(truth_path).exists():
+        with np.load(truth_path) as z:
+            topics, alpha = z["topics"], z["alpha"]
+        if topics.shape != (k, X.shape[1]):
+            raise SystemExit(f"--truth {truth_path}: topics {topics.shape}, "
+                             f"expected {(k, X.shape[1])}")
+    else:
+        ts = np.r_[np.zeros(int(0.3 * n)), np.ones(n - int(0.3 * n))]
+        snap = streamdp.fit(X, k, epsilon=None, seed=seed, timestamps=ts, stream_start=0.5,
+                            refinement=streamdp.RefinementConfig(passes=1))
+        topics, alpha = snap.topic_word, snap.alpha
+        if truth_path:
+            np.savez(truth_path, topics=topics, alpha=alpha)
     lengths = np.asarray(X.sum(axis=1)).ravel().astype(int)
     lengths = lengths[lengths >= 3]
-    return (LDAModel(topics=snap.topic_word, alpha=snap.alpha), lengths,
-            [corpus.tokens[i] for i in test])
+    return (LDAModel(topics=topics, alpha=alpha), lengths, [corpus.tokens[i] for i in test])
+
+
+def documents_needed(runs: list[dict], seed: int, target: float) -> tuple[float | None, str]:
+    """Stream size at which one seed's refined_distinct first reaches ``target``: linear
+    interpolation between the measured size before it (below target) and the first size at or
+    above it. None with a reason when the sizes do not bracket the crossing."""
+    pts = sorted((r["n_stream"], r["refined_distinct"]) for r in runs
+                 if r["seed"] == seed and "refined_distinct" in r)
+    for i, (n, dist) in enumerate(pts):
+        if dist >= target:
+            if i == 0:
+                return None, f"≤ {n:,} (the smallest size measured)"
+            n0, d0 = pts[i - 1]
+            x = n0 + (n - n0) * (target - d0) / (dist - d0)
+            return x, f"{x:,.0f} (between {n0:,}: {d0} and {n:,}: {dist})"
+    return None, f"> {pts[-1][0]:,} (the largest size measured)" if pts else "no runs"
+
+
+def print_documents_needed(paths: list[str], target: float) -> None:
+    """Documents needed per seed in each JSON written by --json, and each file's ratio to the
+    first one's (no fitting)."""
+    results = [json.loads(Path(p).read_text()) for p in paths]
+    seeds = sorted({r["seed"] for res in results for r in res["runs"]})
+    table = []
+    for seed in seeds:
+        row = {"seed": seed}
+        found = [documents_needed(res["runs"], seed, target) for res in results]
+        for p, (_, text) in zip(paths, found):
+            row[Path(p).stem] = text
+        for p, (x, _) in zip(paths[1:], found[1:]):
+            row[f"{Path(p).stem} / {Path(paths[0]).stem}"] = (
+                f"{x / found[0][0]:.2f}" if x is not None and found[0][0] is not None else "–")
+        table.append(row)
+    print(f"\n### Stream documents needed for ≥ {target:g} distinct topics (per seed)\n")
+    print(markdown_table(table, list(table[0])))
 
 
 def main(argv=None) -> int:
@@ -64,11 +123,23 @@ def main(argv=None) -> int:
                         "docs/benchmarks.md), or as streamdp.fit picks it ('auto', issue 22)")
     p.add_argument("--debian-list", default=None, metavar="PATH",
                    help="a Translation-en list (default: the one apt-get update fetched)")
+    p.add_argument("--truth", default=None, metavar="PATH.npz",
+                   help="the sampling model's topics and alpha: loaded if PATH exists, else fitted "
+                        "(by the streamdp imported) and saved there, so that two code versions "
+                        "are measured on the same model")
     p.add_argument("--json", default=None)
+    p.add_argument("--documents-needed", nargs="+", metavar="JSON",
+                   help="print, per seed, the stream size where runs written by --json first "
+                        "reach --target distinct topics, and each file's ratio to the first "
+                        "(no fitting)")
+    p.add_argument("--target", type=float, default=10.0)
     a = parse_args(p, argv)         # + --no-progress
+    if a.documents_needed:
+        print_documents_needed(a.documents_needed, a.target)
+        return 0
     logging.getLogger("gensim").setLevel(logging.ERROR)
     corpus = debian_descriptions_corpus(path=a.debian_list)
-    truth, lengths, ref = ground_truth(corpus, a.k, 0)
+    truth, lengths, ref = ground_truth(corpus, a.k, 0, a.truth)
     vocab = corpus.vocabulary
     runs = []
     settings = [(int(n), int(s)) for n in a.sizes.split(",") for s in a.seeds.split(",")]
@@ -115,7 +186,7 @@ def main(argv=None) -> int:
           f"NPMI {truth_npmi:.3f}; mean over seeds)\n")
     print(md := markdown_table(table, list(table[0])))
     write_json(a.json, {"epsilon": a.epsilon, "delta": DELTA, "start": a.start,
-                        "truth_npmi": truth_npmi,
+                        "truth_npmi": truth_npmi, "truth": a.truth,
                         "runs": runs, "table": table, "markdown": md})
     return 0
 
