@@ -355,6 +355,11 @@ class ContinualRelease:
             else:
                 topic_word, alpha, fold_in = r_topics, r_alpha, r_fold_in
                 U = None
+                if t in self.release_snr:
+                    # the index of what this release published, for the epochs folded into
+                    # it: refined topics are as informative as the models their rows were
+                    # folded into (∞ for a public start), not as its own spectral half
+                    self.release_snr[t] = float(self.fold_model_snr)
             # each row's noise-to-signal in the released refinement sums (row i: topic i,
             # whichever estimate is published): the budget's signal per topic
             nts = r_nts
@@ -427,7 +432,8 @@ class ContinualRelease:
                 "documents_released": self.documents_released, "pending": pending,
                 "published_topics": published, "premise_kept": self.premise_kept,
                 "last_premise": self.last_premise,
-                "release_snr": [[e, v] for e, v in sorted(self.release_snr.items())],
+                "release_snr": [[e, None if math.isinf(v) else v]          # None: ∞
+                                for e, v in sorted(self.release_snr.items())],
                 "fold_model_snr": (None if math.isinf(self.fold_model_snr)
                                    else self.fold_model_snr)}
 
@@ -441,7 +447,8 @@ class ContinualRelease:
         self.last_premise = state.get("last_premise")
         # absent in states before the fold-model condition: no index known, so the rows
         # already folded count as folded into noise (the rule as it was before)
-        self.release_snr = {int(e): float(v) for e, v in state.get("release_snr", [])}
+        self.release_snr = {int(e): math.inf if v is None else float(v)
+                            for e, v in state.get("release_snr", [])}
         fold = state.get("fold_model_snr", 0.0 if self.refined_epochs else None)
         self.fold_model_snr = math.inf if fold is None else float(fold)
         pending = state.get("pending")

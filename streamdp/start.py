@@ -86,18 +86,54 @@ def choose_continual_topics(snr: float | None, fold_model_snr: float | None = No
                     f"< {SPECTRAL_MIN_SNR:g} (private releases only)"}
 
 
+#: the services' rule does not choose the tensor start when the warm-up subspace's noise-to-signal
+#: (:func:`warmup_subspace_nts`) is above this: the tensor start's topics are Q·U, so a subspace
+#: that misses the k-th topic direction makes them noise whatever the tensor's own index.
+#: Measured (the demo, docs/services.md §The start): tensor better at 0.117 (137 words, ε = 1),
+#: public better at 0.21 (20,000 words, ε = 4), 0.22 (137 words, ε = 0.5) and 0.77 (20,000, ε = 1)
+WARMUP_MAX_NTS = 0.15
+
+
+def warmup_subspace_nts(Y, sigma: float | None, k: int) -> float:
+    """The warm-up subspace's released noise-to-signal: σ_w(√d + √k′) / ŝ_k.
+
+    ``Y`` is the warm-up's noised range sum (d × k′, the draw Q = orth(Y) is taken from), σ_w its
+    public noise sd. σ_w(√d + √k′) bounds the spectral norm of the d × k′ Gaussian noise, and
+    ŝ_k² = λ_k(YᵀY) − σ_w²(√d + √k′)² estimates the k-th signal singular value; by Wedin's
+    theorem the sine of the angle between Q and the k-th topic direction is about their ratio.
+    It sees the vocabulary size d (the noise grows like √d, the signal does not). ∞ when the
+    k-th direction is within the noise; 0 without noise (``sigma`` None). Post-processing of a
+    released value: no budget."""
+    if sigma is None:
+        return 0.0
+    Y = np.asarray(Y, dtype=np.float64)
+    d, kp = Y.shape
+    noise = float(sigma) * (math.sqrt(d) + math.sqrt(kp))
+    eig = np.sort(np.linalg.eigvalsh(Y.T @ Y))[::-1]
+    signal2 = float(eig[min(k, kp) - 1]) - noise ** 2
+    return math.inf if signal2 <= 0 else noise / math.sqrt(signal2)
+
+
 def choose_service_start(n_docs_noised: float | None, rho: float | None, k: int, k_prime: int,
-                         *, public_available: bool) -> dict:
-    """THE start rule of the services (docs/privacy.md "The start rule"; issue 22): the rule
-    of :func:`choose_start` on the warm-up's noised document count (a released value: the
-    total of its noised clip histogram, no extra budget), where its "cluster" means the public
-    start if the operator configured one (the services have no clustering start), else the
-    tensor start. Non-private (``rho`` None): tensor, as :func:`choose_start`."""
+                         *, public_available: bool, warmup_nts: float | None = None) -> dict:
+    """THE start rule of the services (docs/privacy.md "The start in the services"; issue 22):
+    the rule of :func:`choose_start` on the warm-up's noised document count (a released value:
+    the total of its noised clip histogram, no extra budget), and "tensor" only where the
+    warm-up subspace's released noise-to-signal ``warmup_nts`` (:func:`warmup_subspace_nts`,
+    which sees d) is ≤ WARMUP_MAX_NTS; its "cluster" means the public start if the operator
+    configured one (the services have no clustering start), else the tensor start.
+    Non-private (``rho`` None, ``warmup_nts`` 0): tensor, as :func:`choose_start`."""
     got = choose_start(0.0 if n_docs_noised is None else n_docs_noised, rho, k, k_prime)
-    start = got["start"]
+    rule_choice = got["start"]
+    nts = 0.0 if warmup_nts is None else float(warmup_nts)
+    if rule_choice == "tensor" and nts > WARMUP_MAX_NTS:
+        rule_choice = "cluster"
+    start = rule_choice
     if start == "cluster":
         start = "public" if public_available else "tensor"
-    return {**got, "start": start, "rule_choice": got["start"],
+    return {**got, "start": start, "rule_choice": rule_choice,
+            "warmup_nts": nts if math.isfinite(nts) else None,
+            "rule": got["rule"] + f" and warm-up subspace noise-to-signal <= {WARMUP_MAX_NTS:g}",
             "count": "warm-up noised clip histogram total"}
 
 

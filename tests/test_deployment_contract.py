@@ -99,7 +99,7 @@ def test_every_contract_field_that_needs_no_other_setup_is_tested():
                         "max_docs_per_user_epoch", "max_docs_per_user", "user_weights",
                         "warmup_share", "max_users",
                         # need a public start file and refinement: tests/test_service_start.py
-                        "start", "public_start_file"}
+                        "start", "public_start_file", "refinement_share_public"}
 
 
 @pytest.mark.parametrize("field", sorted(CHANGES))

@@ -20,7 +20,10 @@ from streamdp.services.produce import produce
 from streamdp.services.release import ReleaseService
 from streamdp.services.sketcher import Sketcher
 from streamdp import PublicStart
-from streamdp.start import load_public_start, save_public_start, warmup_noised_count
+from streamdp.refinement import BLOCK as REFINE_BLOCK
+from streamdp.services import release_start
+from streamdp.start import (WARMUP_MAX_NTS, choose_service_start, load_public_start,
+                            save_public_start, warmup_noised_count, warmup_subspace_nts)
 
 from service_helpers import (Pipeline, fresh_topics, make_config, make_corpus, read_topic,
                              send_control, wait_for)
@@ -99,6 +102,31 @@ def test_public_start_end_to_end_and_restarts_keep_it(kafka_broker, tmp_path):
     acc = snaps[-1].privacy["accountant"]
     assert acc["rho_worst_case"] == pytest.approx(acc["rho_budget"], rel=1e-6)
 
+    # the public start's node plan (docs/privacy.md "The public start's node plan"): persisted
+    # with the choice, refinement_share_public (0.9) of each node's rho on the refinement sums.
+    # The ledger charges each node exactly its rho: the split changes sigma per block only
+    assert choice["refinement_share"] == cfg.refinement_share_public == 0.9
+    for s in snaps:
+        assert s.privacy["refinement"]["share"] == 0.9
+    rho_node = snaps[-1].privacy["rho_node"]
+    reserved = {r.payload["label"]: r.payload["events"] for r in FileLedger(cfg.ledger).read()
+                if r.kind == "reserve" and r.payload["label"].startswith("tree:epoch=")}
+    assert sorted(reserved) == [f"tree:epoch={e}" for e in (1, 2, 3)]
+    for label, events in reserved.items():
+        rho = {}
+        for ev in events:
+            rho[ev["block"]] = rho.get(ev["block"], 0.0) + ev["rho"]
+        # each epoch's charge (the BLT's atoms differ by epoch; the ledger's events carry the
+        # rounding headroom in their sensitivities, ~1e-5) is split 0.9 / 0.1
+        assert rho[REFINE_BLOCK] == pytest.approx(0.9 * sum(rho.values()), rel=1e-4), (label, rho)
+    assert sum(ev["rho"] for ev in snaps[-1].privacy["node_events"]) == pytest.approx(rho_node)
+    # the continual selection rule: every release's refinement rows were folded into the public
+    # start or into a release refined from it, an informative model (index inf), so the refined
+    # topics are published, never the spectral half (bought with 10% of the node)
+    for s in snaps:
+        sel = s.privacy["topic_selection"]
+        assert sel["published"] == "refinement" and sel["fold_model_snr"] is None, sel
+
     # --- a restart keeps the choice (read from the subspace record, not decided again) ...
     again = ReleaseService(cfg)
     try:
@@ -111,7 +139,8 @@ def test_public_start_end_to_end_and_restarts_keep_it(kafka_broker, tmp_path):
     _, other = public_start_file(tmp_path, corpus, seed=12, name="other-start.json")
     changes = {"tensor": dict(start="tensor", public_start_file=""),
                "auto": dict(start="auto"),
-               "other file": dict(public_start_file=other)}
+               "other file": dict(public_start_file=other),
+               "public share": dict(refinement_share_public=0.5)}
     for what, change in changes.items():
         changed = dataclasses.replace(cfg, **change, ledger=str(tmp_path / f"{what}.jsonl"))
         for service in (ReleaseService, Sketcher):
@@ -150,7 +179,9 @@ def _auto_choice(bootstrap, tmp_path, corpus, path, *, drop_one: bool, tag: str)
         st.close()
     assert sub.meta["start"] == choice                 # persisted with the subspace
     from streamdp.whitening.warmup import WarmupDraw
-    released = warmup_noised_count(WarmupDraw.from_bytes(draw_payload.payload).hist)
+    draw = WarmupDraw.from_bytes(draw_payload.payload)
+    released = (warmup_noised_count(draw.hist),
+                warmup_subspace_nts(draw.Y, draw.events[0].sigma, corpus.topics.shape[0]))
     # a restart reads the choice back; it does not decide again
     again = ReleaseService(cfg)
     try:
@@ -167,13 +198,79 @@ def test_auto_start_reads_released_values_only_and_a_neighbour_gets_the_same(kaf
     _, path = public_start_file(tmp_path, corpus)
     a, n_a = _auto_choice(bootstrap, tmp_path, corpus, path, drop_one=False, tag="a")
     b, n_b = _auto_choice(bootstrap, tmp_path, corpus, path, drop_one=True, tag="b")
-    # the rule's input is the released (noised) warm-up count, nothing else of the data
-    assert a["n_docs_noised"] == pytest.approx(n_a) and b["n_docs_noised"] == pytest.approx(n_b)
+    # the rule's inputs are the released (noised) warm-up count and the noise-to-signal of the
+    # released (noised) warm-up range sum, nothing else of the data
+    assert a["n_docs_noised"] == pytest.approx(n_a[0]) and b["n_docs_noised"] == pytest.approx(n_b[0])
+    assert a["warmup_nts"] == pytest.approx(n_a[1]) and b["warmup_nts"] == pytest.approx(n_b[1])
     assert abs(a["n_docs_noised"] - corpus.n_warm) > 1e-6          # noised, not the raw count
+    # the public start's node plan is persisted with the choice
+    assert a["refinement_share"] == b["refinement_share"] == 0.9
     # a few thousand documents at eps = 4 with k = 6: the tensor index is below 15, so the
     # public start; the neighbouring deployment chooses the same
     assert a["start"] == b["start"] == "public", (a, b)
     assert a["rule_choice"] == "cluster" and a["index"] < 15
+
+
+def _warmup_range(d: int, k: int, k_prime: int, sigma: float, seed: int = 0) -> np.ndarray:
+    """A noised warm-up range sum: a rank-k signal with singular values 40…20 (independent of
+    d, as a sum of clipped e2·Ω is) plus N(0, sigma²) in each of the d × k′ entries."""
+    rng = np.random.default_rng(seed)
+    U, _ = np.linalg.qr(rng.standard_normal((d, k)))
+    V, _ = np.linalg.qr(rng.standard_normal((k_prime, k)))
+    return U @ np.diag(np.linspace(40.0, 20.0, k)) @ V.T + sigma * rng.standard_normal((d, k_prime))
+
+
+def test_the_start_rule_sees_the_vocabulary_size_through_the_warmup_spectrum():
+    """docs/services.md's demo table: with 20,000 words the tensor start was noise, yet the rule
+    on the warm-up count alone chose it (index 17.7 >= 15). The warm-up's released range sum
+    sees d: the same signal under the same noise sd is lost in a 20,000-word noise matrix."""
+    k, kp, sigma, n, rho = 6, 12, 0.05, 20_000.0, 0.0244
+    small = warmup_subspace_nts(_warmup_range(137, k, kp, sigma), sigma, k)
+    large = warmup_subspace_nts(_warmup_range(20_000, k, kp, sigma), sigma, k)
+    assert small < WARMUP_MAX_NTS < large
+    # Wedin: the estimate is the sine of the subspace's angle to the k-th direction, roughly
+    for d, nts in ((137, small), (20_000, large)):
+        Y = _warmup_range(d, k, kp, sigma)
+        Q = np.linalg.svd(Y, full_matrices=False)[0]
+        U, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((d, k)))
+        sin_k = np.sqrt(max(0.0, 1 - np.linalg.norm(Q.T @ U[:, -1]) ** 2))
+        assert sin_k <= nts <= 4 * sin_k + 0.05, (d, sin_k, nts)
+    for d, nts, want in ((137, small, "tensor"), (20_000, large, "public")):
+        got = choose_service_start(n, rho, k, kp, public_available=True, warmup_nts=nts)
+        assert got["index"] >= 15 and got["start"] == want, (d, got)
+    # without noise nothing is lost; a k-th direction within the noise: infinite (null)
+    assert warmup_subspace_nts(_warmup_range(137, k, kp, 0.0), None, k) == 0.0
+    assert warmup_subspace_nts(_warmup_range(20_000, k, kp, 1.0), 1.0, k) == float("inf")
+    lost = choose_service_start(n, rho, k, kp, public_available=True, warmup_nts=float("inf"))
+    assert lost["start"] == "public" and lost["warmup_nts"] is None
+
+
+def test_the_node_plan_follows_the_start_and_a_restart_keeps_it(tmp_path):
+    """refinement_share_public applies only where the start is public; the share is persisted
+    with the choice and a restart with another one is refused (docs/privacy.md "The public
+    start's node plan")."""
+    corpus = make_corpus(300, 10, 1, seed=4)
+    public, path = public_start_file(tmp_path, corpus)
+    cfg = _cfg(tmp_path, corpus, refinement_share=0.4, refinement_share_public=0.8,
+               public_start_file=path)
+    hist = np.full((1, 4), 5.0)
+    Y = _warmup_range(len(corpus.vocabulary), corpus.topics.shape[0], 12, 0.01)
+    for configured, want, share in (("public", "public", 0.8), ("tensor", "tensor", 0.4)):
+        c = dataclasses.replace(cfg, start=configured,
+                                public_start_file=path if configured == "public" else "")
+        got = release_start.choose_start(c, public, c.refinement_config(), hist, 0.1, 12, Y, 0.01)
+        assert got["start"] == want and got["refinement_share"] == share, got
+        assert release_start.node_refinement(c, got).share == share
+        assert "warmup_nts" in got["auto_rule"]          # what auto would have chosen, reported
+        restored = release_start.restored_start(got, c, public)
+        assert release_start.node_refinement(c, restored).share == share
+        field = "refinement_share_public" if want == "public" else "refinement_share"
+        with pytest.raises(ConfigError, match=field):
+            release_start.restored_start(got, dataclasses.replace(c, **{field: 0.7}), public)
+    # a choice persisted before the share was (no refinement_share): the plan it began with
+    old = {"start": "public", "rule": "configured (start: public)", "start_id": public.start_id}
+    c = dataclasses.replace(cfg, start="public")
+    assert release_start.node_refinement(c, release_start.restored_start(old, c, public)).share == 0.4
 
 
 # ------------------------------------------------------------------ start-up refusals (no broker)

@@ -89,7 +89,8 @@ def _demo(a) -> int:
              bootstrap=a.bootstrap, workdir=a.workdir, sampler=a.sampler, seed=a.seed,
              vocabulary=a.vocabulary, selection_docs=a.selection_docs,
              privacy_unit=a.privacy_unit, max_docs_per_user_epoch=a.max_docs_per_user_epoch,
-             start=a.start, public_docs=a.public_docs)
+             start=a.start, public_docs=a.public_docs,
+             refinement_share_public=a.refinement_share_public)
     return 0
 
 
@@ -170,6 +171,9 @@ def add_demo(sub) -> None:
                         "or corpus); docs/services.md 'The start'")
     d.add_argument("--public-docs", dest="public_docs", type=positive_int, default=5_000,
                    help="documents of the public start (--start public)")
+    d.add_argument("--refinement-share-public", dest="refinement_share_public", type=float,
+                   default=None, help="share of each release's budget on the refinement sums "
+                                      "with a public start (default: the configuration's, 0.9)")
     d.add_argument("--max-docs-per-user-epoch", type=positive_int, default=None,
                    help="user unit: m, a user's documents kept per epoch (default 5)")
     progress_flag(d)

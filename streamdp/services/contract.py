@@ -71,6 +71,7 @@ CONTRACT_FIELDS: dict[str, str] = {
     "warmup_share": "the budget split of the warm-up",
     "refinement": "which sums are sketched and released",
     "refinement_share": "the budget split of each release",
+    "refinement_share_public": "the budget split of each release with a public start",
     "refinement_model_lag": "which model each epoch is refined against",
     "start": "which model epochs 1..refinement_model_lag are refined against (the start)",
     "public_start_file": "the public start's topics (its content id), the model of the first epochs",
@@ -105,6 +106,9 @@ def contract_of(cfg: ServiceConfig, *, load_vocabulary: bool = True) -> dict:
     # have no clustering start), so switching between the two is harmless and accepted; a
     # change to or from a public start is refused (epochs 1..L were folded into the start)
     values["start"] = "tensor" if cfg.start_rule() is False else cfg.start
+    # the public start's share means nothing where the start cannot be public
+    if cfg.start_rule() is False:
+        values["refinement_share_public"] = None
     # the public start by content (start_id), not by path: a moved file is the same start
     # (checked here, before any side effect: its k and, in file mode, its vocabulary)
     values["public_start_file"] = (cfg.load_public_start(values["vocabulary"]).start_id

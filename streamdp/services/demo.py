@@ -105,7 +105,7 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
              timeout: float = 600.0, out=print, vocabulary: str | None = None,
              selection_docs: int = 10_000, privacy_unit: str = "document",
              max_docs_per_user_epoch: int | None = None, start: str = "auto",
-             public_docs: int = 5_000) -> dict:
+             public_docs: int = 5_000, refinement_share_public: float | None = None) -> dict:
 
     # everything that can be refused is refused before a broker starts or a folder is made
     if epsilon is not None and (isinstance(epsilon, bool) or not isinstance(epsilon, (int, float))
@@ -201,6 +201,8 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
         out(f"vocabulary: selected privately from the {selection_docs:,} documents before "
             "selection_end, out of wordfreq's 50,000 most frequent English words")
     start_fields: dict = {"start": start}
+    if refinement_share_public is not None:
+        start_fields["refinement_share_public"] = float(refinement_share_public)
     if start == "public":
         start_fields["public_start_file"] = _demo_public_start(
             work, vocab_fields, topics.shape[0], public_docs, seed, out)
@@ -331,6 +333,12 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
             st = pr.get("start") or {}
             out(f"  start: {st.get('kind', 'tensor')} ({(st.get('choice') or {}).get('rule', '')})"
                 + (f"; public input {st.get('source')!r}, no budget" if st.get("public_input") else ""))
+            rule = (st.get("choice") or {}).get("auto_rule") or (st.get("choice") or {})
+            if "warmup_nts" in rule:     # the start rule's released inputs (docs/privacy.md)
+                nts = rule["warmup_nts"]
+                out(f"  start rule: warm-up count index {rule['index']:.3g}, warm-up subspace "
+                    f"noise-to-signal {'inf' if nts is None else format(nts, '.3g')} -> "
+                    f"{rule['rule_choice']}")
             out(f"  spent so far: ε {acc['epsilon_worst_case']:.2f} of {pr['epsilon']:.2f} at "
                 f"δ {pr['delta']:g}, {100 * spent / budget:.0f}% of the budget (counted as zCDP "
                 f"ρ, which adds up across releases where ε does not: ρ {spent:.4g} of {budget:.4g})")

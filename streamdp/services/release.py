@@ -492,6 +492,7 @@ class ReleaseService:
             self._new_continual()
             self.start_choice = release_start.restored_start(rec.meta.get("start"), self.cfg,
                                                              self.public_start)
+            self.refinement = release_start.node_refinement(self.cfg, self.start_choice)
             if self.refinement is not None:
                 self.fold_models = release_start.fold_in_models(
                     self.refinement, self.public_start, self.public_start_chosen)
@@ -899,17 +900,18 @@ class ReleaseService:
         the subspace. A function of noised values only: safe to repeat after a failure."""
         draw = self.warmup_draw
         clip, sub = draw.post_process(self.cfg.clip_quantile)
-        if self._publish_subspace(clip, sub, draw.n_docs, t0, warmup_hist=draw.hist):
+        if self._publish_subspace(clip, sub, draw.n_docs, t0, warmup_draw=draw):
             self.warmup_draw = None
 
     def _publish_subspace(self, clip: ClipBounds, sub: Subspace, n_docs: int,
-                          t0: float | None, warmup_hist=None) -> bool:
+                          t0: float | None, warmup_draw=None) -> bool:
         t0 = time.perf_counter() if t0 is None else t0
         # the start is chosen once, here, and persisted in the same write as the subspace
-        choice = release_start.choose_start(self.cfg, self.public_start, self.refinement,
-                                            warmup_hist, self.plan.stream_rho, self.k_prime)
-        if choice["start"] == "public":
-            choice["start_id"] = self.public_start.start_id
+        choice = release_start.choose_start(
+            self.cfg, self.public_start, self.refinement,
+            None if warmup_draw is None else warmup_draw.hist, self.plan.stream_rho, self.k_prime,
+            *(() if warmup_draw is None or not warmup_draw.events
+              else (warmup_draw.Y, warmup_draw.events[0].sigma)))
         meta = {"clip": clip.to_dict(), "subspace_id": sub.id, "vocabulary_id": self.vocabulary.id,
                 "warmup_documents": int(n_docs), "writer_epoch": self.writer_epoch,
                 "start": choice}
@@ -918,6 +920,7 @@ class ReleaseService:
         if not self._persist(control.SUBSPACE_KEY, sub.to_bytes(), meta):   # ... → persist → commit
             return False
         self.start_choice = choice
+        self.refinement = release_start.node_refinement(self.cfg, choice)
         self.subspace, self.clip = sub, clip
         self._new_continual()
         if self.refinement is not None:

@@ -6,9 +6,11 @@ models it implies (epochs 1…L are folded into the public start when it was cho
 Pure: :class:`~streamdp.services.release.ReleaseService` passes what each rule reads."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from streamdp.refinement import PUBLIC_START_EPOCH, FoldInModels, RefinementModel
 from streamdp.errors import ConfigError
-from streamdp.start import choose_service_start, warmup_noised_count
+from streamdp.start import choose_service_start, warmup_noised_count, warmup_subspace_nts
 
 
 def is_public(choice: dict | None) -> bool:
@@ -27,19 +29,57 @@ def fold_in_models(refinement, public_start, public: bool) -> FoldInModels:
     return models
 
 
+def node_refinement(cfg, choice: dict | None):
+    """The refinement plan every tree node is noised with under the start ``choice``: the
+    share persisted with the choice (``refinement_share_public`` for a public start,
+    ``refinement_share`` otherwise: docs/privacy.md "The public start's node plan"); before the
+    choice, or for a choice persisted before the share was, ``refinement_share`` (the plan
+    such a deployment's tree was begun with)."""
+    ref = cfg.refinement_config()
+    if ref is None or not choice or "refinement_share" not in choice:
+        return ref
+    return replace(ref, share=float(choice["refinement_share"]))
+
+
 def choose_start(cfg, public_start, refinement, warmup_hist, stream_rho: float | None,
-                 k_prime: int) -> dict:
+                 k_prime: int, warmup_range=None, warmup_sigma: float | None = None) -> dict:
+    """:func:`start_rule`, with the public start's content id and the node plan's refinement
+    share it implies (persisted with the choice, never re-decided: the first epochs are folded
+    into the start and every tree node is noised with the share)."""
+    choice = start_rule(cfg, public_start, refinement, warmup_hist, stream_rho, k_prime,
+                        warmup_range, warmup_sigma)
+    if is_public(choice):
+        choice["start_id"] = public_start.start_id
+    if refinement is not None:
+        choice["refinement_share"] = cfg.refinement_config(is_public(choice)).share
+    return choice
+
+
+def start_rule(cfg, public_start, refinement, warmup_hist, stream_rho: float | None,
+               k_prime: int, warmup_range=None, warmup_sigma: float | None = None) -> dict:
     """THE start rule of the services (streamdp.start.choose_service_start) at the warm-up
     close, from public configuration and released values only: start: public / tensor as
-    configured; auto from the warm-up's noised count (its clip histogram, already released)."""
+    configured; auto from the warm-up's noised count (its clip histogram) and the noise-to-signal
+    of its noised range sum ``warmup_range`` (σ ``warmup_sigma``), both already released. A
+    configured start records what the rule would have chosen (``auto_rule``), for the operator."""
     public_available = public_start is not None and refinement is not None
+    rule = None
+    if warmup_hist is not None and warmup_range is not None:
+        rule = choose_service_start(
+            warmup_noised_count(warmup_hist), stream_rho, cfg.n_topics, k_prime,
+            public_available=public_available,
+            warmup_nts=warmup_subspace_nts(warmup_range, warmup_sigma, cfg.n_topics))
     if cfg.start == "public":
-        return {"start": "public", "rule": "configured (start: public)"}
-    if cfg.start == "tensor" or not public_available:
-        return {"start": "tensor", "rule": f"configured (start: {cfg.start}"
-                + ("" if cfg.start == "tensor" else ", no public start") + ")"}
-    n = None if warmup_hist is None else warmup_noised_count(warmup_hist)
-    return choose_service_start(n, stream_rho, cfg.n_topics, k_prime, public_available=True)
+        got = {"start": "public", "rule": "configured (start: public)"}
+    elif cfg.start == "tensor" or not public_available:
+        got = {"start": "tensor", "rule": f"configured (start: {cfg.start}"
+               + ("" if cfg.start == "tensor" else ", no public start") + ")"}
+    elif rule is not None:
+        return rule
+    else:
+        n = None if warmup_hist is None else warmup_noised_count(warmup_hist)
+        return choose_service_start(n, stream_rho, cfg.n_topics, k_prime, public_available=True)
+    return got if rule is None else {**got, "auto_rule": rule}
 
 
 def restored_start(recorded: dict | None, cfg, public_start) -> dict:
@@ -57,6 +97,16 @@ def restored_start(recorded: dict | None, cfg, public_start) -> dict:
             + ("" if public_start is not None else " without a public start file")
             + ": the first epochs were folded into that start, so it cannot change; restore "
               "the original setting, or start a new deployment")
+    recorded_share = start_choice.get("refinement_share")
+    configured = cfg.refinement_config(chosen == "public")
+    if recorded_share is not None and configured is not None and \
+            float(recorded_share) != configured.share:
+        field = "refinement_share_public" if chosen == "public" else "refinement_share"
+        raise ConfigError(
+            f"configuration field {field!r}: this deployment's {chosen} start was chosen with "
+            f"refinement share {recorded_share:g} (every tree node is noised with it), the "
+            f"configuration says {configured.share:g}: restore the original setting, or start "
+            "a new deployment")
     if chosen == "public" and start_choice.get("start_id") != public_start.start_id:
         raise ConfigError(
             f"configuration field 'public_start_file': this deployment started from public "

@@ -161,6 +161,12 @@ class ServiceConfig:
         0.5, "must be a number in (0, 1) (the share of each tree node's rho spent on the "
              "refinement sums; default 0.5), got {got}; to turn refinement off set refinement: "
              "false", gt=0, lt=1)
+    # the share with a public start (issue 22 item 3): the continual selection rule almost never
+    # publishes the spectral half of a release refined from a public start, so its nodes give
+    # the refinement sums more of their rho (docs/privacy.md "The public start's node plan")
+    refinement_share_public: float = _field(
+        0.9, "must be a number in (0, 1) (the share of each tree node's rho spent on the "
+             "refinement sums when the start is public; default 0.9), got {got}", gt=0, lt=1)
     # L: epoch e is refined against snapshot e − L
     refinement_model_lag: int = _field(2, "must be an integer number of epochs >= 1 (default 2)",
                                        ge=1)
@@ -445,12 +451,13 @@ class ServiceConfig:
         except PublicStartFileError as exc:
             raise ConfigError(f"configuration field 'public_start_file': {exc}") from None
 
-    def refinement_config(self):
-        """The engine's RefinementConfig of this deployment, or None (refinement off)."""
+    def refinement_config(self, public_start: bool = False):
+        """The engine's RefinementConfig of this deployment, or None (refinement off); with
+        ``public_start`` (the start is public) its share is ``refinement_share_public``."""
         if not self.refinement:
             return None
-        return RefinementConfig(share=float(self.refinement_share),
-                                model_lag=int(self.refinement_model_lag))
+        share = self.refinement_share_public if public_start else self.refinement_share
+        return RefinementConfig(share=float(share), model_lag=int(self.refinement_model_lag))
 
     def state_store(self):
         """The deployment's StateStore (kept for the tests; services call
