@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
-import math
+import numbers
 from contextlib import contextmanager
 from typing import Iterator
-import numbers
-import warnings
 
 import numpy as np
 import scipy.sparse as sp
@@ -14,30 +12,35 @@ import scipy.sparse as sp
 from streamdp.cluster_start import (Assignment, ClusterMappingModel, ClusterStartConfig,
                                     centre_sums, centred_frame, cluster_sums, plan_centre,
                                     plan_iteration)
-from streamdp.continual import AGGREGATORS, ContinualRelease, EpochSketches
+from streamdp.continual import ContinualRelease, EpochSketches
 from streamdp.documents import as_count_batch
-from streamdp.moments.clipping import WARMUP_NORMALISING_CLIP, ClipBounds
+from streamdp.estimator_params import (COUNT_BOUNDARY_WARMUP_SHARE, DEFAULT_CLIP_BUDGET_SHARE,
+                                       DEFAULT_CLIP_QUANTILE, NonPrivateWarning,  # noqa: F401 (re-exported)
+                                       check_clip, check_cluster_start, check_continual,
+                                       check_non_private, check_positive_float,
+                                       check_positive_int, check_refinement,
+                                       check_warmup_boundary, default_accountant, spend_session,
+                                       user_bounders)
+from streamdp.moments.clipping import ClipBounds
 from streamdp.moments.sketch import WhitenedSketch
-from streamdp.privacy.accountant import Accountant, BudgetExhausted
+from streamdp.privacy.accountant import BudgetExhausted
 from streamdp.privacy.conversions import zcdp_rho
 from streamdp.privacy.epochs import EpochClock
 from streamdp.privacy.events import (STREAM, WARMUP, BudgetSpender, EventLog, GaussianEvent,
                                      sigma_for_rho)
 from streamdp.privacy.kept_draws import KeptDraws, PendingDraw  # noqa: F401 (re-exported)
-from streamdp.privacy.memory_ledger import MemoryLedger
 from streamdp.privacy.noise import (DEFAULT_SAMPLER, GaussianSampler, make_sampler,
                                    require_production_sampler)
-from streamdp.privacy.plan import (MECHANISMS, WARMUP_SHARE, BudgetSplit, PremiseCheck,
+from streamdp.privacy.plan import (MECHANISMS, BudgetSplit, PremiseCheck,
                                    premise_split, warmup_plan)
 from streamdp.privacy.premise import check_report, draw_noisy_count
 from streamdp.privacy.report import add_budget_context, release_report
 from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, check_max_documents,
                                        warn_not_covered)
 from streamdp.privacy.sensitivity import block_sensitivities
-from streamdp.privacy.spend import SpendSession, UnitSpender, output_store_for, spend
+from streamdp.privacy.spend import spend
 from streamdp.privacy.tree import HorizonExceeded
-from streamdp.privacy.user_bounding import (DEFAULT_MAX_USERS, SCHEDULES, UserBounder,
-                                            bounding_report, check_max_users)
+from streamdp.privacy.user_bounding import DEFAULT_MAX_USERS, UserBounder
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch, epoch_refined,
                                  plan_refinement, refined_topics)
 from streamdp.refinement import BLOCK as REFINE_BLOCK
@@ -47,30 +50,6 @@ from streamdp.start import AUTO_COUNT_SHARE, PublicStart, check_start, choose_st
 from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.warmup import (WarmupSketch, clip_bounds_from_histogram,
                                        premise_decision, subspace_from_draw)
-
-DEFAULT_CLIP_QUANTILE = 0.97
-DEFAULT_CLIP_BUDGET_SHARE = 0.05
-# fit(warmup_docs=…): a row-count boundary charges the warm-up on the stream partition
-# (sequential composition, replace sensitivity); this share of ρ goes to the warm-up.
-COUNT_BOUNDARY_WARMUP_SHARE = WARMUP_SHARE
-WARMUP_BOUNDARIES = ("document", "count")
-PRIVACY_UNITS = ("document", "user")
-#: user mode: kept documents per user per epoch when not configured (the issue's target m)
-DEFAULT_MAX_DOCS_PER_USER_EPOCH = 5
-
-
-def _check_positive_int(name: str, v, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
-    return int(v)
-
-
-def _check_positive_float(name: str, v, allow_none: bool = False):
-    if v is None and allow_none:
-        return None
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be a finite number > 0{' or None' if allow_none else ''}, got {v!r}")
-    return float(v)
 
 
 class StreamingSpectralLDA:
@@ -224,14 +203,14 @@ class StreamingSpectralLDA:
                  cluster_start: ClusterStartConfig | None = None):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
             raise ValueError(f"seed must be an integer or None, got {seed!r}")
-        self.n_topics = _check_positive_int("n_topics", n_topics)
-        self.alpha0 = _check_positive_float("alpha0", alpha0)
+        self.n_topics = check_positive_int("n_topics", n_topics)
+        self.alpha0 = check_positive_float("alpha0", alpha0)
         self.oversampling = (self.n_topics if oversampling is None
-                             else _check_positive_int("oversampling", oversampling, 0))
-        self.epsilon = _check_positive_float("epsilon", epsilon, allow_none=True)
-        self.non_private = _check_non_private(self.epsilon, non_private)
+                             else check_positive_int("oversampling", oversampling, 0))
+        self.epsilon = check_positive_float("epsilon", epsilon, allow_none=True)
+        self.non_private = check_non_private(self.epsilon, non_private)
         self.non_production = bool(non_production)
-        self.delta = _check_positive_float("delta", delta)
+        self.delta = check_positive_float("delta", delta)
         if self.epsilon is not None and not self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta!r}")
         if mechanism not in MECHANISMS:
@@ -241,25 +220,10 @@ class StreamingSpectralLDA:
             warn_not_covered("mechanism='iterative' (noisy power-method queries)")
         self._user_split = budget_split
         self.budget_split = budget_split if budget_split is not None else BudgetSplit()
-        if clip is not None and not isinstance(clip, ClipBounds):
-            raise ValueError("clip must be a streamdp.ClipBounds (or None to use clip_length)")
-        if not 0 < clip_quantile <= 1:
-            raise ValueError(f"clip_quantile must be in (0, 1], got {clip_quantile!r}")
-        if not 0 < clip_budget_share < 1:
-            raise ValueError(f"clip_budget_share must be in (0, 1), got {clip_budget_share!r}")
-        self.clip_quantile, self.clip_budget_share = float(clip_quantile), float(clip_budget_share)
-        self._auto_clip = False
-        if clip is None and self.epsilon is None:
-            clip = ClipBounds.unclipped()   # non-private: the exact, unweighted estimator
-        elif clip is None and clip_length is not None:
-            clip = ClipBounds.for_length(clip_length)
-        elif clip is None:
-            # placeholder stream bounds until the warm-up releases its norm quantiles
-            self._auto_clip = True
-            clip = ClipBounds(m1=1.0, z=1.0, s3=1.0, warmup=WARMUP_NORMALISING_CLIP)
-        self.clip = clip
-        self.power = PowerMethodConfig(_check_positive_int("n_restarts", n_restarts),
-                                       _check_positive_int("n_iter", n_iter),
+        self.clip, self.clip_quantile, self.clip_budget_share, self._auto_clip = check_clip(
+            clip, clip_length, clip_quantile, clip_budget_share, self.epsilon)
+        self.power = PowerMethodConfig(check_positive_int("n_restarts", n_restarts),
+                                       check_positive_int("n_iter", n_iter),
                                        seed=0 if seed is None else int(seed))
         self.denoise = DenoiseConfig(threshold=threshold)
         self.seed = seed
@@ -269,54 +233,26 @@ class StreamingSpectralLDA:
                                        self.non_production)
         self.sampler = (make_sampler(sampler, noise_seed) if isinstance(sampler, str) or sampler is None
                         else sampler)
-        if (epochs is None) != (horizon is None):
-            raise ValueError("continual release needs both epochs=EpochClock(...) and horizon=T "
-                             "(or neither, for one-shot releases)")
-        if epochs is not None and not isinstance(epochs, EpochClock):
-            raise ValueError(f"epochs must be a streamdp EpochClock, got {type(epochs).__name__}")
-        if epochs is not None and mechanism != "tensor":
-            raise ValueError("continual release noises tree nodes once: use mechanism='tensor'")
-        if continual_aggregator not in AGGREGATORS:
-            raise ValueError(f"continual_aggregator must be one of {AGGREGATORS}, "
-                             f"got {continual_aggregator!r}")
+        self.horizon = check_continual(epochs, horizon, mechanism, continual_aggregator)
         self.continual_aggregator = continual_aggregator
         self.epochs = epochs
-        self.horizon = None if horizon is None else _check_positive_int("horizon", horizon)
-        if refinement is True:
-            refinement = RefinementConfig()
-        elif refinement is False:
-            refinement = None
-        if refinement is not None and not isinstance(refinement, RefinementConfig):
-            raise ValueError("refinement must be a streamdp.RefinementConfig, True or None, "
-                             f"got {type(refinement).__name__}")
-        self.refinement = refinement
+        self.refinement = check_refinement(refinement)
         self.start = check_start(start)
-        if cluster_start is not None and not isinstance(cluster_start, ClusterStartConfig):
-            raise ValueError("cluster_start must be a streamdp.ClusterStartConfig or None, "
-                             f"got {type(cluster_start).__name__}")
-        self.cluster_start_config = cluster_start or ClusterStartConfig()
+        self.cluster_start_config = check_cluster_start(cluster_start)
         self.start_choice_: dict | None = None
-        if warmup_boundary not in WARMUP_BOUNDARIES:
-            raise ValueError(f"warmup_boundary must be one of {WARMUP_BOUNDARIES}, got {warmup_boundary!r}")
-        if not 0 < warmup_share < 1:
-            raise ValueError(f"warmup_share must be in (0, 1), got {warmup_share!r}")
-        self.warmup_boundary, self.warmup_share = warmup_boundary, float(warmup_share)
+        self.warmup_share = check_warmup_boundary(warmup_boundary, warmup_share)
+        self.warmup_boundary = warmup_boundary
         self.max_documents_per_sum = check_max_documents(max_documents_per_sum)
-        self._init_users(privacy_unit, max_docs_per_user_epoch, max_docs_per_user, user_weights,
-                         max_users)
+        self.privacy_unit = privacy_unit
+        self._warmup_users, self._stream_users, self.user_bounding = user_bounders(
+            privacy_unit, max_docs_per_user_epoch, max_docs_per_user, user_weights, max_users,
+            warmup_boundary)
         self._stream_events: list = []      # every event charged to stream documents so far
         self.continual_ = None
         self._epoch_sketches = None
-        if accountant is None and self.epsilon is not None:
-            accountant = Accountant(self.epsilon, self.delta, MemoryLedger(),
-                                    unit=self.privacy_unit)
-        if (self.privacy_unit == "user" and accountant is not None
-                and getattr(accountant, "privacy_unit", "user") != "user"):
-            raise ValueError("privacy_unit='user' with a document-level accountant: create it "
-                             "with Accountant(..., unit='user') so its ledger records and "
-                             "enforces the user unit")
-        self.accountant = accountant
-        self._spender = self._spend_session(accountant, run_id, unit=self.privacy_unit)
+        self.accountant = default_accountant(accountant, self.epsilon, self.delta,
+                                             self.privacy_unit)
+        self._spender = self._spend_session(self.accountant, run_id, unit=self.privacy_unit)
         self._draws: dict[str, int] = {}
         # noised values drawn by an operation whose post-processing has not succeeded yet
         # (issue 23 item 4): a retry post-processes them again, never draws again
@@ -328,33 +264,6 @@ class StreamingSpectralLDA:
         self.subspace_ = None
         self.sketch_: WhitenedSketch | None = None
         self.snapshot_: TopicSnapshot | None = None
-
-    def _init_users(self, privacy_unit, m, M, schedule, max_users) -> None:
-        if privacy_unit not in PRIVACY_UNITS:
-            raise ValueError(f"privacy_unit must be one of {PRIVACY_UNITS}, got {privacy_unit!r}")
-        self.privacy_unit = privacy_unit
-        if privacy_unit == "document":
-            if m is not None or M is not None or schedule != "uniform":
-                raise ValueError("max_docs_per_user_epoch, max_docs_per_user and user_weights "
-                                 "bound users: set privacy_unit='user' to use them")
-            self.user_bounding = None
-            self._warmup_users = self._stream_users = None
-            return
-        if self.warmup_boundary == "count":
-            raise ValueError("privacy_unit='user' needs a per-document warm-up boundary "
-                             "(timestamps=, stream_start=): a row count can move documents of "
-                             "many users across it")
-        m = DEFAULT_MAX_DOCS_PER_USER_EPOCH if m is None else _check_positive_int(
-            "max_docs_per_user_epoch", m)
-        M = m if M is None else _check_positive_int("max_docs_per_user", M)
-        if schedule not in SCHEDULES:
-            raise ValueError(f"user_weights must be one of {SCHEDULES}, got {schedule!r}")
-        cfg = dict(max_docs_per_epoch=m, max_docs=M, schedule=schedule,
-                   max_users=check_max_users(max_users))
-        # one weight sequence per side: a user may have documents in the warm-up and in the
-        # stream; the two sums compose sequentially (both charged to the stream partition)
-        self._warmup_users, self._stream_users = UserBounder(**cfg), UserBounder(**cfg)
-        self.user_bounding = bounding_report(self._stream_users)
 
     def _user_weights(self, bounder, X, users, epochs=None):
         """Weights (and ranks) of the rows of X in user mode; None in document mode."""
@@ -371,23 +280,9 @@ class StreamingSpectralLDA:
 
     @staticmethod
     def _spend_session(accountant, run_id, unit: str = "document"):
-        """The spender every draw goes through: a keyed session on an Accountant."""
-        if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()
-                                   or run_id.startswith("refuse:")):
-            raise ValueError(f"run_id must be a non-empty string, got {run_id!r}")
-        if not isinstance(accountant, Accountant):
-            # an EventLog or another BudgetSpender: unkeyed
-            return (accountant if unit == "document" or accountant is None
-                    else UnitSpender(accountant, unit))
-        store = output_store_for(accountant)
-        if run_id is None and getattr(accountant.ledger, "path", None) is not None:
-            raise ValueError(
-                f"the accountant's ledger {accountant.ledger!r} is durable: give run_id='...' "
-                "naming this run, so that re-running it after a crash reuses its reservations "
-                "and persisted outputs instead of spending the budget again (a new run_id "
-                "spends anew)")
-        import uuid
-        return SpendSession(accountant, scope=run_id or uuid.uuid4().hex, store=store, unit=unit)
+        """The spender every draw goes through (:func:`streamdp.estimator_params.spend_session`;
+        :func:`streamdp.fit` calls it for its selection slice)."""
+        return spend_session(accountant, run_id, unit)
 
     def _draw_label(self, what: str) -> str:
         """``release#1``, ``refine#2``, …: the n-th draw of a kind in this run (its key)."""
@@ -948,23 +843,3 @@ class StreamingSpectralLDA:
         self.components_ = snap.topic_word
         self.alpha_ = snap.alpha
         return snap
-
-
-class NonPrivateWarning(UserWarning):
-    """A model fitted without ε: no clipping, no noise, no privacy guarantee."""
-
-
-def _check_non_private(epsilon, non_private) -> bool:
-    """Without ε the estimator is exact and protects nobody: say so (issue 23 item 8). The
-    warning keeps ``fit(X, k)`` callable; ``non_private=True`` states the intent and silences it."""
-    if not isinstance(non_private, bool):
-        raise ValueError(f"non_private must be True or False, got {non_private!r}")
-    if epsilon is not None and non_private:
-        raise ValueError(f"non_private=True with epsilon={epsilon!r}: a model is either private "
-                         "(epsilon=...) or non-private (non_private=True, no epsilon)")
-    if epsilon is None and not non_private:
-        warnings.warn("no epsilon: this model is NON-PRIVATE (no clipping, no noise); its "
-                      "snapshots are an exact function of the documents. Pass epsilon=... for "
-                      "privacy, or non_private=True to say you mean it", NonPrivateWarning,
-                      stacklevel=3)
-    return epsilon is None

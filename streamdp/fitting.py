@@ -9,7 +9,8 @@ import dataclasses
 import numpy as np
 
 from streamdp.documents import as_count_batch
-from streamdp.estimator import StreamingSpectralLDA, _check_positive_int
+from streamdp.estimator import StreamingSpectralLDA
+from streamdp.estimator_params import check_positive_int
 from streamdp.privacy.accountant import Accountant
 from streamdp.privacy.memory_ledger import MemoryLedger
 from streamdp.privacy.noise import DEFAULT_SAMPLER, make_sampler
@@ -76,7 +77,7 @@ def fit(counts, n_topics: int, *, alpha0: float = 1.0, epsilon: float | None = N
             timestamps=timestamps, stream_start=stream_start, refinement=refinement, **kwargs)
     X = as_count_batch(counts)
     n = X.shape[0]
-    batch_size = _check_positive_int("batch_size", batch_size)
+    batch_size = check_positive_int("batch_size", batch_size)
     if timestamps is not None or stream_start is not None:
         if timestamps is None or stream_start is None:
             raise ValueError("a timestamp boundary needs both timestamps= and stream_start=")
@@ -93,7 +94,7 @@ def fit(counts, n_topics: int, *, alpha0: float = 1.0, epsilon: float | None = N
         if warmup_docs is None:
             raise ValueError("give warmup_docs (rows [:warmup_docs] warm up) or timestamps= "
                              "and stream_start= (rows with ts < stream_start warm up)")
-        warmup_docs = _check_positive_int("warmup_docs", warmup_docs)
+        warmup_docs = check_positive_int("warmup_docs", warmup_docs)
         warm_rows, stream_rows = np.arange(min(warmup_docs, n)), np.arange(warmup_docs, n)
         boundary = "count"
     # private: an empty side is drawn from noise like any other (how many rows fall on each side
