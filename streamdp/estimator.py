@@ -3,17 +3,15 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from contextlib import contextmanager
-from typing import Iterator
 
 import numpy as np
-import scipy.sparse as sp
 
-from streamdp.cluster_start import (Assignment, ClusterMappingModel, ClusterStartConfig,
-                                    centre_sums, centred_frame, cluster_sums, plan_centre,
-                                    plan_iteration)
-from streamdp.continual import ContinualRelease, EpochSketches
+from streamdp.cluster_start import ClusterStartConfig
 from streamdp.documents import as_count_batch
+from streamdp.estimator_continual import close_epochs, continual_state
+from streamdp.estimator_one_shot import (choose_start_on_count, cluster_start_sums, operation,
+                                         public_start_snapshot, refine_sums, release_start,
+                                         spectral_release)
 from streamdp.estimator_params import (COUNT_BOUNDARY_WARMUP_SHARE, DEFAULT_CLIP_BUDGET_SHARE,
                                        DEFAULT_CLIP_QUANTILE, NonPrivateWarning,  # noqa: F401 (re-exported)
                                        check_clip, check_cluster_start, check_continual,
@@ -23,30 +21,22 @@ from streamdp.estimator_params import (COUNT_BOUNDARY_WARMUP_SHARE, DEFAULT_CLIP
                                        user_bounders)
 from streamdp.moments.clipping import ClipBounds
 from streamdp.moments.sketch import WhitenedSketch
-from streamdp.privacy.accountant import BudgetExhausted
 from streamdp.privacy.conversions import zcdp_rho
 from streamdp.privacy.epochs import EpochClock
-from streamdp.privacy.events import (STREAM, WARMUP, BudgetSpender, EventLog, GaussianEvent,
-                                     sigma_for_rho)
+from streamdp.privacy.events import STREAM, WARMUP, BudgetSpender, GaussianEvent
 from streamdp.privacy.kept_draws import KeptDraws, PendingDraw  # noqa: F401 (re-exported)
 from streamdp.privacy.noise import (DEFAULT_SAMPLER, GaussianSampler, make_sampler,
                                    require_production_sampler)
-from streamdp.privacy.plan import (MECHANISMS, BudgetSplit, PremiseCheck,
-                                   premise_split, warmup_plan)
-from streamdp.privacy.premise import check_report, draw_noisy_count
+from streamdp.privacy.plan import MECHANISMS, BudgetSplit, PremiseCheck, warmup_plan
 from streamdp.privacy.report import add_budget_context, release_report
 from streamdp.privacy.rounding import (DEFAULT_MAX_DOCUMENTS_PER_SUM, check_max_documents,
                                        warn_not_covered)
-from streamdp.privacy.sensitivity import block_sensitivities
-from streamdp.privacy.spend import spend
-from streamdp.privacy.tree import HorizonExceeded
-from streamdp.privacy.user_bounding import DEFAULT_MAX_USERS, UserBounder
-from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch, epoch_refined,
-                                 plan_refinement, refined_topics)
+from streamdp.privacy.user_bounding import DEFAULT_MAX_USERS
+from streamdp.refinement import RefinementConfig, refined_topics
 from streamdp.refinement import BLOCK as REFINE_BLOCK
-from streamdp.release import DenoiseConfig, release_topics
+from streamdp.release import DenoiseConfig
 from streamdp.snapshot import TopicSnapshot
-from streamdp.start import AUTO_COUNT_SHARE, PublicStart, check_start, choose_start
+from streamdp.start import AUTO_COUNT_SHARE, PublicStart, check_start
 from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.warmup import (WarmupSketch, clip_bounds_from_histogram,
                                        premise_decision, subspace_from_draw)
@@ -250,9 +240,9 @@ class StreamingSpectralLDA:
         self._stream_events: list = []      # every event charged to stream documents so far
         self.continual_ = None
         self._epoch_sketches = None
-        self.accountant = default_accountant(accountant, self.epsilon, self.delta,
-                                             self.privacy_unit)
-        self._spender = self._spend_session(self.accountant, run_id, unit=self.privacy_unit)
+        accountant = default_accountant(accountant, self.epsilon, self.delta, self.privacy_unit)
+        self.accountant = accountant
+        self._spender = self._spend_session(accountant, run_id, unit=self.privacy_unit)
         self._draws: dict[str, int] = {}
         # noised values drawn by an operation whose post-processing has not succeeded yet
         # (issue 23 item 4): a retry post-processes them again, never draws again
@@ -361,19 +351,7 @@ class StreamingSpectralLDA:
         sketch = WhitenedSketch(subspace, clip)
         continual = epoch_sketches = None
         if self.epochs is not None:
-            continual = ContinualRelease(
-                subspace, clip, n_topics=self.n_topics, alpha0=self.alpha0,
-                rho=self.stream_rho_, horizon=self.horizon, split=self._spectral_split(),
-                sampler=self.sampler, spender=self._spender, power=self.power,
-                denoise=self.denoise, refinement=self.refinement,
-                aggregator=self.continual_aggregator,
-                max_documents=self.max_documents_per_sum, privacy_unit=self.privacy_unit,
-                user_max_documents=(self._stream_users.max_docs
-                                    if self.privacy_unit == "user" else None))
-            epoch_sketches = EpochSketches(
-                subspace, clip, self.epochs,
-                n_topics=self.n_topics if self.refinement is not None else None,
-                model_lag=(self.refinement or RefinementConfig()).model_lag)
+            continual, epoch_sketches = continual_state(self, subspace, clip)
         self.sketch_, self.clip = sketch, clip
         if continual is not None:
             self.continual_, self._epoch_sketches = continual, epoch_sketches
@@ -440,38 +418,7 @@ class StreamingSpectralLDA:
         Returns one snapshot per closed epoch (empty epochs included: the tree
         needs every leaf). Raises HorizonExceeded past a tree's horizon.
         """
-        if self.epochs is None:
-            raise ValueError("close_epochs needs continual mode (epochs=EpochClock(...), horizon=T)")
-        if self.subspace_ is None:
-            self._fix_subspace()
-        snaps = []
-        if self.continual_.pending is not None:
-            # an epoch drawn before its post-processing raised: finish it from the noised
-            # values, never draw it again (issue 23 item 4)
-            snaps.append(self._epoch_released(self.continual_.post_process()))
-        limit = self.continual_.epoch_limit
-        target = int(min(self.epochs.closable_through(watermark), limit))
-        # the rounding premise (user unit: all stream documents so far) is a noised, charged
-        # check inside draw_epoch: an epoch over it is drawn from noise only, never refused
-        for epoch in range(self._epoch_sketches.closed_through + 1, target + 1):
-            # one epoch at a time: its snapshot is the model of the documents of epoch + L
-            ((_, sums),) = self._epoch_sketches.pop_through(epoch)
-            # THE public rule (as the services): refined iff the epoch's documents have a model
-            refined = self.refinement is not None and epoch_refined(epoch, self.refinement.model_lag)
-            self.continual_.draw_epoch(sums, refined=refined)
-            snaps.append(self._epoch_released(self.continual_.post_process()))
-        if self._stream_users is not None:
-            self._stream_users.close_through(target)
-        if self.epochs.closable_through(watermark) > limit:
-            raise HorizonExceeded(f"watermark {watermark} is past the horizon of T={self.horizon} "
-                                  f"epochs; {len(snaps)} epoch(s) were closed before it")
-        return snaps
-
-    def _epoch_released(self, snap: TopicSnapshot) -> TopicSnapshot:
-        snap = self._finish_snapshot(snap)
-        if self.refinement is not None:
-            self._epoch_sketches.model_released(snap, self.refinement.fold_in_iter)
-        return snap
+        return close_epochs(self, watermark)
 
     def release(self, budget_fraction: float = 1.0, *, split: BudgetSplit | None = None) -> TopicSnapshot:
         """Release topics, spending ``budget_fraction`` of the stream's ρ budget.
@@ -492,119 +439,21 @@ class StreamingSpectralLDA:
             # non-private only: a private release of an empty stream is noise, not a refusal
             # (its emptiness is an exact count; docs/privacy.md "What is public about timing")
             raise ValueError("the stream sketch is empty: partial_fit(X) with documents first")
-        return self._spectral_release(budget_fraction, split if split is not None else self.budget_split)
-
-    def _spectral_release(self, budget_fraction: float, split: BudgetSplit) -> TopicSnapshot:
-        rho = None if self.rho_ is None else self.stream_rho_ * budget_fraction
-        # a retry after a post-processing failure decomposes the kept noised sums again
-        with self._operation(("release", budget_fraction, split)) as kept:
-            sums = self.sketch_.sums()
-            rho, premise = self._premise_check(rho, sums.n_docs, kept, "release")
-            if premise is not None and not premise["passed"]:
-                sums = WhitenedSketch(self.subspace_, self.clip).sums()     # noise only
-            snap = release_topics(sums, self.subspace_, n_topics=self.n_topics,
-                                  alpha0=self.alpha0, rho=rho, clip=self.clip,
-                                  mechanism=self.mechanism, split=split,
-                                  sampler=self.sampler, spender=self._spender,
-                                  power=self.power, denoise=self.denoise, partition=STREAM,
-                                  max_documents=self.max_documents_per_sum,
-                                  label=lambda: self._draw_label("release"), kept=kept,
-                                  premise_checked=premise is not None)
-            return self._finish_snapshot(snap, premise=premise)
-
-    @contextmanager
-    def _operation(self, operation) -> Iterator[KeptDraws]:
-        """``self._kept.operation_of(operation)`` for a one-shot call that starts with its premise
-        check. A budget refusal of the call's first draw after the check forgets the check's ñ
-        (the only kept value then): the accountant refuses from ρ's alone, independent of ñ, and
-        nothing derived from ñ left the process, so a later call may draw (a retry draws and
-        pays a new ñ: not rejection sampling). Any other failure keeps ñ, as every draw."""
-        with self._kept.operation_of(operation) as kept:
-            try:
-                yield kept
-            except BudgetExhausted:
-                if self.rho_ is not None and len(kept.values) == 1:
-                    kept.forget()
-                raise
-
-    def _premise_check(self, rho: float | None, n: int, kept: KeptDraws,
-                       what: str) -> tuple[float | None, dict | None]:
-        """The rounding premise N_max of a one-shot step (docs/privacy.md "The premise check"):
-        its check's ρ is carved out of the step's ``rho`` (plan.premise_split, as the
-        warm-up's), and ñ = n + N(0, σ_p²) of the step's ``n`` documents is drawn through the
-        accountant (δ_p on the stream atom), kept with the step's draws. Returns (ρ left for
-        the step's draws, the check's report); the caller draws from its sums iff
-        ``report["passed"]``, else from noise only — never a refusal. Non-private: (None, None)."""
-        if rho is None:
-            return None, None
-        sens = 1.0 if self.privacy_unit == "document" else float(self._stream_users.max_docs)
-        rho, check = premise_split(rho, checks_per_atom=1, sensitivity=sens)
-        noisy = kept.draw(lambda: draw_noisy_count(
-            check, n, self.sampler, self._spender, partition=STREAM,
-            label=self._draw_label(f"{what}-premise")))
-        return rho, {**check_report(check, noisy, self.max_documents_per_sum),
-                     "partition": STREAM}
+        return spectral_release(self, budget_fraction,
+                                split if split is not None else self.budget_split)
 
     # ------------------------------------------------------------------ starts
     def release_start(self, stream, fraction: float, *, users=None) -> float:
         """Release the start of a one-shot refinement with ``fraction`` of the stream ρ, by
         :attr:`start` (the "auto" rule included; the start is then :attr:`snapshot_`); returns
         the share of the stream ρ left for the refinement passes (what :func:`fit` does)."""
-        start = self.start
-        if isinstance(start, PublicStart):
-            self.public_start(start)
-            return 1.0              # the start spent nothing: the passes get everything
-        auto_count = start == "auto" and self.rho_ is not None and self.privacy_unit == "document"
-        if start == "auto":
-            if not auto_count:
-                # no noise: the tensor start is exact; user unit: the clustering start's
-                # sensitivity is per document, so the rule has one candidate
-                start = "tensor"
-            else:
-                start = self.choose_start(AUTO_COUNT_SHARE)["start"]
-                fraction -= AUTO_COUNT_SHARE
-        if start == "cluster":
-            if self.privacy_unit == "user":
-                raise ValueError("the clustering start is per document: with privacy_unit='user' "
-                                 "use start='tensor' or a PublicStart")
-            self.cluster_start(stream, fraction)
-        else:
-            snap = self._spectral_release(fraction, self._spectral_split())
-            # the start and the rule's choice travel with every refined report, as for "cluster"
-            self.snapshot_ = dataclasses.replace(snap, privacy={
-                **snap.privacy, "start": {"kind": "tensor", "choice": self.start_choice_}})
-        return 1.0 - fraction - (AUTO_COUNT_SHARE if auto_count else 0.0)
+        return release_start(self, stream, fraction, users=users)
 
     def choose_start(self, budget_fraction: float = AUTO_COUNT_SHARE) -> dict:
         """THE start rule (:func:`streamdp.start.choose_start`) on the stream's document count,
         noised with ``budget_fraction`` of the stream ρ (sensitivity of the count block).
         The choice is recorded in ``start_choice_`` and in the next snapshot's report."""
-        if self.sketch_ is None:
-            raise ValueError("choose_start() reads the stream's count: partial_fit(X) first")
-        if self.privacy_unit == "user" and self.rho_ is not None:
-            # a public decision (the configured unit): the count moves by up to M per user
-            raise ValueError("choose_start() noises a document count (sensitivity 1): with "
-                             "privacy_unit='user' use start='tensor' or a PublicStart")
-        # an exact integer, no rounding: float(n) is exact up to 2⁵³ and min() with a constant
-        # moves by ≤ 1 when n does, so the count's sensitivity is 1 without the N_max premise
-        # (docs/privacy.md "The premise check": no check needed, no refusal)
-        n = float(min(int(self.sketch_.n_docs), 2 ** 53))
-        if self.rho_ is None:
-            n_noised = n
-            events = []
-        else:
-            sens = block_sensitivities(ClipBounds.unclipped(),
-                                       max_documents=self.max_documents_per_sum)["count"]
-            event = GaussianEvent("count", sens, sigma_for_rho(sens, self.stream_rho_ * budget_fraction),
-                                  partition=STREAM, mechanism="start-rule")
-            events = [event]
-            n_noised = float(spend(self._spender if self._spender is not None else EventLog(),
-                                   events, label=self._draw_label("start-count"),
-                                   draw=lambda: self.sampler.add_noise(np.array([n]), event.sigma))[0])
-        rho = None if self.rho_ is None else self.stream_rho_
-        self.start_choice_ = choose_start(n_noised, rho, self.n_topics, self.subspace_.dim)
-        self._stream_events = self._stream_events + events
-        return self.start_choice_
+        return choose_start_on_count(self, budget_fraction)
 
     def cluster_start(self, X, budget_fraction: float) -> TopicSnapshot:
         """The private clustering start (:mod:`streamdp.cluster_start`) over stream documents
@@ -615,89 +464,24 @@ class StreamingSpectralLDA:
             raise ValueError("cluster_start() works in the warm-up subspace: partial_fit(X) first")
         # every draw (each Lloyd iteration's, the mapping's) is kept until the start is
         # released: a retry after a failure replays the same noised values in the same order
-        with self._operation(("cluster", budget_fraction)) as kept:
-            return self._cluster_start(X, budget_fraction, kept)
+        with operation(self, ("cluster", budget_fraction)) as kept:
+            return self._cluster_snapshot(*cluster_start_sums(self, X, budget_fraction, kept))
 
-    def _cluster_start(self, X, budget_fraction: float, kept: KeptDraws) -> TopicSnapshot:
-        cfg = self.cluster_start_config
-        batches = [X] if (sp.issparse(X) or isinstance(X, np.ndarray)) else list(X)
-        Q = self.subspace_.Q
-        k = self.n_topics
-        seed = 0 if self.seed is None else int(self.seed)
-        # one premise check covers every draw of the start: each of its sums (centre, Lloyd
-        # iterations, mapping) is over non-empty rows of X, so X's row count bounds them all
-        rows = sum(int(as_count_batch(b, Q.shape[0]).shape[0]) for b in batches)
-        rho, premise = self._premise_check(None if self.rho_ is None else
-                                           self.stream_rho_ * budget_fraction, rows, kept, "cluster")
-        noise_only = premise is not None and not premise["passed"]
-        lloyd_rho = None if rho is None else rho * cfg.lloyd_share
-        events_all = []
-        noise = {}
-
-        def draw(values, events):
-            """Noise ``values`` by ``events`` (kept for a retry, charged); zeros instead of the
-            values when the premise check failed (noise only)."""
-            if noise_only:
-                values = tuple(np.zeros_like(v) for v in values)
-            out = kept.draw(lambda: spend(
-                self._spender if self._spender is not None else EventLog(), events,
-                label=self._draw_label("cluster"),
-                draw=lambda: tuple(self.sampler.add_noise(v, e.sigma)
-                                   for v, e in zip(values, events))))
-            events_all.extend(events)
-            noise.update({e.block: e.sigma for e in events})
-            return out
-
-        centre = frame = None
-        if cfg.centre_share > 0:
-            # the centre draw (Σy, n, Σ y yᵀ over every document): documents then enter the
-            # Lloyd sums centred, whitened and of unit norm (Assignment.summand)
-            S, counts, M, _ = centre_sums(batches, Q)
-            moment_sd = 0.0
-            if lloyd_rho is not None:
-                ev = plan_centre(lloyd_rho * cfg.centre_share, cfg.count_share,
-                                 max_documents=self.max_documents_per_sum)
-                S, counts, M = draw((S, counts, M), ev)
-                moment_sd = ev[2].sigma
-            centre, frame, radius = centred_frame(S, counts, M, moment_sd, k, with_radius=True)
-        else:
-            radius = 0.0
-        rule = Assignment.random(k, Q.shape[1], seed, centre, frame, radius)
-        it_rho = None if lloyd_rho is None else lloyd_rho * (1.0 - cfg.centre_share) / cfg.iterations
-        for _ in range(cfg.iterations):
-            S, counts, _ = cluster_sums(batches, Q, rule)
-            if it_rho is not None:
-                S, counts = draw((S, counts), plan_iteration(
-                    it_rho, cfg.count_share, max_documents=self.max_documents_per_sum))
-            rule = Assignment.from_released(S, counts, rule)
-        model = ClusterMappingModel(Q, rule)
-        sketch = RefinementSketch(*model.shape)
-        for b in batches:
-            sketch.update(b, model)
-        if sketch.n_docs == 0 and self.rho_ is None:      # private: noise only, never refused
-            raise ValueError("cluster_start() got no non-empty documents")
-        if self.rho_ is None:
-            T, sd, map_events = sketch.sums, 0.0, []
-        else:
-            event = plan_refinement(rho * (1.0 - cfg.lloyd_share), partition=STREAM,
-                                    mechanism="cluster", max_documents=self.max_documents_per_sum)
-            map_events = [event]
-            raw = np.zeros_like(sketch.sums) if noise_only else sketch.sums
-            T = kept.draw(lambda: spend(
-                self._spender if self._spender is not None else EventLog(), map_events,
-                label=self._draw_label("cluster-map"),
-                draw=lambda: self.sampler.add_noise(raw, event.sigma)))
-            sd = event.sigma
+    def _cluster_snapshot(self, T, sd: float, events: list, noise: dict, n_docs: float,
+                          premise: dict | None) -> TopicSnapshot:
+        """The clustering start's snapshot from its noised sums (post-processing). Kept in
+        this module with _refine_snapshot: tests/test_no_redraw patches refined_topics and
+        release_report here to fail a step after the draws."""
         topic_word, alpha, nts, fold_in_topics = refined_topics(T, sd, self.alpha0)
-        events = events_all + map_events
         privacy = release_report(
             mechanism="cluster", events=events,
             noise_sd={**noise, REFINE_BLOCK: sd} if events else {}, clip=self.clip, split=None,
             sampler=self.sampler, power=self.power, denoise_threshold=0.0,
             max_documents=self.max_documents_per_sum,
-            start={"kind": "cluster", **cfg.to_dict(), "choice": self.start_choice_})
-        snap = TopicSnapshot(topic_word=topic_word, alpha=alpha, eigenvalues=np.zeros(k),
-                             n_docs=float(sketch.n_docs) if self.rho_ is None else float(counts.sum()),
+            start={"kind": "cluster", **self.cluster_start_config.to_dict(),
+                   "choice": self.start_choice_})
+        snap = TopicSnapshot(topic_word=topic_word, alpha=alpha,
+                             eigenvalues=np.zeros(self.n_topics), n_docs=n_docs,
                              privacy=privacy, mechanism="cluster", subspace_id=self.subspace_.id,
                              stage="refined", noise_to_signal=nts, fold_in_topics=fold_in_topics,
                              topic_mass=T.sum(axis=1))
@@ -706,23 +490,7 @@ class StreamingSpectralLDA:
     def public_start(self, start: PublicStart) -> TopicSnapshot:
         """Start the refinement from topics fitted on public documents: spends nothing; the
         report records the public input (:meth:`PublicStart.report`)."""
-        if not isinstance(start, PublicStart):
-            raise ValueError(f"public_start needs a streamdp.PublicStart, got {type(start).__name__}")
-        if self.subspace_ is None:
-            raise ValueError("public_start(): partial_fit(X) first")
-        if start.topic_word.shape != (self.n_topics, self.subspace_.d):
-            raise ValueError(f"the public start has shape {start.topic_word.shape}; this model "
-                             f"needs {(self.n_topics, self.subspace_.d)} (k topics × the vocabulary)")
-        privacy = release_report(mechanism="public-start", events=[], noise_sd={}, clip=self.clip,
-                                 split=None, sampler=self.sampler, power=self.power,
-                                 denoise_threshold=0.0, max_documents=self.max_documents_per_sum,
-                                 start={"kind": "public", **start.report()},
-                                 public_start=start.report())
-        snap = TopicSnapshot(topic_word=start.topic_word, alpha=start.alpha,
-                             eigenvalues=np.zeros(self.n_topics), n_docs=0.0, privacy=privacy,
-                             mechanism="public-start", subspace_id=self.subspace_.id,
-                             stage="public")
-        return self._finish_snapshot(snap, [])
+        return public_start_snapshot(self, start)
 
     def refine(self, X, budget_fraction: float | None = None, *, users=None) -> TopicSnapshot:
         """One private refinement pass over stream documents under the last released model.
@@ -753,53 +521,14 @@ class StreamingSpectralLDA:
         if not 0 < budget_fraction <= 1:
             raise ValueError(f"budget_fraction must be in (0, 1], got {budget_fraction!r}")
         # a retry after a post-processing failure denoises the kept noised sums again
-        with self._operation(("refine", budget_fraction, self.snapshot_.release_id)) as kept:
-            return self._refine_pass(X, budget_fraction, users, cfg, kept)
+        with operation(self, ("refine", budget_fraction, self.snapshot_.release_id)) as kept:
+            return self._refine_snapshot(*refine_sums(self, X, budget_fraction, users, cfg, kept),
+                                         cfg)
 
-    def _refine_pass(self, X, budget_fraction: float, users, cfg: RefinementConfig,
-                     kept: KeptDraws) -> TopicSnapshot:
-        model = RefinementModel.from_snapshot(self.snapshot_,
-                                              fold_in_iter=cfg.fold_in_iter)
-        sketch = RefinementSketch(*model.shape)
-        single = sp.issparse(X) or isinstance(X, np.ndarray)
-        batches = [X] if single else list(X)
-        if self.privacy_unit == "user":
-            if users is None:
-                raise ValueError("privacy_unit='user': pass users= to refine()")
-            user_batches = [list(users)] if single else list(users)
-            if len(user_batches) != len(batches):
-                raise ValueError(f"{len(batches)} batches but {len(user_batches)} user lists")
-            su = self._stream_users
-            bounder = UserBounder(max_docs_per_epoch=su.max_docs_per_epoch,
-                                  max_docs=su.max_docs, schedule=su.schedule,
-                                  max_users=su.max_users)
-        elif users is not None:
-            raise ValueError("users= is for privacy_unit='user'")
-        for i, batch in enumerate(batches):
-            if self.privacy_unit == "user":
-                batch = as_count_batch(batch)
-                w, _ = self._user_weights(bounder, batch, user_batches[i])
-                sketch.update(batch, model, weights=w)
-            else:
-                sketch.update(batch, model)
-        if sketch.n_docs == 0 and self.rho_ is None:      # private: noise only, never refused
-            raise ValueError("refine() got no non-empty documents")
-        events = []
-        premise = None
-        if self.rho_ is None:
-            T, sd = sketch.sums, 0.0
-        else:
-            rho, premise = self._premise_check(self.stream_rho_ * budget_fraction,
-                                               sketch.n_docs, kept, "refine")
-            event = plan_refinement(rho, partition=STREAM, max_documents=self.max_documents_per_sum)
-            events = [event]
-            # the pass's sums, or noise only when its premise check failed
-            raw = sketch.sums if premise["passed"] else np.zeros_like(sketch.sums)
-            T = kept.draw(lambda: spend(
-                self._spender if self._spender is not None else EventLog(), events,
-                label=self._draw_label("refine"),
-                draw=lambda: self.sampler.add_noise(raw, event.sigma)))
-            sd = event.sigma
+    def _refine_snapshot(self, T, sd: float, events: list, premise: dict | None,
+                         cfg: RefinementConfig) -> TopicSnapshot:
+        """A refinement pass's snapshot from its noised sums (post-processing; see
+        _cluster_snapshot for why it is here)."""
         topic_word, alpha, nts, fold_in_topics = refined_topics(T, sd, self.alpha0)
         prev = self.snapshot_
         base = str(prev.privacy.get("mechanism", "none")).removesuffix("+refine")
@@ -823,7 +552,8 @@ class StreamingSpectralLDA:
             new_events = [GaussianEvent(**{k: v for k, v in e.items() if k != "rho"})
                           for e in snap.privacy.get("events", [])]
         if premise is not None:
-            # the step's premise check (_premise_check): charged to the stream, and reported
+            # the step's premise check (estimator_one_shot.premise_check): charged to the
+            # stream, and reported
             check = PremiseCheck(**{f.name: premise[f.name] for f in dataclasses.fields(PremiseCheck)})
             new_events = [check.event(premise["partition"]), *new_events]    # drawn first
             snap = dataclasses.replace(snap, privacy={**snap.privacy, "premise_check": premise})

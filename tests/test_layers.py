@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("privacy", ("streamdp.privacy.*",)),
     # the private pipeline: warm-up, release, refinement, starts, continual, the estimator
     ("engine", ("streamdp", "streamdp.release", "streamdp.continual", "streamdp.estimator",
+                "streamdp.estimator_one_shot", "streamdp.estimator_continual",
                 "streamdp.estimator_params",
                 "streamdp.continual_mechanism", "streamdp.aggregator_kinds",
                 "streamdp.epoch_sketches",
