@@ -41,6 +41,7 @@ from streamdp.privacy import rounding
 from streamdp.moments.clipping import ClipBounds
 from streamdp.privacy.events import STREAM, GaussianEvent, sigma_for_rho
 from streamdp.privacy.sensitivity import block_sensitivities
+from streamdp.refinement import plan_refinement
 
 SUMS_BLOCK = "cluster_sums"
 COUNTS_BLOCK = "cluster_counts"
@@ -139,6 +140,38 @@ def plan_iteration(rho: float, count_share: float, *, partition: str = STREAM,
                           partition=partition, mechanism="cluster"),
             GaussianEvent(COUNTS_BLOCK, sens[COUNTS_BLOCK], sigma_for_rho(sens[COUNTS_BLOCK], r_counts),
                           partition=partition, mechanism="cluster")]
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """Every draw of the clustering start after its premise check, planned before the first:
+    the centre draw's events (empty: ``centre_share`` 0), each Lloyd iteration's, the
+    mapping pass's. The estimator draws exactly these, in this order, and has the accountant
+    admit them all before its first draw (a refusal then comes before any draw)."""
+
+    centre: tuple[GaussianEvent, ...]
+    iterations: tuple[tuple[GaussianEvent, ...], ...]
+    mapping: GaussianEvent
+
+    def draws(self) -> list[tuple[str, tuple[GaussianEvent, ...]]]:
+        """(kind of draw — ``cluster`` or ``cluster-map`` —, its events), in drawing order."""
+        return ([("cluster", self.centre)] if self.centre else []) \
+            + [("cluster", it) for it in self.iterations] + [("cluster-map", (self.mapping,))]
+
+
+def plan_start(rho: float, cfg: ClusterStartConfig, *,
+               max_documents: int = rounding.DEFAULT_MAX_DOCUMENTS_PER_SUM) -> StartPlan:
+    """The start's draws at total zCDP cost ``rho`` (what is left after its premise check):
+    ``lloyd_share`` of it on the centre draw (``centre_share`` of that) and the iterations
+    (split evenly), the rest on the mapping pass."""
+    lloyd_rho = rho * cfg.lloyd_share
+    centre = (tuple(plan_centre(lloyd_rho * cfg.centre_share, cfg.count_share,
+                                max_documents=max_documents)) if cfg.centre_share > 0 else ())
+    it_rho = lloyd_rho * (1.0 - cfg.centre_share) / cfg.iterations
+    iteration = tuple(plan_iteration(it_rho, cfg.count_share, max_documents=max_documents))
+    mapping = plan_refinement(rho * (1.0 - cfg.lloyd_share), partition=STREAM,
+                              mechanism="cluster", max_documents=max_documents)
+    return StartPlan(centre, (iteration,) * cfg.iterations, mapping)
 
 
 # ------------------------------------------------------------------------ per document

@@ -20,7 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from streamdp.cluster_start import (Assignment, ClusterMappingModel, centre_sums, centred_frame,
-                                    cluster_sums, plan_centre, plan_iteration)
+                                    cluster_sums, plan_start)
 from streamdp.documents import as_count_batch
 from streamdp.moments.clipping import ClipBounds
 from streamdp.moments.sketch import WhitenedSketch
@@ -31,7 +31,7 @@ from streamdp.privacy.plan import BudgetSplit, premise_split
 from streamdp.privacy.premise import check_report, draw_noisy_count
 from streamdp.privacy.report import release_report
 from streamdp.privacy.sensitivity import block_sensitivities
-from streamdp.privacy.spend import spend
+from streamdp.privacy.spend import admit, spend
 from streamdp.privacy.user_bounding import UserBounder
 from streamdp.refinement import (RefinementConfig, RefinementModel, RefinementSketch,
                                  plan_refinement)
@@ -66,13 +66,18 @@ def premise_check(est, rho: float | None, n: int, kept: KeptDraws,
     ``report["passed"]``, else from noise only — never a refusal. Non-private: (None, None)."""
     if rho is None:
         return None, None
-    sens = 1.0 if est.privacy_unit == "document" else float(est._stream_users.max_docs)
-    rho, check = premise_split(rho, checks_per_atom=1, sensitivity=sens)
+    rho, check = _premise_split(est, rho)
     noisy = kept.draw(lambda: draw_noisy_count(
         check, n, est.sampler, est._spender, partition=STREAM,
         label=est._draw_label(f"{what}-premise")))
     return rho, {**check_report(check, noisy, est.max_documents_per_sum),
                  "partition": STREAM}
+
+
+def _premise_split(est, rho: float):
+    """(ρ left for a one-shot step's draws, its premise check): the step's carve-out."""
+    sens = 1.0 if est.privacy_unit == "document" else float(est._stream_users.max_docs)
+    return premise_split(rho, checks_per_atom=1, sensitivity=sens)
 
 
 def spectral_release(est, budget_fraction: float, split: BudgetSplit) -> TopicSnapshot:
@@ -169,10 +174,12 @@ def cluster_start_sums(est, X, budget_fraction: float, kept: KeptDraws):
     # one premise check covers every draw of the start: each of its sums (centre, Lloyd
     # iterations, mapping) is over non-empty rows of X, so X's row count bounds them all
     rows = sum(int(as_count_batch(b, Q.shape[0]).shape[0]) for b in batches)
-    rho, premise = premise_check(est, None if est.rho_ is None else
-                                 est.stream_rho_ * budget_fraction, rows, kept, "cluster")
+    total = None if est.rho_ is None else est.stream_rho_ * budget_fraction
+    if total is not None:       # every draw admitted before the first: a refusal charges nothing
+        admit_cluster_start(est, total, kept)
+    rho, premise = premise_check(est, total, rows, kept, "cluster")
     noise_only = premise is not None and not premise["passed"]
-    lloyd_rho = None if rho is None else rho * cfg.lloyd_share
+    plan = None if rho is None else plan_start(rho, cfg, max_documents=est.max_documents_per_sum)
     events_all = []
     noise = {}
 
@@ -196,21 +203,18 @@ def cluster_start_sums(est, X, budget_fraction: float, kept: KeptDraws):
         # Lloyd sums centred, whitened and of unit norm (Assignment.summand)
         S, counts, M, _ = centre_sums(batches, Q)
         moment_sd = 0.0
-        if lloyd_rho is not None:
-            ev = plan_centre(lloyd_rho * cfg.centre_share, cfg.count_share,
-                             max_documents=est.max_documents_per_sum)
-            S, counts, M = draw((S, counts, M), ev)
+        if plan is not None:
+            ev = plan.centre
+            S, counts, M = draw((S, counts, M), list(ev))
             moment_sd = ev[2].sigma
         centre, frame, radius = centred_frame(S, counts, M, moment_sd, k, with_radius=True)
     else:
         radius = 0.0
     rule = Assignment.random(k, Q.shape[1], seed, centre, frame, radius)
-    it_rho = None if lloyd_rho is None else lloyd_rho * (1.0 - cfg.centre_share) / cfg.iterations
-    for _ in range(cfg.iterations):
+    for i in range(cfg.iterations):
         S, counts, _ = cluster_sums(batches, Q, rule)
-        if it_rho is not None:
-            S, counts = draw((S, counts), plan_iteration(
-                it_rho, cfg.count_share, max_documents=est.max_documents_per_sum))
+        if plan is not None:
+            S, counts = draw((S, counts), list(plan.iterations[i]))
         rule = Assignment.from_released(S, counts, rule)
     model = ClusterMappingModel(Q, rule)
     sketch = RefinementSketch(*model.shape)
@@ -221,8 +225,7 @@ def cluster_start_sums(est, X, budget_fraction: float, kept: KeptDraws):
     if est.rho_ is None:
         T, sd, map_events = sketch.sums, 0.0, []
     else:
-        event = plan_refinement(rho * (1.0 - cfg.lloyd_share), partition=STREAM,
-                                mechanism="cluster", max_documents=est.max_documents_per_sum)
+        event = plan.mapping
         map_events = [event]
         raw = np.zeros_like(sketch.sums) if noise_only else sketch.sums
         T = kept.draw(lambda: spend(
@@ -233,6 +236,25 @@ def cluster_start_sums(est, X, budget_fraction: float, kept: KeptDraws):
     events = events_all + map_events
     n_docs = float(sketch.n_docs) if est.rho_ is None else float(counts.sum())
     return T, sd, events, noise, n_docs, premise
+
+
+def admit_cluster_start(est, rho: float, kept: KeptDraws) -> None:
+    """The accountant admits every draw of the clustering start at total ``rho`` — its premise
+    check, centre draw, Lloyd iterations and mapping pass, under the labels they will be drawn
+    with — before the first (:func:`streamdp.privacy.spend.admit`): a budget that does not hold
+    the whole start refuses it before any draw, charging nothing, instead of in a later
+    iteration with the earlier draws made, charged and pending (their operation blocking every
+    other call). A retry replays its kept draws: only the rest is counted."""
+    rest, check = _premise_split(est, rho)
+    plan = plan_start(rest, est.cluster_start_config, max_documents=est.max_documents_per_sum)
+    drawn = dict(est._draws)
+
+    def label(what: str) -> str:            # est._draw_label's next label, without taking it
+        drawn[what] = drawn.get(what, 0) + 1
+        return f"{what}#{drawn[what]}"
+    planned = [(label("cluster-premise"), (check.event(STREAM),))] + [
+        (label(what), events) for what, events in plan.draws()]
+    admit(est._spender, planned[len(kept.values):], label="cluster-start")
 
 
 def public_start_snapshot(est, start: PublicStart) -> TopicSnapshot:

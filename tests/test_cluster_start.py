@@ -301,3 +301,106 @@ def test_summand_radius_is_larger_when_the_released_noise_is_small():
     _, _, r_large = C.centred_frame(S, c, M, sd_for(1.03 * t), 8, with_radius=True)
     assert r_small / r_large == pytest.approx(C.RADIUS_RMS_LOW_NOISE / C.RADIUS_RMS, rel=1e-9)
     assert C.radius_rms(0.0) == C.RADIUS_RMS_LOW_NOISE > C.RADIUS_RMS == C.radius_rms(1.0)
+
+
+# ------------------------------------------------------------------ a budget that cannot hold it
+def _stream_model(acc=None, **kw):
+    """An ε = 1 estimator after its warm-up and stream (3 topics, 60 words), on ``acc``."""
+    model = make_lda_model(60, 3, alpha0=1.0, beta=0.1, seed=31)
+    docs = sample_documents(model, 800, mean_length=30, seed=32)
+    acc = acc if acc is not None else Accountant(1.0, 1e-6, MemoryLedger())
+    est = streamdp.StreamingSpectralLDA(3, epsilon=1.0, delta=1e-6, seed=0, sampler="fast",
+                                        non_production=True, accountant=acc, refinement=None, **kw)
+    est.warmup(docs[:300]).partial_fit(docs[300:])
+    return est, docs[300:]
+
+
+def _spend_on_the_stream(acc, rho):
+    from streamdp.privacy.events import STREAM, GaussianEvent
+    acc.commit(acc.reserve([GaussianEvent("other", 1.0, 1.0 / math.sqrt(2 * rho),
+                                          partition=STREAM, mechanism="test")], label="other"))
+
+
+def _raising_at(real, nth: int, exc: BaseException):
+    """``real``, except that its ``nth`` call raises ``exc``."""
+    calls = []
+
+    def wrapped(*a, **kw):
+        calls.append(1)
+        if len(calls) == nth:
+            raise exc
+        return real(*a, **kw)
+    return wrapped
+
+
+def _start_labels(acc):
+    return [r.payload["label"] for r in acc.ledger.read()
+            if r.kind in ("reserve", "commit") and "cluster" in r.payload["label"]]
+
+
+# eaten share of the stream's ρ -> the draw that was refused before the fix: 0.8 leaves the
+# premise check, the centre draw and one Lloyd iteration (refused in the 2nd), 0.45 every
+# iteration (refused at the mapping pass)
+@pytest.mark.parametrize("eaten", [0.8, 0.45], ids=["2nd-lloyd-iteration", "mapping-pass"])
+def test_a_budget_that_cannot_hold_the_whole_start_refuses_it_before_any_draw(eaten):
+    """A draw made is charged; a refusal before any draw charges nothing. Before: the start drew
+    and charged its premise check, centre draw and the first iterations, was refused in a later
+    one, and its operation stayed pending: every later call raised PendingDraw, and calling the
+    start again replayed the kept draws into the same refusal."""
+    from streamdp.privacy.accountant import BudgetExhausted
+    est, stream = _stream_model()
+    acc = est.accountant
+    _spend_on_the_stream(acc, est.stream_rho_ * eaten)
+    loads = acc.loads()
+    with pytest.raises(BudgetExhausted, match="cluster-start"):
+        est.cluster_start(stream, 1.0)
+    assert _start_labels(acc) == [], "the refused start drew"
+    assert acc.loads() == loads                       # nothing charged
+    # nothing pending: another call draws at once, and so does a start the budget holds
+    est.release(0.01)
+    snap = est.cluster_start(stream, (1.0 - eaten) / 2)
+    assert snap.privacy["start"]["kind"] == "cluster"
+
+
+def test_a_retry_of_a_start_whose_post_processing_failed_admits_only_its_remaining_draws(
+        monkeypatch):
+    """The whole stream ρ on the start; its mapping's post-processing fails after every draw.
+    The retry replays the kept draws (no reservation, no draw): the admission counts none of
+    them again, so the retry is not refused for the budget it already spent."""
+    import streamdp.estimator as estimator_mod
+    est, stream = _stream_model()
+    monkeypatch.setattr(estimator_mod, "refined_topics",
+                        _raising_at(estimator_mod.refined_topics, 1, FloatingPointError("injected")))
+    with pytest.raises(FloatingPointError):
+        est.cluster_start(stream, 1.0)
+    drawn = _start_labels(est.accountant)
+    snap = est.cluster_start(stream, 1.0)
+    assert _start_labels(est.accountant) == drawn and snap.privacy["start"]["kind"] == "cluster"
+    assert math.isclose(snap.privacy["rho_stream_spent"], est.stream_rho_, rel_tol=1e-9)
+
+
+def test_a_rerun_after_a_crash_mid_start_admits_only_the_draws_not_on_the_ledger(tmp_path,
+                                                                                monkeypatch):
+    """Durable ledger + run_id: the process dies in the 3rd Lloyd iteration (the premise
+    check, the centre draw and two iterations committed and persisted). The re-run returns
+    their persisted outputs (no new charge) and draws the rest: the admission counts only the
+    draws whose keys are not on the ledger, so the whole stream ρ still holds the start."""
+    import streamdp.estimator_one_shot as one_shot
+    from streamdp.privacy.ledger import FileLedger
+    ledger = tmp_path / "ledger.jsonl"
+
+    def run():
+        return _stream_model(Accountant(1.0, 1e-6, FileLedger(ledger)), run_id="run-1")
+    est, stream = run()
+    real = one_shot.cluster_sums
+    monkeypatch.setattr(one_shot, "cluster_sums", _raising_at(real, 3, SystemExit("killed")))
+    with pytest.raises(SystemExit):
+        est.cluster_start(stream, 1.0)
+    monkeypatch.setattr(one_shot, "cluster_sums", real)
+    committed = _start_labels(est.accountant)
+    assert len(committed) == 2 * 4                    # premise, centre, 2 iterations
+    est2, stream = run()
+    snap = est2.cluster_start(stream, 1.0)
+    assert snap.privacy["start"]["kind"] == "cluster"
+    assert math.isclose(est2.accountant.report()["rho_by_atom"]["stream_every_epoch"],
+                        est2.stream_rho_, rel_tol=1e-9)

@@ -344,25 +344,53 @@ class Accountant:
                                      "events: an idempotency key must name exactly one release")
                 return Reservation(rid, st.reserved[key].get("label", label), events,
                                    fulfilling=True)
-            before = st.tally
-            after_tally = before.copy()
-            for part, e in zip(parts, events):
-                after_tally.add(part, e.rho, e.delta)
-            after = after_tally.loads()
-            err = None
-            if not self._within(after.worst):
-                err = self._refusal(label, requested, before, after)
-            else:
-                err = next((self._approximate_refusal(label, requested, *atom)
-                            for atom in self._approximate_atoms(before, after)
-                            if not self._approximate_within(atom[3], atom[4])), None)
-            if err is not None:
-                self.ledger.append(LedgerRecord("refuse", f"refuse:{uuid.uuid4().hex}", {
-                    **payload, "atom": err.atom, "load_after": err.load_after,
-                    "rho_budget": self.rho_budget, **({"for_key": key} if key else {})}))
-                raise err
+            self._refuse_unless_within(st, parts, events, label, requested, payload, key)
             self.ledger.append(LedgerRecord("reserve", rid, payload))
         return Reservation(rid, label, events)
+
+    def admit(self, planned: Sequence[tuple[str | None, Sequence[GaussianEvent]]], *,
+              label: str = "") -> None:
+        """Refuse (:class:`BudgetExhausted`, with a ``refuse`` line on the ledger, as
+        :meth:`reserve`) unless the ``planned`` draws *together* fit the budget now; reserves
+        nothing. ``planned``: each draw's idempotency key (None: unkeyed) and events; a draw
+        whose key is already on the ledger (a re-run's: its output is persisted or its
+        reservation is fulfilled, uncharged) is not counted again.
+        For an operation whose draws are planned up front but drawn one after another (the
+        clustering start): admitted as a whole before its first draw, so a refusal comes
+        before any draw and charges nothing (docs/privacy.md "The premise check")."""
+        with self._lock, self.ledger.exclusive():          # lock order: accountant, then ledger
+            st = self._state()
+            events = tuple(e for key, evs in planned if key is None or key not in st.keys
+                           for e in evs)
+            parts = [parse_partition(e.partition) for e in events]
+            requested: dict[str, float] = {}
+            for e in events:
+                requested[e.partition] = requested.get(e.partition, 0.0) + e.rho
+            payload = {"label": label, "events": [e.to_dict() for e in events]}
+            self._refuse_unless_within(st, parts, events, label, requested, payload, None)
+
+    def _refuse_unless_within(self, st: _Fold, parts, events, label: str,
+                              requested: dict[str, float], payload: dict,
+                              key: str | None) -> None:
+        """THE budget rule of :meth:`reserve` and :meth:`admit` (under both locks): raise the
+        refusal, recorded on the ledger, if ``events`` on top of the ledger's loads exceed it."""
+        before = st.tally
+        after_tally = before.copy()
+        for part, e in zip(parts, events):
+            after_tally.add(part, e.rho, e.delta)
+        after = after_tally.loads()
+        err = None
+        if not self._within(after.worst):
+            err = self._refusal(label, requested, before, after)
+        else:
+            err = next((self._approximate_refusal(label, requested, *atom)
+                        for atom in self._approximate_atoms(before, after)
+                        if not self._approximate_within(atom[3], atom[4])), None)
+        if err is not None:
+            self.ledger.append(LedgerRecord("refuse", f"refuse:{uuid.uuid4().hex}", {
+                **payload, "atom": err.atom, "load_after": err.load_after,
+                "rho_budget": self.rho_budget, **({"for_key": key} if key else {})}))
+            raise err
 
     def rho_limit(self, delta_used: float) -> float:
         """ρ an atom may reach when its approximate events use ``delta_used`` of δ:

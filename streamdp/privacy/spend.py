@@ -280,6 +280,29 @@ def spend(spender: BudgetSpender | None, events: Sequence[GaussianEvent], *, lab
     return out
 
 
+def admit(spender: BudgetSpender | None,
+          planned: Sequence[tuple[str, Sequence[GaussianEvent]]], *, label: str) -> None:
+    """Refuse (BudgetExhausted) unless the spender's accountant admits the ``planned`` draws
+    (each draw's label, as it will be passed to :func:`spend`, and its events) together now
+    (:meth:`Accountant.admit`; nothing reserved): the first step of an operation that draws
+    them one after another, so that its refusal comes before its first draw. With a
+    :class:`SpendSession` a draw whose key is already on the ledger (a re-run's) is not
+    counted again. A spender without an accountant (an EventLog) enforces nothing."""
+    if not any(evs for _, evs in planned):
+        return
+    if isinstance(spender, SpendSession):
+        spender.accountant.admit(
+            [(spend_key(spender.scope, lab), tag_unit(evs, spender.unit)) for lab, evs in planned],
+            label=spend_key(spender.scope, label))
+        return
+    unit = None
+    if isinstance(spender, UnitSpender):
+        spender, unit = spender.inner, spender.unit
+    if isinstance(spender, Accountant):         # unkeyed: every draw is charged when drawn
+        spender.admit([(None, evs if unit is None else tag_unit(evs, unit))
+                       for _, evs in planned], label=label)
+
+
 def recommit_kept(spender: BudgetSpender | None, events: Sequence[GaussianEvent], *,
                   label: str) -> None:
     """A draw kept in memory (no redraw: :mod:`streamdp.privacy.kept_draws`) whose session
