@@ -336,9 +336,11 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
             rule = (st.get("choice") or {}).get("auto_rule") or (st.get("choice") or {})
             if "warmup_nts" in rule:     # the start rule's released inputs (docs/privacy.md)
                 nts = rule["warmup_nts"]
+                pick = "tensor" if rule["rule_choice"] == "tensor" else "public"
                 out(f"  start rule: warm-up count index {rule['index']:.3g}, warm-up subspace "
-                    f"noise-to-signal {'inf' if nts is None else format(nts, '.3g')} -> "
-                    f"{rule['rule_choice']}")
+                    f"noise-to-signal {'inf' if nts is None else format(nts, '.3g')} -> {pick}"
+                    + (" start (no public start file here: tensor)"
+                       if pick != rule["start"] else " start"))
             out(f"  spent so far: ε {acc['epsilon_worst_case']:.2f} of {pr['epsilon']:.2f} at "
                 f"δ {pr['delta']:g}, {100 * spent / budget:.0f}% of the budget (counted as zCDP "
                 f"ρ, which adds up across releases where ε does not: ρ {spent:.4g} of {budget:.4g})")
