@@ -33,10 +33,6 @@ PRIVACY_UNITS = ("document", "user")
 DEFAULT_MAX_DOCS_PER_USER_EPOCH = 5
 
 
-class NonPrivateWarning(UserWarning):
-    """A model fitted without ε: no clipping, no noise, no privacy guarantee."""
-
-
 def check_positive_int(name: str, v, minimum: int = 1) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
@@ -49,6 +45,10 @@ def check_positive_float(name: str, v, allow_none: bool = False):
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
         raise ValueError(f"{name} must be a finite number > 0{' or None' if allow_none else ''}, got {v!r}")
     return float(v)
+
+
+class NonPrivateWarning(UserWarning):
+    """A model fitted without ε: no clipping, no noise, no privacy guarantee."""
 
 
 def check_non_private(epsilon, non_private) -> bool:
