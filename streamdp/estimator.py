@@ -242,7 +242,7 @@ class StreamingSpectralLDA:
         self._epoch_sketches = None
         accountant = default_accountant(accountant, self.epsilon, self.delta, self.privacy_unit)
         self.accountant = accountant
-        self._spender = self._spend_session(accountant, run_id, unit=self.privacy_unit)
+        self._spender = spend_session(accountant, run_id, unit=self.privacy_unit)
         self._draws: dict[str, int] = {}
         # noised values drawn by an operation whose post-processing has not succeeded yet
         # (issue 23 item 4): a retry post-processes them again, never draws again
@@ -267,12 +267,6 @@ class StreamingSpectralLDA:
         if len(users) != X.shape[0]:
             raise ValueError(f"{X.shape[0]} documents but {len(users)} user ids")
         return bounder.assign(users, epochs)
-
-    @staticmethod
-    def _spend_session(accountant, run_id, unit: str = "document"):
-        """The spender every draw goes through (:func:`streamdp.estimator_params.spend_session`;
-        :func:`streamdp.fit` calls it for its selection slice)."""
-        return spend_session(accountant, run_id, unit)
 
     def _draw_label(self, what: str) -> str:
         """``release#1``, ``refine#2``, …: the n-th draw of a kind in this run (its key)."""

@@ -10,7 +10,7 @@ import numpy as np
 
 from streamdp.documents import as_count_batch
 from streamdp.estimator import StreamingSpectralLDA
-from streamdp.estimator_params import check_positive_int
+from streamdp.estimator_params import check_positive_int, spend_session
 from streamdp.privacy.accountant import Accountant
 from streamdp.privacy.memory_ledger import MemoryLedger
 from streamdp.privacy.noise import DEFAULT_SAMPLER, make_sampler
@@ -167,8 +167,8 @@ def _fit_selecting_vocabulary(documents, n_topics, config, candidates, *, epsilo
                                 delta=delta, config=cfg,
                                 candidates=candidates if candidates is not None
                                 else default_candidates(),
-                                spender=StreamingSpectralLDA._spend_session(
-                                    accountant, kwargs.get("run_id")),   # keyed, as fit's draws
+                                spender=spend_session(accountant,
+                                                      kwargs.get("run_id")),  # keyed, as fit's draws
                                 sampler=sel_sampler)
     rest = np.flatnonzero(~in_slice)
     X, _ = sel.vocabulary.vectorize([docs[i] for i in rest])
