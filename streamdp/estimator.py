@@ -24,7 +24,7 @@ from streamdp.moments.sketch import WhitenedSketch
 from streamdp.privacy.conversions import zcdp_rho
 from streamdp.privacy.epochs import EpochClock
 from streamdp.privacy.events import STREAM, WARMUP, BudgetSpender, GaussianEvent
-from streamdp.privacy.kept_draws import KeptDraws, PendingDraw  # noqa: F401 (re-exported)
+from streamdp.privacy.kept_draws import KeptDraws
 from streamdp.privacy.noise import (DEFAULT_SAMPLER, GaussianSampler, make_sampler,
                                    require_production_sampler)
 from streamdp.privacy.plan import MECHANISMS, BudgetSplit, PremiseCheck, warmup_plan
