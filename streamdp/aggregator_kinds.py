@@ -130,7 +130,7 @@ class TreeKind:
         t = cr.tree.epoch + 1
         largest = n
         for level in completing_levels(t, cr.horizon):
-            part = cr.tree._raw.get(level) if level >= 1 else None
+            part = cr.tree.raw_partial(level) if level >= 1 else None
             if part is not None:
                 largest = max(largest, n + int(part.sketch.n_docs))
         return largest
@@ -147,8 +147,8 @@ class TreeKind:
         """Noise only: the nodes completing at t are drawn from zero sums (their raw partials
         would hold more documents than the check allows)."""
         for level in completing_levels(t, cr.horizon):
-            if level >= 1 and cr.tree._raw.get(level) is not None:
-                cr.tree._raw[level] = cr._as_epoch_sums(None)
+            if level >= 1 and cr.tree.raw_partial(level) is not None:
+                cr.tree.empty_raw_partial(level, cr._as_epoch_sums(None))
 
     def report_fields(self, cr, t: int) -> dict:
         return {"tree_depth": cr.depth,

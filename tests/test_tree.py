@@ -143,6 +143,20 @@ def test_checkpoint_round_trip_through_msgpack():
         TreeAggregator.from_state({"kind": "other", "v": 1}, ser.unpack_array, Marked())
 
 
+def test_an_emptied_raw_partial_is_left_out_of_its_node():
+    """What a failed premise check does (streamdp.aggregator_kinds.TreeKind.empty_completing):
+    the completing node is drawn from the emptied partial plus this epoch, the other levels'
+    partials are untouched, and a level holding no partial stays without one."""
+    tr = TreeAggregator(4, Exact())                  # depth 3: levels 0, 1, 2
+    tr.add_epoch(1.0)
+    assert (tr.raw_partial(1), tr.raw_partial(2)) == (1.0, 1.0)
+    tr.empty_raw_partial(1, 0.0)
+    assert tr.add_epoch(2.0) == 2.0                  # node (1, 2) = 0 + 2, not 1 + 2
+    assert (tr.raw_partial(1), tr.raw_partial(2)) == (None, 3.0)  # (1, 2) noised; (1-4) kept
+    tr.empty_raw_partial(1, 0.0)
+    assert tr.raw_partial(1) is None and tr.raw_partials == 1
+
+
 def test_mechanism_must_tag_events_with_the_node_partition():
     class Wrong(Exact):
         def plan(self, partition):

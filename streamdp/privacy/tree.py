@@ -207,6 +207,16 @@ class TreeAggregator(Generic[V]):
         """How many raw (un-noised) partial sums are held (≤ depth − 1)."""
         return len(self._raw)
 
+    def raw_partial(self, level: int) -> V | None:
+        """The raw (un-noised) partial sum held for ``level`` ≥ 1, or None if none is held."""
+        return self._raw.get(level)
+
+    def empty_raw_partial(self, level: int, empty: V) -> None:
+        """Replace the raw partial held for ``level`` by ``empty`` (a zero sum), so that its node
+        is drawn from noise only (a failed premise check); a level holding none is left so."""
+        if level in self._raw:
+            self._raw[level] = empty
+
     def add_epoch(self, value: V) -> V:
         """Close epoch t = self.epoch + 1 with its raw sum ``value``; return the release for [1, t].
 
