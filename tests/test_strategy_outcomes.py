@@ -134,3 +134,37 @@ def test_an_outage_raised_by_a_dead_letter_and_a_hold_together_is_ridden_out(
         raise ExceptionGroup("mixed", [_broker_down(), ValueError("a bug, not an outage")])
     with pytest.raises(ExceptionGroup):
         guard.run(outage_and_bug)
+
+
+@pytest.mark.parametrize("failing", ["pause", "seek"])
+def test_records_a_failed_hold_left_behind_are_re_read_after_the_outage(tmp_path, monkeypatch,
+                                                                       kafka_broker, failing):
+    """The hold's pause or seek raises in an outage (librdkafka: "Local: Erroneous state"),
+    so its partition is not held at its record: the consumer is past the records that must
+    wait. The guard rides the outage out; then those records are re-read from the strategy's
+    next offset, the partition held until the subspace is there. Before: with the pause
+    failed, the next batch moved the partition's next offset past them — three documents
+    never counted, with no error; with the seek failed, the partition stayed paused with no
+    hold to resume it — nothing counted again."""
+    from confluent_kafka import KafkaError, KafkaException
+    world = _world(tmp_path, [(GARBAGE, epoch_start(1))] + _docs(3))
+    sk = make_sketcher(world, monkeypatch)
+    sk.context.subspace = None                   # the stream's documents wait for the subspace
+
+    def fails(*a):
+        raise KafkaException(KafkaError(KafkaError._STATE, "Local: Erroneous state"))
+    setattr(sk.consumer, failing, fails)
+    guard = _guard(kafka_broker)
+    assert guard.run(sk.step) is False and guard.in_outage
+    assert sk.states[0].next_offset == 1 and sk.consumer.pos == 4      # past the held records
+    delattr(sk.consumer, failing)                                      # Kafka is back
+    ts = epoch_start(1) + 100.0
+    world.add_documents([(messages.encode_document("doc-late", ts, tokens=WORDS[:5]), ts)])
+    assert guard.run(sk.step) and sk.paused == {0: "subspace"}         # held again
+    sk.context.subspace = world.subspace                               # the subspace is released
+    for _ in range(3):
+        assert guard.run(sk.step)
+    st = sk.states[0]
+    assert (st.next_offset, st.counters["documents"]) == (5, 4), (st.next_offset, st.counters)
+    assert [v for _, v in sk.producer.produced] == [GARBAGE]          # dead-lettered once
+    assert not guard.in_outage and not sk.paused

@@ -51,6 +51,10 @@ Commit and checkpoint semantics (the one place they are stated)
   record that cannot be processed yet, until the strategy says what it waits for is there
   (the sketcher: the vocabulary, the subspace, a refinement model). The record is re-read
   after resuming.
+* A step that fails while acting on its batches (an outage: a hold's pause or seek, a dead
+  letter) leaves the consumer past records the strategy has not processed: the next step
+  first seeks each such partition back to the strategy's next offset (a held one paused
+  again), so they are re-read, never skipped.
 * Fencing (issue 15; docs/operations.md §Kafka ACLs): every checkpoint carries a fencing
   token (the consumer-group generation of the partition's assignment, recorded in the
   assign callback) and its next_offset; on restore :func:`select_state` rejects a record
@@ -213,6 +217,7 @@ class StreamProcessor:
         self._held_since: dict[int, float] = {}  # partition -> Unix time its hold began
         self.restoring: dict[int, int | None] = {}   # assigned, not restored: -> group generation
         self._start_at: dict[int, int] = {}     # restored at this offset; first batch checked
+        self._rewind: dict[int, int] = {}       # a failed step's partitions -> offset to re-read
         self.fenced_writes = 0                  # checkpoints refused because the partition was lost
         #: the last rebalance callbacks, in order: (kind, partitions), kind assign/revoke/lost
         self.rebalance_log: deque[tuple[str, list[int]]] = deque(maxlen=256)
@@ -273,6 +278,7 @@ class StreamProcessor:
         for p in revoked:
             self.restoring.pop(p, None)         # never restored: nothing to checkpoint
             self._start_at.pop(p, None)
+            self._rewind.pop(p, None)
             self.checkpointed_at.pop(p, None)
         try:
             for p in revoked:                   # the fences first; a fenced one is not written
@@ -292,6 +298,7 @@ class StreamProcessor:
         for p in lost:
             self.restoring.pop(p, None)
             self._start_at.pop(p, None)
+            self._rewind.pop(p, None)
             self.holds.pop(p, None)
             self.checkpointed_at.pop(p, None)
         self.strategy.lost(lost)
@@ -351,6 +358,8 @@ class StreamProcessor:
             self.metrics.loop(seconds)
 
     def _step(self) -> None:
+        if self._rewind:
+            self._seek_back()
         if self.restoring:
             self.restore_pending()
         msgs = self.consumer.consume(num_messages=self.batch_size, timeout=self.poll_seconds)
@@ -363,11 +372,18 @@ class StreamProcessor:
                 continue
             by_partition[m.partition()].append(m)
         strategy = self.strategy
+        batches = []
         for p, batch in by_partition.items():
             if p in self._start_at:
                 batch = self._first_batch(p, batch)
             if batch and strategy.owns(p) and p not in self.holds:
+                batches.append((p, batch))
+        for i, (p, batch) in enumerate(batches):
+            try:
                 self.submit(p, batch)
+            except BaseException:
+                self._remember_rewind(batches[i:])
+                raise
         strategy.poll(self.holds)
         ready = [p for p, need in self.holds.items() if strategy.ready(p, need)]
         if ready:
@@ -377,6 +393,31 @@ class StreamProcessor:
             strategy.resumed(ready)
         self.checkpoint_due()
         self._export_pauses()
+
+    def _remember_rewind(self, batches: list[tuple[int, list]]) -> None:
+        """A step failed (an outage, most often) while acting on ``batches``, the first one's
+        submit included: the consumer is past records the strategy has not processed — the
+        rest of that batch after a hold that was not applied, the later partitions' batches.
+        Each is re-read from the strategy's next offset (the batch's first offset if the
+        strategy did not get to it), sought at the start of the next step, which a guarded
+        loop runs once Kafka answers again; without it those records were skipped, and the
+        next batch moved the partition's next offset past them (lost)."""
+        for j, (p, batch) in enumerate(batches):
+            at = self.strategy.unsaved(p) if j == 0 else None
+            self._rewind[p] = batch[0].offset() if at is None else at
+
+    def _seek_back(self) -> None:
+        """Seek the partitions of a failed step back to their re-read offset, a held one paused
+        again (each one forgotten once sought: a seek that fails is tried again at the next
+        step)."""
+        for p, offset in sorted(self._rewind.items()):
+            if self.strategy.owns(p) and p not in self.restoring:
+                if p in self.holds:             # a hold whose pause may have failed
+                    self.consumer.pause([TopicPartition(self.topic, p)])
+                self.consumer.seek(TopicPartition(self.topic, p, offset))
+                log.info("%s: partition %d re-read from offset %d after a failed step",
+                         self.instance, p, offset)
+            del self._rewind[p]
 
     def checkpoint_due(self) -> int:
         """One round of periodic checkpoints (module docstring): the partitions due, oldest
@@ -465,10 +506,12 @@ class StreamProcessor:
     def hold(self, p: int, offset: int, need: str, what: str | None = None) -> None:
         """Hold partition ``p`` at ``offset`` (that record is re-read after resuming) until
         the strategy says ``need`` is there (:meth:`ProcessingStrategy.ready`)."""
-        self.consumer.pause([TopicPartition(self.topic, p)])
-        self.consumer.seek(TopicPartition(self.topic, p, offset))
+        # recorded first: if the pause or the seek fails (an outage), the hold still stands and
+        # the next step's _seek_back pauses and seeks it (it is resumed only when ready)
         self.holds[p] = need
         self._held_since.setdefault(p, time.time())
+        self.consumer.pause([TopicPartition(self.topic, p)])
+        self.consumer.seek(TopicPartition(self.topic, p, offset))
         log.info("%s: partition %d paused at offset %d until the %s is released",
                  self.instance, p, offset, what or need)
 
