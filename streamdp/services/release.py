@@ -380,7 +380,7 @@ class ReleaseService:
     def _write_vocabulary_file(self) -> None:
         self.sinks.write_vocabulary(self.vocabulary_report())
 
-    # ------------------------------------------------------------ restore
+    # ------------------------------------------------------------ the vocabulary (release_vocabulary)
     def _set_vocabulary(self, vocab) -> None:
         self.vocabulary = vocab
         self.d = len(vocab)
@@ -525,14 +525,12 @@ class ReleaseService:
         return self.policy.closable(epoch, states, partitions, now=time.time(),
                                     caught_up=self._caught_up, commands=self.commands.current)
 
-    # ------------------------------------------------------------ vocabulary selection
     def vocabulary_report(self) -> dict:
         """What every snapshot's privacy report says about the vocabulary (snapshot_privacy)."""
         return snapshot_privacy.vocabulary_report(self.cfg.vocabulary_mode, self.vocabulary,
                                                   self.vocabulary_meta)
 
-    # ------------------------------------------------------------ warm-up
-    # ------------------------------------------------------------ epochs
+    # ------------------------------------------------------------ steps the flows share
     def _write_public(self) -> None:
         """The public release record of the last released epoch (ReleaseRecords.write_public)."""
         self.records.write_public(self._published_epoch(), self._fold_model_dicts(),
