@@ -147,7 +147,7 @@ class ReleaseService:
     persist the release state (commit) → publish → announce. The flows read and set the
     release's state here (tests and operators read it as this service's attributes); the steps
     they share (``_persist``, ``_publish`` — the one publication, where crash tests hook —,
-    ``_send_control``, ``_refused``, ``_releases_ended``) stay methods of this class.
+    ``_refused``, ``_releases_ended``) stay methods of this class.
     """
 
     def __init__(self, cfg: ServiceConfig) -> None:
@@ -373,9 +373,6 @@ class ReleaseService:
 
     def _publish(self, snap: TopicSnapshot, republish: bool = False) -> None:
         self.sinks.publish(snap)
-
-    def _send_control(self, type_: str, **fields) -> None:
-        self.announcer.send(type_, **fields)
 
     def _write_vocabulary_file(self) -> None:
         self.sinks.write_vocabulary(self.vocabulary_report())

@@ -156,7 +156,7 @@ class EpochFlow:
         svc._publish(drawn)                             # only after persist
         self.observe_trend(drawn)
         svc._write_public()                             # the sketchers' models, after persist
-        svc._send_control("epochs_closed", through=epoch)
+        svc.announcer.epochs_closed(epoch)
         seconds = time.perf_counter() - t0
         svc.metrics.release_outcome("published", seconds)
         svc.metrics.set_last_release_timestamp(drawn.created_at)

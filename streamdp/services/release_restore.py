@@ -189,11 +189,11 @@ class RecoveryFlow:
                 log.warning("reservations to fulfil (output lost in a crash, not re-charged): %s",
                             ", ".join(left))
         if svc.vocabulary is not None and svc.cfg.vocabulary_mode != "file":
-            svc._send_control("vocabulary_ready", vocabulary_id=svc.vocabulary.id)
+            svc.announcer.vocabulary_ready(svc.vocabulary.id)
         if svc.subspace is not None:
             # a crash may have cut these short; sketchers handle repeats
-            svc._send_control("subspace_ready", subspace_id=svc.subspace.id)
-            svc._send_control("epochs_closed", through=svc.continual.epoch if svc.continual else 0)
+            svc.announcer.subspace_ready(svc.subspace.id)
+            svc.announcer.epochs_closed(svc.continual.epoch if svc.continual else 0)
         if svc.accountant is not None:
             svc.metrics.set_budget_from_report(svc.accountant.report())
 

@@ -124,7 +124,7 @@ class VocabularyFlow:
         svc._set_vocabulary(sel.vocabulary)
         svc.vocabulary_meta = {k: v for k, v in meta.items() if k not in ("ledger", "writer_epoch")}
         svc._write_vocabulary_file()
-        svc._send_control("vocabulary_ready", vocabulary_id=sel.vocabulary.id)
+        svc.announcer.vocabulary_ready(sel.vocabulary.id)
         log.info("vocabulary selected: %d words (id %s), %s of them above the noise, from the "
                  "selection window in %.1f s", len(sel.vocabulary), sel.vocabulary.id,
                  sel.meta.get("n_candidates_above_cut"), time.perf_counter() - t0)

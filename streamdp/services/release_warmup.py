@@ -147,8 +147,8 @@ class WarmupFlow:
                 svc.refinement, svc.public_start, svc.public_start_chosen)
         log.info("start: %s (%s)", choice["start"], choice.get("rule"))
         svc._write_public()                 # epoch 0: the warm-up is released (and the start)
-        svc._send_control("subspace_ready", subspace_id=sub.id)
-        svc._send_control("epochs_closed", through=0)
+        svc.announcer.subspace_ready(sub.id)
+        svc.announcer.epochs_closed(0)
         log.info("warm-up closed: %d documents, subspace %s (k'=%d) in %.1f s", n_docs,
                  sub.id, sub.dim, time.perf_counter() - t0)
         if svc.accountant is not None:
