@@ -46,12 +46,17 @@ def operation(est, operation) -> Iterator[KeptDraws]:
     check. A budget refusal of the call's first draw after the check forgets the check's ñ
     (the only kept value then): the accountant refuses from ρ's alone, independent of ñ, and
     nothing derived from ñ left the process, so a later call may draw (a retry draws and
-    pays a new ñ: not rejection sampling). Any other failure keeps ñ, as every draw."""
+    pays a new ñ: not rejection sampling). Likewise a refusal in the first attempt of a call
+    with several draws (the clustering start, when another spender on the ledger took budget
+    after its admission): every value was drawn in this attempt, the refusal reads none of
+    them, they stay charged and are forgotten. Any other failure keeps the draws, and so does
+    a refusal in a retry of one (its kept values were post-processed by a failure)."""
     with est._kept.operation_of(operation) as kept:
+        first_attempt = not kept.values
         try:
             yield kept
         except BudgetExhausted:
-            if est.rho_ is not None and len(kept.values) == 1:
+            if est.rho_ is not None and (first_attempt or len(kept.values) == 1):
                 kept.forget()
             raise
 

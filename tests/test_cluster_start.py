@@ -404,3 +404,31 @@ def test_a_rerun_after_a_crash_mid_start_admits_only_the_draws_not_on_the_ledger
     assert snap.privacy["start"]["kind"] == "cluster"
     assert math.isclose(est2.accountant.report()["rho_by_atom"]["stream_every_epoch"],
                         est2.stream_rho_, rel_tol=1e-9)
+
+
+def test_a_refusal_after_the_admission_charges_the_draws_made_and_leaves_nothing_pending(
+        monkeypatch):
+    """Another spender on the same ledger takes the budget between the start's admission and
+    its 2nd Lloyd iteration: that draw is refused. The draws made (premise check, centre draw,
+    1st iteration) stay charged, and nothing is pending: the next call draws (before: every
+    later call raised PendingDraw, and the start's retry replayed them into the same refusal)."""
+    import streamdp.estimator_one_shot as one_shot
+    from streamdp.privacy.accountant import BudgetExhausted
+    est, stream = _stream_model()
+    acc = est.accountant
+    real = one_shot.cluster_sums
+    calls = []
+
+    def concurrent_spend(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:                         # after the 1st iteration's draw
+            _spend_on_the_stream(acc, est.stream_rho_ * 0.8)
+        return real(*a, **kw)
+    monkeypatch.setattr(one_shot, "cluster_sums", concurrent_spend)
+    with pytest.raises(BudgetExhausted, match="cluster#3"):
+        est.cluster_start(stream, 1.0)
+    labels = _start_labels(acc)
+    assert [x.split(":", 1)[1] for x in labels[::2]] == ["cluster-premise#1", "cluster#1",
+                                                          "cluster#2"]
+    assert labels[::2] == labels[1::2]              # each reserved and committed: charged
+    est.release(0.01)                               # nothing pending
