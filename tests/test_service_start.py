@@ -424,3 +424,17 @@ def test_a_restart_between_the_warmup_close_and_epoch_1_keeps_the_public_start(k
     assert snaps[0].privacy["public_start"]["start_id"] == start.start_id
     d_pub = matched_l1(snaps[0].topic_word, start.topic_word)
     assert np.all(d_pub.argmin(axis=1) == np.arange(k)), d_pub.round(2)
+    # the restarted service noises every node with the node plan persisted with the choice
+    # (refinement_share_public of each node's rho on the refinement sums), never with the
+    # configuration's refinement_share: what the ledger charged per block says which plan drew
+    assert choice["refinement_share"] == cfg.refinement_share_public == 0.9 != cfg.refinement_share
+    reserved = {r.payload["label"]: r.payload["events"] for r in FileLedger(cfg.ledger).read()
+                if r.kind == "reserve" and r.payload["label"].startswith("tree:epoch=")}
+    assert sorted(reserved) == [f"tree:epoch={e}" for e in (1, 2, 3)]
+    for label, events in reserved.items():
+        rho = {}
+        for ev in events:
+            rho[ev["block"]] = rho.get(ev["block"], 0.0) + ev["rho"]
+        assert rho[REFINE_BLOCK] == pytest.approx(0.9 * sum(rho.values()), rel=1e-4), (label, rho)
+    for s in snaps:
+        assert s.privacy["refinement"]["share"] == 0.9

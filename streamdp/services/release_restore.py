@@ -158,9 +158,11 @@ class RecoveryFlow:
         svc.warmup_draw, svc.warmup_premise_kept = got.warmup_draw, got.warmup_premise_kept
         if got.subspace is not None:
             svc.subspace, svc.clip = got.subspace, got.clip
+            # the tree is built with the node plan the persisted start implies, as at the warm-up
+            # close (WarmupFlow.publish_subspace), never with the configuration's share alone
+            svc.refinement = got.refinement
             svc.epoch_flow.new_continual()
             svc.start_choice = got.start_choice
-            svc.refinement = got.refinement
             if svc.refinement is not None:
                 svc.fold_models = release_start.fold_in_models(
                     svc.refinement, svc.public_start, svc.public_start_chosen)
