@@ -59,6 +59,21 @@ def _reserve_labels(cfg) -> list[str]:
     return [r.payload.get("label") for r in FileLedger(cfg.ledger).read() if r.kind == "reserve"]
 
 
+def _assert_node_split(cfg, share: float, epochs) -> None:
+    """The ledger's ``tree:epoch=<e>`` reservations, one per epoch, each charging ``share`` of
+    its rho to the refinement block: which node plan drew them."""
+    reserved = {r.payload["label"]: r.payload["events"] for r in FileLedger(cfg.ledger).read()
+                if r.kind == "reserve" and r.payload["label"].startswith("tree:epoch=")}
+    assert sorted(reserved) == [f"tree:epoch={e}" for e in epochs]
+    for label, events in reserved.items():
+        rho = {}
+        for ev in events:
+            rho[ev["block"]] = rho.get(ev["block"], 0.0) + ev["rho"]
+        # each epoch's charge (the BLT's atoms differ by epoch; the ledger's events carry the
+        # rounding headroom in their sensitivities, ~1e-5) is split share / 1 - share
+        assert rho[REFINE_BLOCK] == pytest.approx(share * sum(rho.values()), rel=1e-4), (label, rho)
+
+
 @pytest.mark.slow
 def test_public_start_end_to_end_and_restarts_keep_it(kafka_broker, tmp_path):
     bootstrap = kafka_broker.bootstrap
@@ -109,16 +124,7 @@ def test_public_start_end_to_end_and_restarts_keep_it(kafka_broker, tmp_path):
     for s in snaps:
         assert s.privacy["refinement"]["share"] == 0.9
     rho_node = snaps[-1].privacy["rho_node"]
-    reserved = {r.payload["label"]: r.payload["events"] for r in FileLedger(cfg.ledger).read()
-                if r.kind == "reserve" and r.payload["label"].startswith("tree:epoch=")}
-    assert sorted(reserved) == [f"tree:epoch={e}" for e in (1, 2, 3)]
-    for label, events in reserved.items():
-        rho = {}
-        for ev in events:
-            rho[ev["block"]] = rho.get(ev["block"], 0.0) + ev["rho"]
-        # each epoch's charge (the BLT's atoms differ by epoch; the ledger's events carry the
-        # rounding headroom in their sensitivities, ~1e-5) is split 0.9 / 0.1
-        assert rho[REFINE_BLOCK] == pytest.approx(0.9 * sum(rho.values()), rel=1e-4), (label, rho)
+    _assert_node_split(cfg, 0.9, epochs=(1, 2, 3))
     assert sum(ev["rho"] for ev in snaps[-1].privacy["node_events"]) == pytest.approx(rho_node)
     # the continual selection rule: every release's refinement rows were folded into the public
     # start or into a release refined from it, an informative model (index inf), so the refined
@@ -428,13 +434,6 @@ def test_a_restart_between_the_warmup_close_and_epoch_1_keeps_the_public_start(k
     # (refinement_share_public of each node's rho on the refinement sums), never with the
     # configuration's refinement_share: what the ledger charged per block says which plan drew
     assert choice["refinement_share"] == cfg.refinement_share_public == 0.9 != cfg.refinement_share
-    reserved = {r.payload["label"]: r.payload["events"] for r in FileLedger(cfg.ledger).read()
-                if r.kind == "reserve" and r.payload["label"].startswith("tree:epoch=")}
-    assert sorted(reserved) == [f"tree:epoch={e}" for e in (1, 2, 3)]
-    for label, events in reserved.items():
-        rho = {}
-        for ev in events:
-            rho[ev["block"]] = rho.get(ev["block"], 0.0) + ev["rho"]
-        assert rho[REFINE_BLOCK] == pytest.approx(0.9 * sum(rho.values()), rel=1e-4), (label, rho)
+    _assert_node_split(cfg, 0.9, epochs=(1, 2, 3))
     for s in snaps:
         assert s.privacy["refinement"]["share"] == 0.9
