@@ -16,7 +16,7 @@ from streamdp.services.state_auth import StateAuth, StateIntegrityError
 from streamdp.services import vocabulary as vocab_mod
 from streamdp.services.config import ConfigError, ServiceConfig
 from streamdp.services.dedup import IdHasher
-from streamdp.services.processor import RateLimitedLog
+from streamdp.services.consumer_client import RateLimitedLog
 from streamdp.whitening.subspace import Subspace
 
 log = logging.getLogger("streamdp.sketcher")

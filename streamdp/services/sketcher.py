@@ -37,7 +37,8 @@ from streamdp.services.contract import check_contract, record_contract
 from streamdp.services.record_limits import check_limits, vocabulary_size
 from streamdp.services.config import ConfigError, ServiceConfig
 from streamdp.services.start_checks import check_privacy_mode, documents_partition_count
-from streamdp.services.processor import StreamProcessor, consumer_settings
+from streamdp.services.consumer_client import consumer_settings
+from streamdp.services.processor import StreamProcessor
 from streamdp.services.sketch_context import SketchContext, initial_vocabulary
 from streamdp.services.sketch_strategy import SketchStrategy
 
