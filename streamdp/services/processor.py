@@ -39,7 +39,8 @@ Commit and checkpoint semantics (the one place they are stated)
   and goes on processing them while others move.
 * A batch is validated completely before any state changes; a bad record goes to the
   dead-letter topic with headers saying why (flushed before the commit/checkpoint that
-  covers its offset, so it is never lost; after a crash it may be dead-lettered twice).
+  covers its offset, so it is never lost; after a crash it may be dead-lettered twice;
+  the delivery, its retries and the stop are :class:`streamdp.services.dead_letters.DeadLetters`).
   The strategy never dead-letters or pauses anything itself: after processing what it could
   of a batch it raises one ExceptionGroup of :class:`streamdp.errors.InvalidRecord` (→ the
   dead-letter topic) and :class:`streamdp.errors.NotReady` (→ a hold), and
@@ -67,17 +68,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass
 from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from streamdp import messages
-from streamdp.backoff import exponential_delays
-# MAX_POLL_INTERVAL_MS and consumer_settings are re-exported: callers and tests import them from here
-from streamdp.services.consumer_client import (  # noqa: F401
-    MAX_POLL_INTERVAL_MS, RateLimitedLog, consumer_settings, group_generation)
 from streamdp.errors import InvalidRecord, NotReady
+# re-exported (callers and tests import them from here): MAX_POLL_INTERVAL_MS,
+# consumer_settings, DLQ_RETRY_SECONDS, DeadLetterUndelivered
+from streamdp.services.consumer_client import (  # noqa: F401
+    MAX_POLL_INTERVAL_MS, consumer_settings, group_generation)
+from streamdp.services.dead_letters import (  # noqa: F401
+    DLQ_RETRY_SECONDS, DeadLetters, DeadLetterUndelivered)
 
 log = logging.getLogger("streamdp.sketcher")
 
@@ -133,25 +135,6 @@ class ProcessingStrategy(Protocol):
         """Checkpoint this partition if it has unsaved changes (after the commit fence)."""
 
 
-#: back-off before each retry of refused dead letters (bounded: ~3.5 s, then the sketcher stops)
-DLQ_RETRY_SECONDS = tuple(exponential_delays(0.5, attempts=3))
-
-
-class DeadLetterUndelivered(RuntimeError):
-    """Kafka refused a dead-letter record after every retry: stop rather than lose it."""
-
-
-@dataclass
-class _DeadLetter:
-    value: bytes | None
-    key: bytes | None
-    headers: list
-    partition: int
-    offset: int
-    error_class: str
-    error: str = ""
-
-
 class StreamProcessor:
     """The consumer, rebalances, commits/fencing, dead letters, holds and the poll loop of
     one sketcher (module docstring: the semantics). ``consumer``, ``producer``: confluent-
@@ -164,7 +147,7 @@ class StreamProcessor:
                  checkpoint_budget_seconds: float = CHECKPOINT_BUDGET_SECONDS,
                  checkpoint_share: float = CHECKPOINT_SHARE) -> None:
         self.consumer, self.producer, self.strategy = consumer, producer, strategy
-        self.topic, self.dlq_topic = topic, dlq_topic
+        self.topic = topic
         self.metrics, self.health, self.instance = metrics, health, instance
         self.batch_size, self.poll_seconds = batch_size, poll_seconds
         self.checkpoint_seconds = checkpoint_seconds
@@ -183,9 +166,8 @@ class StreamProcessor:
         self.checkpointed_at: dict[int, float] = {}
         self._next_round = 0.0                  # monotonic: no periodic round before (CHECKPOINT_SHARE)
         self.longest_loop = 0.0                 # seconds (also streamdp_poll_loop_longest_seconds)
-        self.bad_log = RateLimitedLog()
-        self._dlq_failed: list[_DeadLetter] = []  # delivery reports that came back refused
-        self.dlq_lost: str | None = None        # set once: no checkpoint after a lost letter
+        self.dead_letters = DeadLetters(producer, dlq_topic, topic=topic, metrics=metrics,
+                                        health=health, instance=instance)
 
     @property
     def last_checkpoint(self) -> float:
@@ -475,68 +457,22 @@ class StreamProcessor:
 
     # ------------------------------------------------------------ dead letters
     def dead_letter(self, m, exc: messages.InvalidMessage) -> None:
-        """Produce ``m`` to the dead-letter topic with headers saying why (flushed by
-        :meth:`commit` before a checkpoint covers its offset)."""
-        self.metrics.dlq(exc.error_class)
-        self.bad_log.warning("dead-lettered %s[%d]@%d: %s: %s", m.topic(), m.partition(),
-                             m.offset(), exc.error_class, exc.message)
-        letter = _DeadLetter(m.value(), m.key(),
-                             messages.dlq_headers(exc, m.topic(), m.partition(), m.offset()),
-                             m.partition(), m.offset(), exc.error_class)
-        self._send_dead_letter(letter)
+        """Produce ``m`` to the dead-letter topic with headers saying why (made durable by
+        :meth:`commit` before a checkpoint covers its offset; :class:`DeadLetters`)."""
+        self.dead_letters.dead_letter(m, exc)
 
-    def _send_dead_letter(self, letter: "_DeadLetter") -> None:
-        """Produce one dead letter; its delivery report lands in ``_dlq_failed`` if refused
-        (``flush()`` returns 0 after a failed delivery too: only the report tells)."""
-        def report(err, _msg, letter=letter):
-            if err is not None:
-                letter.error = str(err)
-                self._dlq_failed.append(letter)
-        while True:
-            try:
-                self.producer.produce(self.dlq_topic, value=letter.value, key=letter.key,
-                                      headers=letter.headers, on_delivery=report)
-                return
-            except BufferError:
-                self.producer.poll(0.1)
-            except KafkaException as exc:   # refused at once (e.g. a topic known to be unknown)
-                report(exc.args[0] if exc.args else exc, None)
-                return
+    @property
+    def dlq_topic(self) -> str:
+        return self.dead_letters.dlq_topic
 
-    def _confirm_dead_letters(self) -> None:
-        """Every dead letter produced so far is acknowledged, or retried with bounded back-off
-        (DLQ_RETRY_SECONDS); a letter refused after the last retry stops the sketcher: no
-        checkpoint ever covers its offset (it is re-read and dead-lettered again after the
-        restart), and it counts in ``streamdp_dlq_dropped_total`` (alert StreamdpDlqDropped)."""
-        if self.dlq_lost is not None:
-            raise DeadLetterUndelivered(self.dlq_lost)
-        if self.producer.flush(30) != 0:
-            raise RuntimeError("dead-letter records not acknowledged in 30 s; not checkpointing")
-        for wait in DLQ_RETRY_SECONDS:
-            if not self._dlq_failed:
-                return
-            failed, self._dlq_failed = self._dlq_failed, []
-            log.warning("%s: %d dead-letter record(s) refused by Kafka (%s); retrying in %.1f s",
-                        self.instance, len(failed), failed[0].error, wait)
-            time.sleep(wait)
-            for letter in failed:
-                self._send_dead_letter(letter)
-            if self.producer.flush(30) != 0:
-                raise RuntimeError("dead-letter records not acknowledged in 30 s; not checkpointing")
-        if self._dlq_failed:
-            lost, self._dlq_failed = self._dlq_failed, []
-            self.metrics.dlq_undelivered(len(lost))
-            first = lost[0]
-            self.dlq_lost = (f"{len(lost)} dead-letter record(s) could not be written to "
-                             f"{self.dlq_topic!r} after {len(DLQ_RETRY_SECONDS)} retries ({first.error}); "
-                             f"first: {self.topic}[{first.partition}]@{first.offset} "
-                             f"({first.error_class}). The sketcher stops without checkpointing "
-                             "past them (nothing is lost: they are re-read after the restart). "
-                             "Fix: create the DLQ topic / grant the sketcher write access to it "
-                             "(docs/operations.md \"DLQ triage\")")
-            log.error("%s: %s", self.instance, self.dlq_lost)
-            self.health.set_ready(False, "dead letters undelivered")
-            raise DeadLetterUndelivered(self.dlq_lost)
+    @dlq_topic.setter
+    def dlq_topic(self, topic: str) -> None:
+        self.dead_letters.dlq_topic = topic
+
+    @property
+    def dlq_lost(self) -> str | None:
+        """Why the sketcher stops, once a dead letter could not be delivered (else None)."""
+        return self.dead_letters.dlq_lost
 
     # ------------------------------------------------------------ checkpoints and commits
     def checkpoint(self, p: int) -> None:
@@ -561,7 +497,7 @@ class StreamProcessor:
         longer ours (a zombie), the caller must drop its state without writing it."""
         # DLQ records for the offsets this checkpoint covers must be durable first: every
         # delivery report checked, refused ones retried, then the sketcher stops.
-        self._confirm_dead_letters()
+        self.dead_letters.confirm()
         # Fence: the group coordinator refuses a commit from a member that lost its
         # partitions (UNKNOWN_MEMBER_ID / ILLEGAL_GENERATION; measured on Tansu too). A
         # zombie then drops the partition instead of overwriting the new owner's state;
