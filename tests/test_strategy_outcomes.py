@@ -168,3 +168,94 @@ def test_records_a_failed_hold_left_behind_are_re_read_after_the_outage(tmp_path
     assert (st.next_offset, st.counters["documents"]) == (5, 4), (st.next_offset, st.counters)
     assert [v for _, v in sk.producer.produced] == [GARBAGE]          # dead-lettered once
     assert not guard.in_outage and not sk.paused
+
+
+# ------------------------------------------------------------------ dead letters that fail
+def _checkpointed(world, sk):
+    """The next offset of partition 0's checkpoint in the state store (None: never written)."""
+    from streamdp.services.partition_state import PartitionState
+    rec = world.store.read_latest(sk.states[0].key)
+    return None if rec is None else PartitionState.from_bytes(rec.payload, world.subspace).next_offset
+
+
+def test_a_dead_letter_whose_queue_stays_full_fails_the_step_as_an_outage_and_is_sent_after_it(
+        tmp_path, monkeypatch, kafka_broker):
+    """The broker is down and the DLQ producer's queue full: produce raises BufferError at every
+    try. Before: DeadLetters._send_dead_letter polled and retried forever, the loop stopped
+    beating liveness and sat until the pod was killed. Now it beats liveness while it waits at
+    most DLQ_QUEUE_FULL_SECONDS, then fails the step with a BufferError the real guard rides out;
+    the letter stays owed (no checkpoint covers its offset) and is produced at the first step
+    after the outage."""
+    import threading
+
+    from streamdp.services import dead_letters
+    from streamdp.services.processor import DeadLetterUndelivered
+    monkeypatch.setattr(dead_letters, "DLQ_QUEUE_FULL_SECONDS", 0.5, raising=False)
+    world = _world(tmp_path, [(GARBAGE, epoch_start(1))] + _docs(3))
+    sk = make_sketcher(world, monkeypatch)
+    beats = []
+    health_beat = sk.processor.dead_letters.health.beat
+    sk.processor.dead_letters.health.beat = lambda: (beats.append(1), health_beat())
+
+    def queue_full(*a, **k):
+        raise BufferError("Local: Queue full")
+    sk.producer.produce = queue_full
+    guard = _guard(kafka_broker)
+    outcome = []
+    runner = threading.Thread(target=lambda: outcome.append(guard.run(sk.step)), daemon=True)
+    runner.start()
+    runner.join(timeout=30)
+    assert not runner.is_alive(), "the dead letter waits for the producer's queue forever"
+    assert outcome == [False] and guard.in_outage                 # ridden out as an outage
+    assert len(beats) >= 3                                        # alive while it waited
+    st = sk.states[0]
+    assert st.next_offset == 4 and st.counters["documents"] == 3  # the good records counted
+    with pytest.raises(DeadLetterUndelivered, match=r"partition 0: 1 bad record.*offset 0"):
+        sk.checkpoint(0)                                          # no checkpoint past the owed one
+    assert _checkpointed(world, sk) is None
+    del sk.producer.produce                                       # Kafka is back
+    assert guard.run(sk.step) and not guard.in_outage
+    assert [v for _, v in sk.producer.produced] == [GARBAGE]      # produced once, after the outage
+    sk.checkpoint(0)
+    assert _checkpointed(world, sk) == 4
+
+
+def test_a_dead_letter_that_raises_mid_batch_leaves_no_checkpoint_over_the_rest(tmp_path, monkeypatch):
+    """Three bad records in one batch; the DLQ producer's produce raises a ValueError (not an
+    outage) for the second. The step fails loudly; the shutdown checkpoints (SIGTERM's
+    checkpoint_all, the revoke when the consumer leaves the group) must not cover the two bad
+    records not dead-lettered. Before: they did (next offset 6, one letter in the DLQ: two bad
+    records lost without a trace). After a restart every bad record is re-read and
+    dead-lettered."""
+    from confluent_kafka import TopicPartition
+
+    from streamdp.services.processor import DeadLetterUndelivered
+    docs = _docs(3)
+    bad = [GARBAGE, b"\xc1 garbage 2", b"\xc1 garbage 3"]
+    ts = docs[-1][1]
+    world = _world(tmp_path, [docs[0], (bad[0], ts), docs[1], (bad[1], ts), (bad[2], ts), docs[2]])
+    sk = make_sketcher(world, monkeypatch)
+    produce, calls = sk.producer.produce, []
+
+    def produce_fails_second(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("a bug in the dead-letter path")
+        return produce(*a, **k)
+    sk.producer.produce = produce_fails_second
+    with pytest.raises((ValueError, ExceptionGroup)):
+        sk.step()
+    assert sk.states[0].next_offset == 6                  # the strategy processed the batch
+    with pytest.raises(DeadLetterUndelivered, match=r"partition 0: 2 bad record.*offset 3"):
+        sk.checkpoint_all()                               # the SIGTERM checkpoint
+    sk.consumer.incremental_unassign = lambda tps: None
+    with pytest.raises(DeadLetterUndelivered):
+        sk.processor.on_revoke(sk.consumer, [TopicPartition(sk.processor.topic, 0)])
+    assert _checkpointed(world, sk) is None               # nothing covers the two owed records
+    assert [v for _, v in sk.producer.produced] == [bad[0]]
+
+    restarted = make_sketcher(world, monkeypatch)         # re-reads from the last checkpoint
+    restarted.step()
+    assert [v for _, v in restarted.producer.produced] == bad
+    restarted.checkpoint_all()
+    assert _checkpointed(world, restarted) == 6

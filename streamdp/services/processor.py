@@ -41,6 +41,9 @@ Commit and checkpoint semantics (the one place they are stated)
   dead-letter topic with headers saying why (flushed before the commit/checkpoint that
   covers its offset, so it is never lost; after a crash it may be dead-lettered twice;
   the delivery, its retries and the stop are :class:`streamdp.services.dead_letters.DeadLetters`).
+  A batch's bad records are *owed* before the first is produced: one whose produce failed (an
+  outage, a bug) is produced again at the next step, and :meth:`StreamProcessor.commit`
+  refuses any checkpoint past an owed record.
   The strategy never dead-letters or pauses anything itself: after processing what it could
   of a batch it raises one ExceptionGroup of :class:`streamdp.errors.InvalidRecord` (→ the
   dead-letter topic) and :class:`streamdp.errors.NotReady` (→ a hold), and
@@ -241,6 +244,7 @@ class StreamProcessor:
             self._rewind.pop(p, None)
             self.holds.pop(p, None)
             self.checkpointed_at.pop(p, None)
+        self.dead_letters.forget(lost)
         self.strategy.lost(lost)
         if self.cooperative:
             consumer.incremental_unassign(partitions)
@@ -298,6 +302,8 @@ class StreamProcessor:
             self.metrics.loop(seconds)
 
     def _step(self) -> None:
+        for m, exc in self.dead_letters.owed_records():   # a failed step's letters first
+            self.dead_letter(m, exc)
         if self._rewind:
             self._seek_back()
         if self.restoring:
@@ -436,6 +442,8 @@ class StreamProcessor:
         try:
             self.strategy.submit(p, batch)
         except* InvalidRecord as group:
+            # owed first: if a letter fails (an outage, a bug), the rest are not forgotten
+            self.dead_letters.owe([(exc.record, exc.error) for exc in group.exceptions])
             for exc in group.exceptions:
                 self.dead_letter(exc.record, exc.error)
         except* NotReady as group:
@@ -494,7 +502,16 @@ class StreamProcessor:
     def commit(self, p: int, next_offset: int) -> bool:
         """Before a checkpoint of partition ``p`` up to ``next_offset``: make the dead
         letters durable, then commit the offset as a fence. False: the partition is no
-        longer ours (a zombie), the caller must drop its state without writing it."""
+        longer ours (a zombie), the caller must drop its state without writing it.
+        Raises DeadLetterUndelivered if a bad record below ``next_offset`` is still owed to
+        the dead-letter topic (its produce failed): no checkpoint covers it, a restart
+        re-reads it."""
+        owed = self.dead_letters.owed_below(p, next_offset)
+        if owed:
+            why = (f"partition {p}: {len(owed)} bad record(s) not dead-lettered yet (first "
+                   f"offset {owed[0]}): not checkpointing past them (a restart re-reads them)")
+            log.error("%s: %s", self.instance, why)
+            raise DeadLetterUndelivered(why)
         # DLQ records for the offsets this checkpoint covers must be durable first: every
         # delivery report checked, refused ones retried, then the sketcher stops.
         self.dead_letters.confirm()
