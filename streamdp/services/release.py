@@ -108,26 +108,23 @@ from streamdp.services.partition_state import SELECTION, PartitionState
 from streamdp.services.release_inputs import ControlCommands, DocumentsPartitions
 from streamdp.services import state_loss
 from streamdp.services.state_auth import StateAuth
-from streamdp.services.release_merge import (SketchMismatch, check_refine_sums,  # noqa: F401
-                                             load_states, merge_epoch_sums, merge_refine_sums,
-                                             merge_warmups)
-from streamdp.services.release_policy import IDLE_GRACE_SECONDS, ClosingPolicy  # noqa: F401
+# SketchMismatch, merge_epoch_sums and LeaseHeld are re-exported (tests/test_services imports them)
+from streamdp.services.release_merge import (SketchMismatch, load_states,  # noqa: F401
+                                             merge_epoch_sums)
+from streamdp.services.release_policy import ClosingPolicy
 from streamdp.services.release_sinks import ReleaseSinks
 from streamdp.services import release_start, snapshot_privacy
-from streamdp.services.release_announce import (ENDED_BUDGET, ENDED_HORIZON,  # noqa: F401
-                                                ENDED_OTHER, Announcer)
+from streamdp.services.release_announce import ENDED_BUDGET, ENDED_OTHER, Announcer
 from streamdp.services.release_epochs import EpochFlow
 from streamdp.services.release_vocabulary import VocabularyFlow
 from streamdp.services.release_warmup import WarmupFlow
 from streamdp.services.release_records import ReleaseRecords
 from streamdp.services.release_restore import RecoveryFlow
-from streamdp.services.release_writer import (SPENT_KEYS, WRITER_KEY, Fenced,  # noqa: F401
-                                              WriterWatch,
-                                              LeaseHeld, ReleaseLease, ReleaseWriter, bind_ledger,
+from streamdp.services.release_writer import (LeaseHeld, ReleaseLease,  # noqa: F401
+                                              ReleaseWriter, WriterWatch, bind_ledger,
                                               check_ledger, check_ledger_budget,
-                                              check_ledger_present,
-                                              check_release_records, spent_records,
-                                              writer_transactional_id)
+                                              check_ledger_present, check_release_records,
+                                              spent_records)
 from streamdp.snapshot import TopicSnapshot
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupDraw
