@@ -253,6 +253,9 @@ def test_a_dead_letter_that_raises_mid_batch_leaves_no_checkpoint_over_the_rest(
         sk.processor.on_revoke(sk.consumer, [TopicPartition(sk.processor.topic, 0)])
     assert _checkpointed(world, sk) is None               # nothing covers the two owed records
     assert [v for _, v in sk.producer.produced] == [bad[0]]
+    assert sk.processor.dead_letters.owed_below(0, 6) == [3, 4]    # still owed after the revoke
+    sk.processor.on_lost(sk.consumer, [TopicPartition(sk.processor.topic, 0)])
+    assert sk.processor.dead_letters.owed == {}           # lost: dropped unwritten, re-read by its owner
 
     restarted = make_sketcher(world, monkeypatch)         # re-reads from the last checkpoint
     restarted.step()
