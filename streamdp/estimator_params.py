@@ -19,7 +19,7 @@ from streamdp.privacy.memory_ledger import MemoryLedger
 from streamdp.privacy.plan import WARMUP_SHARE
 from streamdp.privacy.spend import SpendSession, UnitSpender, output_store_for
 from streamdp.privacy.user_bounding import (SCHEDULES, UserBounder, bounding_report,
-                                            check_max_users)
+                                            check_max_users, check_positive_int)
 from streamdp.refinement import RefinementConfig
 
 DEFAULT_CLIP_QUANTILE = 0.97
@@ -31,12 +31,6 @@ WARMUP_BOUNDARIES = ("document", "count")
 PRIVACY_UNITS = ("document", "user")
 #: user mode: kept documents per user per epoch when not configured (the issue's target m)
 DEFAULT_MAX_DOCS_PER_USER_EPOCH = 5
-
-
-def check_positive_int(name: str, v, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
-    return int(v)
 
 
 def check_positive_float(name: str, v, allow_none: bool = False):

@@ -62,7 +62,8 @@ class MissingUser(ValueError):
     """A document without a user id in user mode (it cannot be bounded)."""
 
 
-def _check_int(name: str, v, minimum: int = 1) -> int:
+def check_positive_int(name: str, v, minimum: int = 1) -> int:
+    """``v`` as an int ≥ ``minimum`` (bools refused), else ValueError naming ``name``."""
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}")
     return int(v)
@@ -70,7 +71,7 @@ def _check_int(name: str, v, minimum: int = 1) -> int:
 
 def check_max_users(v) -> int | None:
     """``max_users``: None (admit every user) or an integer K >= 1 (first-K admission)."""
-    return None if v is None else _check_int("max_users", v)
+    return None if v is None else check_positive_int("max_users", v)
 
 
 def admission(max_users: int | None) -> str:
@@ -91,7 +92,7 @@ def weight_schedule(schedule: str, max_docs: int) -> np.ndarray:
     one document keeps weight 1/H₂(M) ≥ 0.6 instead of 1/M (under a Zipf law most users have
     few documents).
     """
-    M = _check_int("max_docs", max_docs)
+    M = check_positive_int("max_docs", max_docs)
     if schedule == "uniform":
         base = np.ones(M)
     elif schedule == "decaying":
@@ -133,7 +134,7 @@ def partition_for_user(user, n_partitions: int) -> int:
     (``user_partition_mismatch``): a user split over P partitions would get P weight
     sequences, total weight up to P (docs/privacy.md, "The user-level unit in the services").
     """
-    n = _check_int("n_partitions", n_partitions)
+    n = check_positive_int("n_partitions", n_partitions)
     digest = hashlib.blake2b(_normalise_user(user), digest_size=8).digest()
     return int.from_bytes(digest, "big") % n
 
@@ -161,8 +162,8 @@ class UserBounder:
 
     def __init__(self, *, max_docs_per_epoch: int, max_docs: int, schedule: str = "uniform",
                  max_users: int | None = DEFAULT_MAX_USERS, key: bytes | None = None) -> None:
-        self.max_docs_per_epoch = _check_int("max_docs_per_epoch", max_docs_per_epoch)
-        self.max_docs = _check_int("max_docs", max_docs)
+        self.max_docs_per_epoch = check_positive_int("max_docs_per_epoch", max_docs_per_epoch)
+        self.max_docs = check_positive_int("max_docs", max_docs)
         self.schedule = schedule
         self.weights_table = weight_schedule(schedule, self.max_docs)
         self.max_users = check_max_users(max_users)

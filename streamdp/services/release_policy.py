@@ -43,7 +43,6 @@ from streamdp.services.partition_state import SELECTION
 #: fixed seconds on the service clock past an epoch's close time at which it is due (a margin
 #: for the sketchers' checkpoints; public: part of the schedule)
 GRACE_SECONDS = 5.0
-IDLE_GRACE_SECONDS = GRACE_SECONDS          # the former name (imported by older code/tests)
 
 #: ``closing`` modes: ``schedule`` — epochs are due on the clock; ``operator`` — only by orders
 CLOSING_MODES = ("schedule", "operator")
