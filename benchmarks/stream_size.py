@@ -10,7 +10,11 @@ Reported: mean matched L2 error against the known topics and NPMI on held-out re
 descriptions (the co-occurrence reference a user would judge by).
 
     python benchmarks/stream_size.py --sizes 25000,50000,100000,200000,400000 --seeds 0,1,2 \\
-        --json benchmarks/results/stream_size.json
+        --json benchmarks/results/stream_size_auto_<date>.json
+
+The start is the one ``streamdp.fit`` picks (``--start auto``, the default); the 2026-11-23
+record ``benchmarks/results/stream_size.json`` was made with ``--start tensor`` (then the
+default): add it to reproduce that record.
 
 Two code versions on the same sampling model (``--truth``: the first run fits and saves it, the
 second loads it), then the stream size where each seed first reaches 10 distinct topics::
@@ -118,9 +122,10 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--epsilon", type=float, default=1.0)
     p.add_argument("--k", type=int, default=20)
-    p.add_argument("--start", default="tensor", choices=("tensor", "auto", "cluster"),
-                   help="the refinement's start: 'tensor' (the spectral start, as recorded in "
-                        "docs/benchmarks.md), or as streamdp.fit picks it ('auto', issue 22)")
+    p.add_argument("--start", default="auto", choices=("tensor", "auto", "cluster"),
+                   help="the refinement's start: as streamdp.fit picks it ('auto', the default, "
+                        "issue 22), or forced: 'tensor' (the spectral start, the 2026-11-23 "
+                        "record's) or 'cluster'")
     p.add_argument("--debian-list", default=None, metavar="PATH",
                    help="a Translation-en list (default: the one apt-get update fetched)")
     p.add_argument("--truth", default=None, metavar="PATH.npz",

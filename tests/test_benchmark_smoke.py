@@ -8,12 +8,16 @@ takes seconds, and must exit 0 and print its table. A new script without an entr
 """
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from streamdp import StreamingSpectralLDA
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
@@ -43,8 +47,8 @@ SMOKE_ARGS: dict[str, list[str] | str] = {
     "samplers.py": ["--n", "20000", "--opendp-n", "20000", "--repeats", "1", "--workers", "1"],
     "start_quick.py": ["--epsilons", "4", "--seeds", "0", "--k", "3", "--debian-list", DEBIAN_LIST],
     "stream_size.py": ["--sizes", "300", "--seeds", "0", "--k", "3", "--debian-list", DEBIAN_LIST],
-    "stream_size.py --start auto": ["--sizes", "300", "--seeds", "0", "--k", "3", "--start", "auto",
-                                    "--debian-list", DEBIAN_LIST],
+    "stream_size.py --start tensor": ["--sizes", "300", "--seeds", "0", "--k", "3", "--start",
+                                      "tensor", "--debian-list", DEBIAN_LIST],
     "throughput.py": ["--d", "500", "--k", "5", "--docs", "2000", "--batch", "500", "--refine", "0,1",
                       "--sections", "grid"],
     "trend_alerts.py": ["--seeds", "1", "--epochs", "14", "--per-epoch", "300", "--change-at", "12",
@@ -52,6 +56,12 @@ SMOKE_ARGS: dict[str, list[str] | str] = {
     "user_level.py": ["--stream-docs", "2000", "--epsilons", "4", "--m", "1", "--schedules", "uniform",
                       "--seeds", "0", "--d", "200", "--k", "5"],
     "vocabulary.py": ["--smoke"],
+}
+
+#: smoke run -> fields its --json output must hold. stream_size.py run as a user runs it (no
+#: --start) measures the start streamdp.fit picks, i.e. the estimator's default.
+SMOKE_JSON: dict[str, dict] = {
+    "stream_size.py": {"start": inspect.signature(StreamingSpectralLDA).parameters["start"].default},
 }
 
 
@@ -102,3 +112,6 @@ def test_benchmark_runs_on_a_tiny_size(name, tmp_path):
                           timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, f"{name} crashed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     assert "|---" in proc.stdout, f"{name} printed no table:\n{proc.stdout[-3000:]}"
+    if name in SMOKE_JSON:
+        written = json.loads(out.read_text())
+        assert {f: written.get(f) for f in SMOKE_JSON[name]} == SMOKE_JSON[name]
