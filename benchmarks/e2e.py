@@ -147,7 +147,6 @@ def run_scale(bootstrap: str, n_proc: int, msgs: list, a, stream_start: float, v
     from streamdp.kafka.state_store import StateStore
     from streamdp.kafka.topics import TopicNames, ensure_topics
     from streamdp.moments.clipping import ClipBounds
-    from streamdp.services import control
     from streamdp.whitening.subspace import Subspace
     from pipeline import public_subspace, write_release_models
 

@@ -52,13 +52,11 @@ from streamdp.refinement_rule import (  # noqa: F401 (re-exported)
     DEFAULT_MODEL_LAG, PUBLIC_START_EPOCH, ModelNotDecided, check_model_lag, epoch_refined,
     model_epoch_for)
 from streamdp.refinement_sketch import (  # noqa: F401 (re-exported)
-    FOLD_IN_BLOCK, REFINE_CHUNK, SKETCH_VERSION, TERMS_BLOCK, RefinementSketch, TermsModel,
-    _sketch_v1_to_v2, row_ids)
+    FOLD_IN_BLOCK, SKETCH_VERSION, RefinementSketch, row_ids)
 from streamdp.refinement_sketch import column_sum_kernel as _column_sum_kernel
 from streamdp.refinement_sketch import sequential_column_sum as _sequential_column_sum
 from streamdp.refinement_topics import (  # noqa: F401 (re-exported)
-    FLOOR, SPARSE_MASS, SPARSE_TAU, alpha_from_sums, background_distribution, denoise_topic_word,
-    model_topic_word, refined_topics, sparse_topic_word)
+    background_distribution, denoise_topic_word, refined_topics, sparse_topic_word)
 
 BLOCK = "topic_word"
 

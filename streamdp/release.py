@@ -25,8 +25,7 @@ import numpy as np
 from streamdp.moments.clipping import ClipBounds
 from streamdp.moments.reference import lda_coefficients, whiten3
 from streamdp.moments.sketch import SketchSums, symmetrize3
-from streamdp.privacy.events import (STREAM, BudgetSpender, EventLog, GaussianEvent,
-                                     rho_by_partition)
+from streamdp.privacy.events import STREAM, BudgetSpender, EventLog, GaussianEvent
 from streamdp.privacy.noise import GaussianSampler
 from streamdp.privacy.plan import BudgetSplit, plan_release
 from streamdp.privacy.rounding import DEFAULT_MAX_DOCUMENTS_PER_SUM, require_within_premise

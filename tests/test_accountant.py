@@ -7,11 +7,11 @@ import threading
 from fractions import Fraction
 
 import pytest
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from streamdp.privacy.accountant import (Accountant, BudgetExhausted, LedgerMismatch,
-                                         Reservation, atom_loads, events_loads)
+                                         Reservation, atom_loads)
 from streamdp.privacy.conversions import RHO_RTOL, zcdp_epsilon
 from streamdp.privacy.events import (BudgetSpender, GaussianEvent, Partition, epoch_partition,
                                      parse_partition, sigma_for_rho)

@@ -35,7 +35,6 @@ def test_one_sketcher_takes_over_24_partitions_with_a_backlog(kafka_broker, tmp_
     from streamdp.kafka.topics import TopicNames, client_config, ensure_topics
     from streamdp.moments.clipping import ClipBounds
     from streamdp.observability import POLL_LOOP_LONGEST_SECONDS
-    from streamdp.services import control
     from streamdp.services.config import ServiceConfig
     from streamdp.services.processor import MAX_POLL_INTERVAL_MS
     from streamdp.services.sketcher import Sketcher

@@ -1,7 +1,6 @@
 """Sensitivity: one adversarial document moves each block sum by at most its clip bound."""
 import numpy as np
 import pytest
-import scipy.sparse as sp
 from hypothesis import given, settings, strategies as st
 
 from streamdp.moments import reference as ref

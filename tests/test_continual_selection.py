@@ -7,7 +7,6 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import pytest
 
 from streamdp import EpochClock, RefinementConfig, StreamingSpectralLDA
 from streamdp.evaluation import matched_topic_error

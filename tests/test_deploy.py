@@ -34,9 +34,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from streamdp.kafka.topics import MESSAGE_MAX_BYTES, TopicNames
-from streamdp.observability import (HISTOGRAM, METRIC_NAMES, METRIC_SPECS, REBALANCE_KINDS,
-                                    RELEASE_OUTCOMES, metric_specs)
+from streamdp.kafka.topics import MESSAGE_MAX_BYTES
+from streamdp.observability import (HISTOGRAM, METRIC_NAMES, REBALANCE_KINDS, RELEASE_OUTCOMES,
+                                    metric_specs)
 from streamdp.services import config as service_config
 from streamdp.services.config import ConfigError, ServiceConfig
 

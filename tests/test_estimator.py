@@ -1,7 +1,6 @@
 """The public estimator API: validation, budget use, snapshots."""
 import numpy as np
 import pytest
-import scipy.sparse as sp
 
 import streamdp
 from streamdp import ClipBounds, StreamingSpectralLDA, TopicSnapshot

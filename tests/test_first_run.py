@@ -115,7 +115,6 @@ def test_produce_create_topics_with_a_wrong_bootstrap_names_bootstrap_fast(tmp_p
 # ------------------------------------------------------------------ 4. the release service's port
 def test_release_service_logs_its_http_port_when_the_os_picks_it(kafka_broker, tmp_path, caplog):
     import re
-    import urllib.request
     from service_helpers import fresh_topics, make_config, make_corpus
     from streamdp.services.release import ReleaseService
     corpus = make_corpus(200, 200, 1, seed=1)

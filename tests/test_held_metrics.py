@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 
-import pytest
 
 from streamdp.observability import PAUSE_REASONS
 from streamdp.privacy.accountant import Accountant

@@ -14,7 +14,6 @@ import pytest
 import streamdp.continual as continual_mod
 import streamdp.release as release_mod
 from streamdp import EpochClock, RefinementConfig, StreamingSpectralLDA
-from streamdp.continual import ContinualRelease
 from streamdp.privacy.noise import CSPRNGGaussianSampler
 from streamdp.privacy.plan import PREMISE_SHARE
 from streamdp.synthetic import make_lda_model, sample_documents

@@ -24,7 +24,7 @@ from scipy import stats
 
 from streamdp.privacy import noise
 from streamdp.privacy.events import ROUNDING_SLACK, GaussianEvent, sigma_for_rho
-from streamdp.privacy.noise import (DEFAULT_SAMPLER, GOOGLE_NAME, OPENDP_LATTICE_NAME, OPENDP_NAME,
+from streamdp.privacy.noise import (DEFAULT_SAMPLER, OPENDP_LATTICE_NAME, OPENDP_NAME,
                                     SAMPLER_KINDS, CSPRNGGaussianSampler, GoogleDPGaussianSampler,
                                     OpenDPGaussianSampler, OpenDPLatticeGaussianSampler,
                                     google_granularity, lattice_exponent, make_sampler,

@@ -408,7 +408,6 @@ def test_report_marks_topics_that_moved_more_than_half_their_mass(private_dir):
 def test_a_page_of_16_releases_stays_under_1_5_mb_with_one_plotly(tmp_path):
     """Issue 27: 4 releases weighed 4.9 MB (the full plotly.js); the page inlines plotly.js's
     basic bundle once (scatter and bar are all it draws) and stays under 1.5 MB at 16 releases."""
-    import streamdp.report.render as render
     snaps, vocab = make_snapshots(epsilon=2.0, n_warmup=4000, n_stream=16 * 1500, epochs=16)
     assert len(snaps) == 16
     html = render_report(snaps, vocab, source="x")

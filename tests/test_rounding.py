@@ -302,7 +302,7 @@ def test_per_document_magnitudes_within_M_b():
         X, lengths = keep_long_documents(_adversarial_documents(rng, 400, half))
         Y = X @ sub.Q
         scale = sk.document_scale(X, lengths, Y)
-        Q, aQ = sub.Q, np.abs(sub.Q)
+        aQ = np.abs(sub.Q)
         clipped = 0
         for r in range(X.shape[0]):
             c = X[r].toarray().ravel()

@@ -7,10 +7,8 @@ release service in a subprocess and kills it with SIGKILL.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 

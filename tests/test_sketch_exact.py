@@ -1,7 +1,6 @@
 """The sketch path against brute-force dense moments (DESIGN §2-3), to ~1e-12."""
 import numpy as np
 import pytest
-import scipy.sparse as sp
 from hypothesis import given, settings, strategies as st
 
 from streamdp.moments import reference as ref

@@ -10,7 +10,6 @@ outside spend.py calls ``reserve``/``commit`` on an accountant by hand.
 from __future__ import annotations
 
 import ast
-import math
 import os
 import signal
 import subprocess

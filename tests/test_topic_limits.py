@@ -127,7 +127,6 @@ def test_a_service_refuses_a_topic_below_its_largest_record_before_any_side_effe
     largest record: the start is refused, naming the topic, its limit, the size needed and the fix, and
     nothing is written (no ledger file, no record on the state topic). Fails before: both
     services started."""
-    from streamdp.kafka.state_store import StateStore  # noqa: F401 (the store reads below)
     from service_helpers import read_topic
     names = TopicNames.from_prefix(f"test.{uuid.uuid4().hex[:10]}")
     # the test corpus's snapshots are small (d = 137): a limit under the report allowance; the

@@ -15,11 +15,8 @@ Two variants:
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,7 +27,7 @@ from streamdp.services import control
 from streamdp.services.produce import produce
 from streamdp.snapshot import TopicSnapshot
 
-from crash_helpers import SketcherProcess, cfg_to_json, committed_offsets
+from crash_helpers import SketcherProcess, committed_offsets
 from crash_helpers import read_topic as read_all
 from service_helpers import Pipeline, make_config, make_corpus, read_topic, wait_for
 

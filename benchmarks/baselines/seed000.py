@@ -323,7 +323,6 @@ def whitened_third_moment(X: sp.csr_matrix, W: np.ndarray, alpha0: float) -> np.
     N = X.shape[0]
     l = _lengths(X)
     W = np.asarray(W, dtype=np.float64)
-    m = W.shape[1]
     Xt = X.T.tocsr()
     Y = np.asarray(X @ W)                              # (N, m)
     U = Y / l[:, None]

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import jinja2
 import numpy as np
-import plotly
 import plotly.graph_objects as go
-import plotly.offline
 from plotly.subplots import make_subplots
 
 from streamdp import trends as _trends

@@ -13,12 +13,9 @@ import re
 from pathlib import Path
 
 from streamdp.errors import ConfigError
-from streamdp.services.service_config import (  # noqa: F401 (re-exported)
-    DEFAULT_MAX_DOCS_PER_USER_EPOCH, ServiceConfig, _closest)
+from streamdp.services.service_config import ServiceConfig, _closest  # noqa: F401 (re-exported)
 # the deployment's start-up checks, for callers (and tests) that import them from here
-from streamdp.services.start_checks import (PRIVACY_MODE_KEY, check_privacy_mode,  # noqa: F401
-                                            check_stream_start, check_unit,
-                                            documents_partition_count, recorded_partitions)
+from streamdp.services.start_checks import check_privacy_mode, check_stream_start  # noqa: F401
 
 
 def from_mapping(values: dict, *, env: dict | None = None) -> ServiceConfig:

@@ -35,8 +35,7 @@ from streamdp.refinement import FoldInModels, RefinementSketch
 from streamdp.services.dedup import CountedIds, SeenIds
 from streamdp.services.vocabulary import SelectionHistogram
 from streamdp.services.routing import (  # noqa: F401 (re-exported)
-    FUTURE, FUTURE_TIMESTAMP, LATE, PRODUCER_TIMESTAMP, SELECTION, RecordTimeRejected, Routing,
-    effective_progress)
+    FUTURE, LATE, SELECTION, Routing, effective_progress)
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch
 

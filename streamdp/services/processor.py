@@ -77,10 +77,9 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from streamdp import messages
 from streamdp.errors import InvalidRecord, NotReady
-# re-exported (callers and tests import them from here): MAX_POLL_INTERVAL_MS,
-# consumer_settings, DLQ_RETRY_SECONDS, DeadLetterUndelivered
-from streamdp.services.consumer_client import (  # noqa: F401
-    MAX_POLL_INTERVAL_MS, consumer_settings, group_generation)
+# re-exported (tests import them from here): MAX_POLL_INTERVAL_MS, DLQ_RETRY_SECONDS,
+# DeadLetterUndelivered
+from streamdp.services.consumer_client import MAX_POLL_INTERVAL_MS, group_generation  # noqa: F401
 from streamdp.services.dead_letters import (  # noqa: F401
     DLQ_RETRY_SECONDS, DeadLetters, DeadLetterUndelivered)
 
