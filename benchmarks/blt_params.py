@@ -19,8 +19,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import markdown_table, parse_args, progress, write_json  # noqa: E402
 
-from streamdp.privacy.blt import (_PARAMS_FILE, optimize_blt, sqrt_toeplitz_error_profile,  # noqa: E402
+from streamdp.privacy.blt import (optimize_blt, sqrt_toeplitz_error_profile,  # noqa: E402
                                   tree_error_profile)
+from streamdp.privacy.blt_factorization import _PARAMS_FILE  # noqa: E402
 
 
 def main(argv=None):

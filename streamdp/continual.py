@@ -61,6 +61,11 @@ from streamdp.start import choose_continual_topics
 from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.subspace import Subspace
 
+# the public names: this module's own, then the ones imported above that other modules and
+# tests import from here (re-exports)
+__all__ = ["PendingRelease", "ContinualRelease", "AGGREGATORS", "EPOCH_SUMS_VERSION",
+           "EpochSketches", "EpochSums", "SketchNodeMechanism", "decompose_sums", "zero_sums"]
+
 
 class PendingRelease(RuntimeError):
     """A drawn epoch is waiting for its post-processing (or none is, when one was asked for)."""

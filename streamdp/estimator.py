@@ -41,6 +41,10 @@ from streamdp.tensor.power_method import PowerMethodConfig
 from streamdp.whitening.warmup import (WarmupSketch, clip_bounds_from_histogram,
                                        premise_decision, subspace_from_draw)
 
+# the public names: this module's own, then the ones imported above that other modules and
+# tests import from here (re-exports)
+__all__ = ["StreamingSpectralLDA", "NonPrivateWarning", "refined_topics"]
+
 
 class StreamingSpectralLDA:
     """Differentially private streaming spectral LDA.

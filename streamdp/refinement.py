@@ -58,6 +58,14 @@ from streamdp.refinement_sketch import sequential_column_sum as _sequential_colu
 from streamdp.refinement_topics import (  # noqa: F401 (re-exported)
     background_distribution, denoise_topic_word, refined_topics, sparse_topic_word)
 
+# the public names: this module's own, then the ones imported above that other modules and
+# tests import from here (re-exports)
+__all__ = ["BLOCK", "refinement_sensitivity", "SENSITIVITY", "SCHEMA_VERSION", "RefinementConfig",
+           "fold_in", "RefinementModel", "topic_order", "align_topics", "FoldInModels",
+           "plan_refinement", "DEFAULT_MODEL_LAG", "ModelNotDecided", "PUBLIC_START_EPOCH",
+           "RefinementSketch", "SKETCH_VERSION", "background_distribution", "denoise_topic_word",
+           "epoch_refined", "model_epoch_for", "refined_topics", "sparse_topic_word"]
+
 BLOCK = "topic_word"
 
 

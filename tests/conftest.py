@@ -54,3 +54,26 @@ def kafka_topics(kafka_broker):
     names = TopicNames.from_prefix(f"test.{uuid.uuid4().hex[:10]}")
     ensure_topics(kafka_broker.bootstrap, names, partitions=2)
     return names
+
+
+@pytest.fixture
+def state_reads(monkeypatch):
+    """(thread name, key or prefix) of every state-store read, from any thread (tests of
+    which thread reads which state: test_state_integrity, test_release_records,
+    test_vocabulary_services)."""
+    import threading
+    from streamdp.kafka.state_store import StateStore
+    reads: list[tuple[str, str]] = []
+    orig_latest, orig_all = StateStore.read_latest, StateStore.read_all_latest
+
+    def read_latest(self, key):
+        reads.append((threading.current_thread().name, key))
+        return orig_latest(self, key)
+
+    def read_all_latest(self, prefix=""):
+        reads.append((threading.current_thread().name, prefix))
+        return orig_all(self, prefix)
+
+    monkeypatch.setattr(StateStore, "read_latest", read_latest)
+    monkeypatch.setattr(StateStore, "read_all_latest", read_all_latest)
+    return reads

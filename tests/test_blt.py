@@ -12,9 +12,10 @@ from streamdp import ClipBounds, WhitenedSketch
 from streamdp.continual import ContinualRelease
 from streamdp.privacy.accountant import Accountant, AlreadySpent, BudgetExhausted, LoadTally
 from streamdp.privacy.blt import (DEFAULT_MAX_EPOCHS, BLTAggregator, BLTParams,
-                                  GaussianArrayMechanism, _PARAMS_FILE, charged_weight,
+                                  GaussianArrayMechanism, charged_weight,
                                   default_params, optimize_blt, sqrt_toeplitz_error_profile,
                                   strategy_rounding_bound, tree_error_profile)
+from streamdp.privacy.blt_factorization import _PARAMS_FILE
 from streamdp.privacy.rounding import UNIT_ROUNDOFF
 from streamdp.privacy.tree import HorizonExceeded
 from streamdp.privacy.events import parse_partition, sigma_for_rho

@@ -90,7 +90,8 @@ def test_non_private_must_be_asked_for_and_is_marked():
 
 
 def test_cli_non_private_flag_conflicts_with_epsilon(tmp_path):
-    from streamdp.cli import _config, build_parser
+    from streamdp.cli import build_parser
+    from streamdp.cli.common import config_from_args as _config
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"epsilon": 1.0}))
     a = build_parser().parse_args(["release", "--config", str(cfg), "--non-private"])

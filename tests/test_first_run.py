@@ -189,7 +189,7 @@ def test_every_option_has_help_and_shows_its_default():
 # ------------------------------------------------------------------ 6. relative vocabulary path
 def test_relative_vocabulary_in_a_config_file_resolves_against_its_folder(tmp_path, monkeypatch):
     import argparse
-    from streamdp.cli import _config
+    from streamdp.cli.common import config_from_args as _config
     from streamdp.services.config import from_file
     from streamdp.text.vocabulary import Vocabulary
     conf = tmp_path / "deploy"

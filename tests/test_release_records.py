@@ -27,7 +27,6 @@ from streamdp.services.sketcher import Sketcher
 from streamdp.services.state_auth import MAC_FIELD, StateAuth
 
 from service_helpers import Pipeline, fresh_topics, make_config, make_corpus, send_control, wait_for
-from test_state_integrity import state_reads  # noqa: F401 - the fixture
 
 
 def _private_reads(reads, thread_prefix: str) -> list[str]:
@@ -48,7 +47,7 @@ def _released_deployment(tmp_path, bootstrap, **changes):
     return cfg, names, corpus
 
 
-def test_a_sketcher_reads_only_public_and_its_own_records(kafka_broker, tmp_path, state_reads):  # noqa: F811
+def test_a_sketcher_reads_only_public_and_its_own_records(kafka_broker, tmp_path, state_reads):
     """A sketcher started (and restarted) on a running deployment: built and run on threads
     named ``sketcher-*``, so that every read it makes is attributed to it."""
     bootstrap = kafka_broker.bootstrap

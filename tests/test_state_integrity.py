@@ -198,26 +198,6 @@ def test_forged_and_replayed_state_records_are_refused_and_a_clean_run_is_unaffe
         np.testing.assert_allclose(svc.topic_word, eng.topic_word, rtol=0, atol=1e-8)
 
 
-@pytest.fixture
-def state_reads(monkeypatch):
-    """(thread name, key or prefix) of every state-store read, from any thread."""
-    import threading
-    reads: list[tuple[str, str]] = []
-    orig_latest, orig_all = StateStore.read_latest, StateStore.read_all_latest
-
-    def read_latest(self, key):
-        reads.append((threading.current_thread().name, key))
-        return orig_latest(self, key)
-
-    def read_all_latest(self, prefix=""):
-        reads.append((threading.current_thread().name, prefix))
-        return orig_all(self, prefix)
-
-    monkeypatch.setattr(StateStore, "read_latest", read_latest)
-    monkeypatch.setattr(StateStore, "read_all_latest", read_all_latest)
-    return reads
-
-
 @pytest.mark.slow
 def test_sketchers_take_the_released_models_from_the_public_record_only(
         kafka_broker, tmp_path, state_reads):

@@ -23,7 +23,6 @@ from streamdp.text.vocabulary import Vocabulary
 
 from service_helpers import (EPOCH_SECONDS, Pipeline, default_stream_start, fresh_topics,
                              make_config, read_topic, send_control, wait_for)
-from test_state_integrity import state_reads  # noqa: F401 - the fixture
 
 TOPIC_WORDS = sorted({w for ws in TOPICS.values() for w in ws.split()})
 
@@ -145,7 +144,7 @@ def read_record(bootstrap, names, key):
 
 
 @pytest.mark.slow
-def test_private_vocabulary_selection_then_warm_up_then_stream(kafka_broker, tmp_path, state_reads):  # noqa: F811
+def test_private_vocabulary_selection_then_warm_up_then_stream(kafka_broker, tmp_path, state_reads):
     """vocabulary_mode: private, everything produced at once. Without a release service the
     sketchers count only the selection window and hold every partition at its first warm-up
     document (nothing else counted); then the release service selects the vocabulary (spend

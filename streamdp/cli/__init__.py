@@ -15,6 +15,5 @@
     What they share: argument types, the service flags, the configuration from the flags.
 """
 from streamdp.cli.app import build_parser, main
-from streamdp.cli.common import config_from_args as _config   # tests build configurations with it
 
 __all__ = ["build_parser", "main"]

@@ -108,6 +108,12 @@ from streamdp.serialization import SchemaError, dumps, loads
 # Tests import the record format and the errors from the store's module too (re-exports only)
 from streamdp.kafka.state_records import latest_from_records, parse_kafka_key  # noqa: F401
 
+# the public names: this module's own, then the ones imported above that other modules and
+# tests import from here (re-exports)
+__all__ = ["StateStore", "CHUNK_KIND", "DEFAULT_CHUNK_BYTES", "MANIFEST_KIND", "StateRecord",
+           "StateWriteError", "WriterFenced", "WriterReinitialised", "chunk_key",
+           "latest_from_records", "manifest_key", "parse_kafka_key", "partition_for"]
+
 log = logging.getLogger(__name__)
 
 _CREATE_TOPICS = ("create the deployment's topics first: `streamdp produce --config FILE "

@@ -94,6 +94,12 @@ from streamdp.privacy.conversions import RHO_RTOL, zcdp_rho
 from streamdp.privacy.events import STREAM, VOCABULARY, WARMUP, GaussianEvent, parse_partition
 from streamdp.privacy.ledger import CHAIN_SEED, FileLedger, Ledger, LedgerRecord, chain_step
 
+# the public names: this module's own, then the ones imported above that other modules and
+# tests import from here (re-exports)
+__all__ = ["UNIT", "LEDGER_UNITS", "CONVERSION", "COMPOSITION", "BudgetExhausted", "LedgerMismatch",
+           "AlreadySpent", "Reservation", "recorded_budget", "Accountant", "LoadTally",
+           "atom_loads", "events_loads"]
+
 UNIT = "one document, add/remove"
 #: the ledger's unit by privacy unit (events.PRIVACY_UNITS); a "user" ledger refuses
 #: document-level events (their sensitivities do not cover a whole user)

@@ -56,9 +56,17 @@ from streamdp.privacy.tree import HorizonExceeded
 # Tests and benchmarks import the factorisation and the rounding bound from here too
 # (re-exports only; the code imports them from their modules)
 from streamdp.privacy.blt_factorization import (  # noqa: F401
-    _PARAMS_FILE, default_params, optimize_blt, sqrt_toeplitz_coefs, sqrt_toeplitz_error_profile,
+    default_params, optimize_blt, sqrt_toeplitz_coefs, sqrt_toeplitz_error_profile,
     tree_error_profile)
 from streamdp.privacy.blt_rounding import calibrate_unit_rho, strategy_rounding_bound  # noqa: F401
+
+# the public names: this module's own, then the ones imported above that other modules and
+# tests import from here (re-exports)
+__all__ = ["SCHEMA_VERSION", "two_prod", "NoiseMechanism", "GaussianArrayMechanism",
+           "scaled_events", "BLTAggregator", "BLTParams", "DEFAULT_MAX_EPOCHS",
+           "calibrate_unit_rho", "charged_total", "charged_weight", "default_params",
+           "optimize_blt", "sqrt_toeplitz_coefs", "sqrt_toeplitz_error_profile",
+           "strategy_rounding_bound", "tree_error_profile"]
 
 V = TypeVar("V")
 

@@ -17,6 +17,11 @@ from streamdp.services.service_config import ServiceConfig, _closest  # noqa: F4
 # the deployment's start-up checks, for callers (and tests) that import them from here
 from streamdp.services.start_checks import check_privacy_mode, check_stream_start  # noqa: F401
 
+# the public names: this module's own, then the ones imported above that other modules and
+# tests import from here (re-exports)
+__all__ = ["from_mapping", "NON_FIELD_VARIABLES", "load_file", "RELATIVE_TO_CONFIG_FILE",
+           "from_file", "ConfigError", "ServiceConfig", "check_privacy_mode", "check_stream_start"]
+
 
 def from_mapping(values: dict, *, env: dict | None = None) -> ServiceConfig:
     """Build a config from a mapping, then ``STREAMDP_<FIELD>`` environment overrides."""

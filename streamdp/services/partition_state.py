@@ -39,6 +39,11 @@ from streamdp.services.routing import (  # noqa: F401 (re-exported)
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupSketch
 
+# the public names: this module's own, then the ones imported above that other modules and
+# tests import from here (re-exports)
+__all__ = ["KIND", "VERSION", "PartitionState", "check_user", "fencing_token", "select_state",
+           "state_key", "FUTURE", "LATE", "Routing", "SELECTION", "effective_progress"]
+
 KIND = "partition_state"
 #: v2: ``refine``, ``fence`` and ``dedup`` present (the ``users_*`` fields only in user
 #: mode); v1 records are migrated (:func:`_state_v1_to_v2`)

@@ -83,6 +83,11 @@ from streamdp.services.consumer_client import MAX_POLL_INTERVAL_MS, group_genera
 from streamdp.services.dead_letters import (  # noqa: F401
     DLQ_RETRY_SECONDS, DeadLetters, DeadLetterUndelivered)
 
+# the public names: this module's own, then the ones imported above that other modules and
+# tests import from here (re-exports)
+__all__ = ["CHECKPOINT_BUDGET_SECONDS", "CHECKPOINT_SHARE", "ProcessingStrategy", "StreamProcessor",
+           "DLQ_RETRY_SECONDS", "DeadLetterUndelivered", "MAX_POLL_INTERVAL_MS"]
+
 log = logging.getLogger("streamdp.sketcher")
 
 #: periodic-checkpoint time per loop (a round stops once past it; at least one partition is

@@ -129,6 +129,10 @@ from streamdp.snapshot import TopicSnapshot
 from streamdp.whitening.subspace import Subspace
 from streamdp.whitening.warmup import WarmupDraw
 
+# the public names: this module's own, then the ones imported above that other modules and
+# tests import from here (re-exports)
+__all__ = ["ReleaseService", "LeaseHeld", "SketchMismatch", "merge_epoch_sums"]
+
 log = logging.getLogger("streamdp.release")
 
 
