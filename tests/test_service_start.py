@@ -184,6 +184,7 @@ def _auto_choice(bootstrap, tmp_path, corpus, path, *, drop_one: bool, tag: str)
     finally:
         st.close()
     assert sub.meta["start"] == choice                 # persisted with the subspace
+    assert sub.meta["v"] == release_start.SUBSPACE_META_VERSION
     from streamdp.whitening.warmup import WarmupDraw
     draw = WarmupDraw.from_bytes(draw_payload.payload)
     released = (warmup_noised_count(draw.hist),
@@ -277,6 +278,42 @@ def test_the_node_plan_follows_the_start_and_a_restart_keeps_it(tmp_path):
     old = {"start": "public", "rule": "configured (start: public)", "start_id": public.start_id}
     c = dataclasses.replace(cfg, start="public")
     assert release_start.node_refinement(c, release_start.restored_start(old, c, public)).share == 0.4
+
+
+def test_a_restart_reads_the_start_by_the_subspace_records_version(kafka_broker, tmp_path):
+    """The start persisted in release/subspace's meta is read by the meta's version (``v``):
+    a record written before it was versioned is read as today (no start: a deployment begun
+    before issue 22, the tensor start; a start: that start), the current v1 as written, and a
+    version this build does not know is refused at the restore with what to do - not read as
+    if its ``start`` meant what v1's does. Fails before the version: v2 was read as v1."""
+    from streamdp.moments.clipping import ClipBounds
+    from streamdp.services import control
+    from streamdp.services.release_restore import read_restored
+    from streamdp.whitening.subspace import Subspace
+    corpus = make_corpus(30, 30, 1, seed=2)
+    cfg = make_config(tmp_path, kafka_broker.bootstrap, fresh_topics(kafka_broker.bootstrap),
+                      corpus, epsilon=4.0, sampler="fast", noise_seed=5, refinement=True)
+    d = len(corpus.vocabulary)
+    sub = Subspace(np.linalg.qr(np.random.default_rng(0).standard_normal((d, 6)))[0])
+    base = {"clip": ClipBounds.unclipped().to_dict(), "subspace_id": sub.id,
+            "vocabulary_id": corpus.vocabulary.id, "warmup_documents": 30, "writer_epoch": 1}
+    tensor = {"start": "tensor", "rule": "configured (start: tensor)", "refinement_share": 0.5}
+    store = cfg.state_store()
+    try:
+        def restored(meta):
+            store.write(control.SUBSPACE_KEY, sub.to_bytes(), meta={**base, **meta})
+            return read_restored(store, cfg, corpus.vocabulary, None)
+        old = restored({})                                  # before issue 22
+        assert old.start_choice == {"start": "tensor", "rule": "before the start choice"}
+        assert old.subspace.id == sub.id and old.refinement.share == cfg.refinement_share
+        assert restored({"start": tensor}).start_choice == tensor      # unversioned, issue 22
+        assert restored({"v": 1, "start": tensor}).start_choice == tensor
+        with pytest.raises(ConfigError, match=r"release/subspace.*version 2.*newer streamdp"):
+            restored({"v": 2, "start": tensor})
+        with pytest.raises(ConfigError, match=r"release/subspace.*without the start choice"):
+            restored({"v": 1})
+    finally:
+        store.close()
 
 
 # ------------------------------------------------------------------ start-up refusals (no broker)

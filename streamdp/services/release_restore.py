@@ -76,7 +76,8 @@ def read_restored(store, cfg: ServiceConfig, vocabulary, public_start) -> Restor
         raise ConfigError(f"the deployment's subspace was built for vocabulary "
                           f"{rec.meta.get('vocabulary_id')}, this service has "
                           f"{vocabulary.id}: use the same vocabulary file")
-    start_choice = release_start.restored_start(rec.meta.get("start"), cfg, public_start)
+    start_choice = release_start.restored_start(release_start.recorded_start(rec.meta), cfg,
+                                                public_start)
     refinement = release_start.node_refinement(cfg, start_choice)
     persisted = last = None
     state = store.read_latest(control.RELEASE_STATE_KEY)

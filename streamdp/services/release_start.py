@@ -12,6 +12,35 @@ from streamdp.refinement import PUBLIC_START_EPOCH, FoldInModels, RefinementMode
 from streamdp.errors import ConfigError
 from streamdp.start import choose_service_start, warmup_noised_count, warmup_subspace_nts
 
+#: the layout of the start persisted in ``release/subspace``'s meta, its ``v`` (docs/schemas.md):
+#: v1 = ``start`` always present (the choice below). Records written before it carry no ``v``;
+#: theirs may lack ``start`` (written before issue 22: the tensor start).
+SUBSPACE_META_VERSION = 1
+
+
+def subspace_meta(choice: dict) -> dict:
+    """The fields of ``release/subspace``'s meta that persist the start ``choice``."""
+    return {"v": SUBSPACE_META_VERSION, "start": choice}
+
+
+def recorded_start(meta: dict) -> dict | None:
+    """The start choice persisted in ``release/subspace``'s ``meta`` (None: none was recorded,
+    the tensor start of a deployment begun before issue 22). A version this build does not
+    know is refused: its start could mean something this build would misread."""
+    v = meta.get("v")
+    if v is None:                       # written before the meta was versioned
+        return meta.get("start")
+    if type(v) is not int or not 1 <= v <= SUBSPACE_META_VERSION or "start" not in meta:
+        raise ConfigError(
+            f"state record 'release/subspace': its meta has version {v!r}"
+            + ("" if "start" in meta else " without the start choice")
+            + f"; this build reads v{SUBSPACE_META_VERSION} and unversioned records. "
+            + ("It was written by a newer streamdp: run that version (or newer) on this state"
+               if type(v) is int and v > SUBSPACE_META_VERSION else
+               "The record is not one streamdp wrote: restore the state topic from a backup")
+            + ", or start a new deployment (new topic_prefix and ledger)")
+    return meta["start"]
+
 
 def is_public(choice: dict | None) -> bool:
     """Whether the recorded choice (None: not chosen yet) is the public start."""
@@ -83,8 +112,8 @@ def start_rule(cfg, public_start, refinement, warmup_hist, stream_rho: float | N
 
 
 def restored_start(recorded: dict | None, cfg, public_start) -> dict:
-    """The choice persisted with the subspace (none before issue 22: tensor). A
-    configuration that contradicts it is refused: epochs 1…L were folded by it."""
+    """The choice persisted with the subspace (:func:`recorded_start`; none before issue 22:
+    tensor). A configuration that contradicts it is refused: epochs 1…L were folded by it."""
     start_choice = dict(recorded) if recorded else {"start": "tensor",
                                                     "rule": "before the start choice"}
     chosen = start_choice["start"]

@@ -133,7 +133,7 @@ class WarmupFlow:
               else (warmup_draw.Y, warmup_draw.events[0].sigma)))
         meta = {"clip": clip.to_dict(), "subspace_id": sub.id, "vocabulary_id": svc.vocabulary.id,
                 "warmup_documents": int(n_docs), "writer_epoch": svc.writer_epoch,
-                "start": choice}
+                **release_start.subspace_meta(choice)}
         if svc.accountant is not None:
             meta["ledger"] = svc.accountant.head()
         if not svc._persist(control.SUBSPACE_KEY, sub.to_bytes(), meta):   # ... → persist → commit
