@@ -372,7 +372,9 @@ class ReleaseService:
         """``latest.json`` and ``GET /snapshot/latest`` (:meth:`ReleaseSinks.latest_json`)."""
         return self.sinks.latest_json()
 
-    def _publish(self, snap: TopicSnapshot, republish: bool = False) -> None:
+    def _publish(self, snap: TopicSnapshot) -> None:
+        """Publish a new release, after its persist (a restart republishes the persisted one
+        through the sinks directly: tests/crash_helpers.py's after_publish hooks new ones)."""
         self.sinks.publish(snap)
 
     def _write_vocabulary_file(self) -> None:

@@ -177,7 +177,7 @@ class RecoveryFlow:
                 if got.last_snapshot is not None:
                     snap = svc._state_snapshot = got.last_snapshot
                     svc.trends.seed(snap)          # the next release gets a point, no test
-                    svc._publish(snap, republish=True)      # persisted: safe to (re)publish
+                    svc.sinks.publish(snap)        # persisted: safe to publish again
                     svc.metrics.set_last_release_timestamp(snap.created_at)
                 svc.metrics.set_tree(svc.continual.epoch, svc.cfg.horizon)
         if svc._public_behind():                # a crash between state persist and public record
