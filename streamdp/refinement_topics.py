@@ -31,11 +31,13 @@ def background_distribution(T: np.ndarray, sd: float, floor: float = FLOOR) -> n
     return (1.0 - floor) * b + floor / d
 
 
-def denoise_topic_word(T: np.ndarray, sd: float, *, floor: float = FLOOR):
+def denoise_topic_word(T: np.ndarray, sd: float, *, floor: float = FLOOR,
+                       background: np.ndarray | None = None):
     """Topics from noised sums T by positive-part James–Stein shrinkage toward the background.
 
     Row i has mass m_i = Σ_w T_iw and deviation D_i = T_i − m_i b from the background b
-    (:func:`background_distribution`). With d·σ² the expected noise energy of a row,
+    (:func:`background_distribution`, or ``background``: any distribution computed from
+    released values, e.g. by benchmarks/postprocess.py). With d·σ² the expected noise energy of a row,
     w_i = max(0, 1 − dσ²/‖D_i‖²) and  topic_i ∝ max(m_i b + w_i D_i, 0) + floor. A row the
     noise swamps falls back to b; a row with strong signal keeps its shape. Every word keeps
     probability > 0, so held-out perplexity stays finite. Pure post-processing.
@@ -47,7 +49,7 @@ def denoise_topic_word(T: np.ndarray, sd: float, *, floor: float = FLOOR):
     """
     T = np.asarray(T, dtype=np.float64)
     k, d = T.shape
-    b = background_distribution(T, sd, floor)
+    b = background_distribution(T, sd, floor) if background is None else background
     m = np.maximum(T.sum(axis=1), 0.0)
     D = T - m[:, None] * b[None, :]
     energy = np.einsum("ij,ij->i", D, D)

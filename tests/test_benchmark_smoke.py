@@ -40,6 +40,8 @@ SMOKE_ARGS: dict[str, list[str] | str] = {
     "e2e.py --decode": ["--decode", "--docs", "2000", "--d", "500", "--k", "5", "--batch", "500"],
     "pipeline.py": ["--docs", "2000", "--d", "500", "--k", "5", "--inputs", "counts",
                     "--batch", "500", "--timeout", "120"],
+    "postprocess.py": ["--corpora", "debian", "--seeds", "0", "--epsilons", "4", "--k", "3",
+                       "--variants", "landed,js,fission_js", "--debian-list", DEBIAN_LIST],
     "recovery.py": ["--tables", "main", "--seeds", "1", "--d", "200", "--k", "5",
                     "--warmup", "2000", "--stream", "4000", "--sizes", "2000"],
     "release_latency.py": ["--d", "500", "--k", "5", "--warmup-docs", "200", "--stream-docs", "200"],

@@ -153,6 +153,19 @@ def test_perplexity_is_finite_for_sparse_topics_and_skips_short_documents():
     assert np.isfinite(r["perplexity"]) and r["n_docs"] == 2
 
 
+def test_background_only_model_is_the_word_frequencies_and_beats_uniform_but_not_the_truth():
+    from streamdp.evaluation import background_only_topics
+    B = background_only_topics([3.0, 0.0, 1.0], 2)
+    assert B.shape == (2, 3) and np.allclose(B, [[3.5 / 5.5, 0.5 / 5.5, 1.5 / 5.5]] * 2)
+    model = make_lda_model(200, 5, alpha0=1.0, beta=0.1, seed=11)
+    X, _ = _lda_documents(model, 1500, 300, seed=12)
+    words = np.asarray(X.sum(axis=0)).ravel()
+    ppl = {name: document_completion_perplexity(B, X, seed=0)["perplexity"] for name, B in (
+        ("background", background_only_topics(words, 5)), ("truth", model.topics),
+        ("uniform", np.full((5, 200), 1 / 200)))}
+    assert ppl["truth"] < ppl["background"] < ppl["uniform"]
+
+
 # ------------------------------------------------------------------------------ NPMI
 def _planted_texts(seed=0):
     rng = np.random.default_rng(seed)

@@ -14,9 +14,11 @@
 Only the numpy/scipy parts are imported here; ``coherence`` imports gensim when called.
 """
 from streamdp.evaluation.matching import match_topics, matched_topic_error
-from streamdp.evaluation.metrics import (document_completion_perplexity, fold_in,
+from streamdp.evaluation.metrics import (background_only_topics, document_completion_perplexity,
+                                         fold_in,
                                          smooth_topics, split_document_halves, topic_diversity,
                                          topic_recovery_metrics)
 
 __all__ = ["match_topics", "matched_topic_error", "topic_recovery_metrics", "topic_diversity",
-           "smooth_topics", "split_document_halves", "fold_in", "document_completion_perplexity"]
+           "smooth_topics", "split_document_halves", "fold_in", "document_completion_perplexity",
+           "background_only_topics"]

@@ -195,6 +195,14 @@ def completion_log_likelihood(topic_word, theta, X_completion, *,
     return np.bincount(rows, weights=X.data * np.log(p), minlength=X.shape[0])
 
 
+def background_only_topics(word_counts, k: int, *, pseudo_count: float = 0.5) -> np.ndarray:
+    """The model with no topics (issue 22's yardstick): ``k`` copies of the training corpus's
+    word frequencies, each count + ``pseudo_count``. A topic model whose held-out perplexity is
+    above this one's predicts the held-out words worse than the corpus word frequencies do."""
+    c = np.asarray(word_counts, dtype=np.float64).ravel() + float(pseudo_count)
+    return np.tile(c / c.sum(), (int(k), 1))
+
+
 def document_completion_perplexity(topic_word, X_test, *, alpha: float | None = None,
                                    n_iter: int = DEFAULT_FOLD_IN_ITERATIONS, seed: int = 0,
                                    smoothing: float = DEFAULT_SMOOTHING,
