@@ -17,7 +17,8 @@ Corpora and protocol as ``benchmarks/compare.py`` (d = 5000, k = 20, δ = 1e-6, 
 out for NPMI and perplexity). **Declared public:** the last ``--public-docs`` (5,000) rows of
 the shuffled training rows are removed from the warm-up and the stream and treated as documents
 the operator declares public: the public start is fitted on them without privacy with
-``streamdp.PublicStart.fit`` (what ``streamdp public-start`` runs). Of the remaining rows the
+``streamdp.PublicStart.fit`` on those with ≥ 3 vocabulary words (what ``streamdp public-start``
+runs). Of the remaining rows the
 first 30% warm up ("by timestamp": rows are in stream order), the rest is the stream, cut into R
 epochs of equal length in stream order (horizon T = R, one ε for warm-up + stream).
 
@@ -171,10 +172,13 @@ def run(corpus, name: str, R: int, eps, seed: int, k: int, n_public: int, want: 
                 "perplexity": ppl["perplexity"]}
 
     t0 = time.perf_counter()
-    start = PublicStart.fit(corpus.counts[public], k, seed=seed,
+    X_public = corpus.counts[public]
+    keep = np.asarray(X_public.sum(axis=1)).ravel() >= 3      # as `streamdp public-start` does
+    start = PublicStart.fit(X_public[keep], k, seed=seed,
                             source=f"benchmark: {n_public:,} {name} documents declared public")
     out = {"corpus": name, "R": R, "epsilon": eps, "seed": seed, "n_warmup": int(len(warm)),
-           "n_stream": int(len(stream)), "n_public": int(len(public)), "n_test": int(len(test)),
+           "n_stream": int(len(stream)), "n_public": int(len(public)),
+           "n_public_fitted": int(keep.sum()), "n_test": int(len(test)),
            "public_start_itself": score(start.topic_word),
            "public_fit_seconds": time.perf_counter() - t0}
     for which in ("tensor", "public"):
