@@ -40,7 +40,9 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import json  # noqa: E402
 import logging  # noqa: E402
+import math  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
@@ -233,6 +235,60 @@ def verdict(r: dict) -> dict:
             "better (distinct/NPMI/ppl)": "/".join(votes.values())}
 
 
+METRICS = (("distinct", "distinct"), ("NPMI", "npmi"), ("median NPMI", "npmi_median"),
+           ("background", "background_share"), ("diversity", "diversity"),
+           ("perplexity", "perplexity"))
+
+
+def summary(runs: list[dict]) -> list[dict]:
+    """Mean over seeds per (corpus, ε, release), tensor / public side by side, at the first,
+    the middle and the last release evaluated; the rule's inputs as their range over seeds."""
+    out = []
+    for corpus, eps in sorted({(r["corpus"], r["epsilon"]) for r in runs}):
+        rs = [r for r in runs if r["corpus"] == corpus and r["epsilon"] == eps]
+        epochs = [x["epoch"] for x in rs[0]["tensor"]["releases"]]
+        idx = [r["rule"]["count_index"] for r in rs]
+        r_w = [math.inf if r["rule"]["r_w"] is None else r["rule"]["r_w"] for r in rs]
+        picks = sorted({r["rule"]["start"] for r in rs})
+        for t in sorted({epochs[0], epochs[len(epochs) // 2], epochs[-1]}):
+            row = {"corpus": corpus, "ε": eps, "seeds": len(rs),
+                   "index": f"{min(idx):.3g}–{max(idx):.3g}",
+                   "r_w": "–".join(dict.fromkeys("∞" if math.isinf(v) else f"{v:.3g}"
+                                                 for v in (min(r_w), max(r_w)))), "rule": "/".join(picks), "epoch": t}
+            for label, key in METRICS:
+                v = {w: float(np.mean([next(x[key] for x in r[w]["releases"] if x["epoch"] == t)
+                                       for r in rs])) for w in ("tensor", "public")}
+                fmt = "{:.1f}" if key == "distinct" else "{:,.0f}" if key == "perplexity" \
+                    else "{:.3f}" if "npmi" in key else "{:.2f}"
+                row[f"{label} T / P"] = f"{fmt.format(v['tensor'])} / {fmt.format(v['public'])}"
+            out.append(row)
+    return out
+
+
+def print_tables(runs: list[dict], releases: int, public_docs: int) -> tuple[str, str, str]:
+    table = [row for r in runs for row in rows_of(r)]
+    verdicts = [verdict(r) for r in runs]
+    means = summary(runs)
+    print(f"\n### The services' start rule on real text (R = {releases}, BLT, lag 2; rule: tensor "
+          f"iff count index ≥ 15 and r_w ≤ {WARMUP_MAX_NTS:g}; T = tensor start, P = public start "
+          f"fitted on {public_docs:,} declared-public documents)\n")
+    print(md := markdown_table(table, list(table[0])))
+    print("\n### Which start is better (mean over the evaluated releases from epoch 3)\n")
+    print(md2 := markdown_table(verdicts, list(verdicts[0])))
+    print("\n### Mean over seeds: first, middle and last release (tensor / public)\n")
+    print(md3 := markdown_table(means, list(means[0])))
+    # the public start's own topics (non-private, no stream document): what the chain starts from
+    own = [{"corpus": c, "seeds": len(rs),
+            **{label: float(np.mean([r["public_start_itself"][key] for r in rs]))
+               for label, key in METRICS}}
+           for c in sorted({r["corpus"] for r in runs})
+           for rs in [[r for r in runs if r["corpus"] == c and r["epsilon"] == runs[0]["epsilon"]]]
+           if rs]
+    print("\n### The public start itself (fitted on the declared-public documents, mean over seeds)\n")
+    print(md4 := markdown_table(own, list(own[0])))
+    return md, md2, md3, md4
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -249,9 +305,17 @@ def main(argv=None) -> int:
     p.add_argument("--debian-list", default=None, metavar="PATH",
                    help="a Translation-en list (default: the one apt-get update fetched)")
     p.add_argument("--json", default=None)
+    p.add_argument("--tables-from", default=None, metavar="JSON[,JSON]",
+                   help="print the tables of runs written before by --json (no run)")
     a = parse_args(p, argv)         # + --no-progress
     logging.getLogger("gensim").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
+    if a.tables_from:
+        # the tables again from runs written before (one or several --json files)
+        runs = [r for path in a.tables_from.split(",")
+                for r in json.loads(Path(path).read_text())["runs"]]
+        print_tables(runs, runs[0]["R"], runs[0]["n_public"])
+        return 0
     want = set(evaluated(a.releases, a.eval))
     runs = []
     for name in a.corpora.split(","):
@@ -269,18 +333,12 @@ def main(argv=None) -> int:
             print({"corpus": name, "epsilon": eps, "seed": seed, **r["rule"],
                    "seconds": round(r["tensor"]["seconds"] + r["public"]["seconds"], 1)}, flush=True)
             print(markdown_table(rows_of(r), list(rows_of(r)[0])), flush=True)
-    table = [row for r in runs for row in rows_of(r)]
-    verdicts = [verdict(r) for r in runs]
-    print(f"\n### The services' start rule on real text (R = {a.releases}, BLT, lag 2; rule: tensor "
-          f"iff count index ≥ 15 and r_w ≤ {WARMUP_MAX_NTS:g}; T = tensor start, P = public start "
-          f"fitted on {a.public_docs:,} declared-public documents)\n")
-    print(md := markdown_table(table, list(table[0])))
-    print("\n### Which start is better (mean over the evaluated releases from epoch 3)\n")
-    print(md2 := markdown_table(verdicts, list(verdicts[0])))
+    md = print_tables(runs, a.releases, a.public_docs)
     write_json(a.json, {"delta": DELTA, "k": a.k, "releases": a.releases,
                         "public_docs": a.public_docs, "warmup_max_nts": WARMUP_MAX_NTS,
-                        "runs": runs, "table": table, "verdicts": verdicts,
-                        "markdown": md + "\n\n" + md2})
+                        "runs": runs, "table": [row for r in runs for row in rows_of(r)],
+                        "verdicts": [verdict(r) for r in runs], "summary": summary(runs),
+                        "markdown": "\n\n".join(md)})
     return 0
 
 
