@@ -278,12 +278,11 @@ def print_tables(runs: list[dict], releases: int, public_docs: int) -> tuple[str
     print("\n### Mean over seeds: first, middle and last release (tensor / public)\n")
     print(md3 := markdown_table(means, list(means[0])))
     # the public start's own topics (non-private, no stream document): what the chain starts from
-    own = [{"corpus": c, "seeds": len(rs),
-            **{label: float(np.mean([r["public_start_itself"][key] for r in rs]))
-               for label, key in METRICS}}
-           for c in sorted({r["corpus"] for r in runs})
-           for rs in [[r for r in runs if r["corpus"] == c and r["epsilon"] == runs[0]["epsilon"]]]
-           if rs]
+    starts = {(r["corpus"], r["n_public"], r["seed"]): r["public_start_itself"] for r in runs}
+    own = [{"corpus": c, "public docs": n, "seeds": len(v),
+            **{label: float(np.mean([x[key] for x in v])) for label, key in METRICS}}
+           for c, n in sorted({(c, n) for c, n, _ in starts})
+           for v in [[x for (c2, n2, _), x in starts.items() if (c2, n2) == (c, n)]]]
     print("\n### The public start itself (fitted on the declared-public documents, mean over seeds)\n")
     print(md4 := markdown_table(own, list(own[0])))
     return md, md2, md3, md4
