@@ -5,11 +5,12 @@
 
 The fits are those of benchmarks/compare.py (``fit_streamdp``: d = 5000, k = 20, 10% held
 out, 30% of the rest warm up by order, δ = 1e-6, α0 = 1, the start rule and the default
-passes, ``sampler="fast"`` with ``noise_seed``). During each fit the final pass's input to
-``refined_topics`` — the noised sums T, their σ and α0, all released or public — is recorded
-and cached (``--cache``, one .npz per corpus, seed and ε; a later run reuses it). Every
-post-processing variant (:data:`VARIANTS`) is then a function of (T, σ) only, and is scored in
-seconds: distinct topics, mean and median NPMI, background share and diversity
+passes, ``sampler="fast"`` with ``noise_seed``). During each fit every input to
+``refined_topics`` — the noised sums of the start's mapping and of each pass, their σ and α0,
+all released or public — is recorded and cached (``--cache``, one .npz per corpus, seed and ε;
+a later run reuses it). Every post-processing variant (:data:`VARIANTS`) is then a function of
+the final pass's (T, σ) — the ``*_pooled`` ones also of the earlier releases' column sums — and
+is scored in seconds: distinct topics, mean and median NPMI, background share and diversity
 (streamdp.evaluation.distinct), held-out document-completion perplexity and zero-probability
 tokens, next to the **background-only model** (k copies of the training word counts + 0.5).
 Row ``landed`` is what the fit published (checked equal to the cached snapshot's topics).
@@ -187,11 +188,40 @@ RECIPES = {
 }
 
 
-def variant(name: str, T: np.ndarray, sd: float, seed: int) -> np.ndarray:
-    """The published topics of variant ``name`` from released T and σ (public ``seed``)."""
+def pooled_background(releases, sds):
+    """A background from the column sums of *every* release of the fit (the clustering start's
+    mapping and each pass: all released), each rescaled to the last one's total and weighted by
+    inverse noise variance, then denoised by EB. Returns b(T, σ) for :func:`variant`."""
+    releases = [np.asarray(R, dtype=np.float64) for R in releases]
+    k = releases[-1].shape[0]
+    total = releases[-1].sum()
+    cols = [R.sum(axis=0) * total / R.sum() for R in releases]
+    var = np.array([(s * np.sqrt(k) * total / R.sum()) ** 2 for R, s in zip(releases, sds)])
+    if not np.all(var > 0):
+        return lambda T, sd: _eb_background(T, sd)
+    wts = (1.0 / var) / (1.0 / var).sum()
+    col = sum(w * c for w, c in zip(wts, cols))
+    b = _normalised_background(_npmle_posterior_mean(col, float(np.sqrt(1.0 / (1.0 / var).sum()))))
+    return lambda T, sd: b
+
+
+#: variants whose background pools every release of the fit (they need ``releases``)
+POOLED = {"js_eb_pooled": (_js_eb, False), "hetero_eb_pooled": (_hetero, False)}
+
+
+def variant(name: str, T: np.ndarray, sd: float, seed: int, releases=None) -> np.ndarray:
+    """The published topics of variant ``name`` from released T and σ (public ``seed``);
+    ``releases`` = (every release's sums, their σ) for the pooled variants."""
     if name == "landed":
         return landed(T, sd, seed)
-    estimate, background, fission = RECIPES[name]
+    if name in POOLED:
+        if releases is None:
+            raise ValueError(f"{name} needs every release of the fit: a cache written by this "
+                             "version of the script (or no --cache)")
+        estimate, fission = POOLED[name]
+        background = pooled_background(*releases)
+    else:
+        estimate, background, fission = RECIPES[name]
     S = (_fission_mix(T, sd, seed, estimate, background) if fission
          else estimate(T, sd, background(T, sd)))
     sparse_tw, sparse = rt.sparse_topic_word(T, sd)
@@ -200,14 +230,14 @@ def variant(name: str, T: np.ndarray, sd: float, seed: int) -> np.ndarray:
     return S
 
 
-VARIANTS = ("landed", *RECIPES)
+VARIANTS = ("landed", *RECIPES, *POOLED)
 
 
 # ------------------------------------------------------------------------------- fits
 def cached_fit(corpus_name: str, X, n_warm: int, k: int, eps, seed: int,
                cache: Path | None) -> dict:
     """The final pass's (T, σ, α0) and published topics of compare.py's fit (cached)."""
-    path = cache and cache / f"{corpus_name}_d{X.shape[1]}_k{k}_n{X.shape[0]}_s{seed}_e{eps}.npz"
+    path = cache and cache / f"v2_{corpus_name}_d{X.shape[1]}_k{k}_n{X.shape[0]}_s{seed}_e{eps}.npz"
     if path and path.exists():
         z = np.load(path)
         return {key: z[key] for key in z.files}
@@ -229,6 +259,8 @@ def cached_fit(corpus_name: str, X, n_warm: int, k: int, eps, seed: int,
         estimator_module.refined_topics = original
     T, sd, alpha0 = calls[-1]                    # the final pass publishes from these
     out = {"T": T, "sd": np.float64(sd), "alpha0": np.float64(alpha0), "published": B,
+           "releases": np.stack([c[0] for c in calls]),
+           "release_sds": np.array([c[1] for c in calls]),
            "fit_seconds": np.float64(fit_s), "start": np.array(info.get("start", ""))}
     if path:
         cache.mkdir(parents=True, exist_ok=True)
@@ -294,7 +326,8 @@ def main(argv=None) -> int:
                                "landed_equals_published": bool(same)})
                 for v in variants:
                     t0 = time.perf_counter()
-                    B = variant(v, T, sd, a.fission_seed + seed)
+                    B = variant(v, T, sd, a.fission_seed + seed, releases=(
+                        (fit["releases"], fit["release_sds"]) if "releases" in fit else None))
                     post_s = time.perf_counter() - t0
                     coh = npmi_coherence(B, corpus.vocabulary, ref, topn=10, window_size=10)
                     ppl = document_completion_perplexity(B, X_test, seed=seed)
