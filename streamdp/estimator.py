@@ -15,6 +15,7 @@ from streamdp.estimator_one_shot import (choose_start_on_count, cluster_start_su
 from streamdp.estimator_params import (COUNT_BOUNDARY_WARMUP_SHARE, DEFAULT_CLIP_BUDGET_SHARE,
                                        DEFAULT_CLIP_QUANTILE, NonPrivateWarning,  # noqa: F401 (re-exported)
                                        check_clip, check_cluster_start, check_continual,
+                                       check_continual_start,
                                        check_non_private, check_positive_float,
                                        check_positive_int, check_refinement,
                                        check_warmup_boundary, default_accountant, spend_session,
@@ -161,9 +162,14 @@ class StreamingSpectralLDA:
                                    topics the operator fitted on public documents (no budget,
                                    recorded as public input); "auto" (default): the start rule
                                    (:func:`streamdp.start.choose_start`, docs/privacy.md) on a
-                                   noised document count
+                                   noised document count. Continual mode (``epochs=``) always
+                                   starts from each epoch's private tensor release: there only
+                                   "auto" and "tensor" are accepted (both mean that); "cluster"
+                                   or a PublicStart raise ValueError (a continual chain from a
+                                   public start: the services' ``start: public``)
     cluster_start : ClusterStartConfig, optional
                                    iterations and budget shares of the clustering start
+                                   (one-shot only: refused with ``epochs=``)
 
     Attributes
     ----------
@@ -233,6 +239,7 @@ class StreamingSpectralLDA:
         self.refinement = check_refinement(refinement)
         self.start = check_start(start)
         self.cluster_start_config = check_cluster_start(cluster_start)
+        check_continual_start(epochs, self.start, cluster_start)
         self.start_choice_: dict | None = None
         self.warmup_share = check_warmup_boundary(warmup_boundary, warmup_share)
         self.warmup_boundary = warmup_boundary

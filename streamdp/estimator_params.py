@@ -98,6 +98,30 @@ def check_continual(epochs, horizon, mechanism: str, continual_aggregator: str) 
     return None if horizon is None else check_positive_int("horizon", horizon)
 
 
+def check_continual_start(epochs, start, cluster_start) -> None:
+    """Continual mode (``epochs=``) starts every epoch's chain from its own private spectral
+    (tensor) release: it has no start choice. "auto" (the default) and "tensor" mean exactly
+    that there; a start it would not use — "cluster", a PublicStart, a ClusterStartConfig — is
+    refused rather than silently dropped (a caller who passed a public start would otherwise
+    get tensor-start releases without a word)."""
+    if epochs is None:
+        return
+    if start not in ("auto", "tensor"):
+        what = ("a PublicStart" if not isinstance(start, str) else f"start={start!r}")
+        raise ValueError(
+            f"{what} is not used in continual mode (epochs=EpochClock(...)): close_epochs "
+            "always starts from each epoch's private tensor release. For that start, release "
+            "one-shot (drop epochs/horizon and call streamdp.fit(..., start=...) or "
+            "release_start/refine); for a continual chain from a public start, run the "
+            "services with 'start: public' and 'public_start_file' (docs/services.md); or "
+            "pass start='auto' (the default) / 'tensor' here")
+    if cluster_start is not None:
+        raise ValueError(
+            "cluster_start= is not used in continual mode (epochs=EpochClock(...)): "
+            "close_epochs has no clustering start. Drop it, or release one-shot "
+            "(streamdp.fit(..., start='cluster', cluster_start=...))")
+
+
 def check_refinement(refinement) -> RefinementConfig | None:
     if refinement is True:
         refinement = RefinementConfig()
