@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import markdown_table, write_json  # noqa: E402
 
 from streamdp import refinement_topics as rt  # noqa: E402
+from streamdp.empirical_bayes import npmle_posterior_mean  # noqa: E402
 
 FLOOR = rt.FLOOR
 
@@ -50,12 +51,6 @@ def _publish(S, b, floor=FLOOR):
     return S / S.sum(axis=1, keepdims=True)
 
 
-def _normalised_background(col, floor=FLOOR):
-    d = col.size
-    b = col / col.sum() if col.sum() > 0 else np.full(d, 1.0 / d)
-    return (1.0 - floor) * b + floor / d
-
-
 def _cut_background(T, sd, floor=FLOOR):
     """The landed background: column sums, entries below 2σ√k cut to 0, the uniform floor."""
     return rt.background_distribution(T, sd, floor)
@@ -63,57 +58,23 @@ def _cut_background(T, sd, floor=FLOOR):
 
 def _full_background(T, sd, floor=FLOOR):
     """Column sums' positive part, no 2σ√k cut (every word that the noise left > 0)."""
-    return _normalised_background(np.maximum(T.sum(axis=0), 0.0), floor)
+    return rt.normalised_background(np.maximum(T.sum(axis=0), 0.0), floor)
 
 
 def _smooth_background(T, sd, floor=FLOOR):
     """Column sums' positive part + σ√k (the noise level): smoothing like the +0.5 of counts."""
-    return _normalised_background(np.maximum(T.sum(axis=0), 0.0) + sd * np.sqrt(T.shape[0]), floor)
-
-
-def _npmle_posterior_mean(x, sd, grid_n=200, iters=200):
-    """Empirical Bayes (Kiefer–Wolfowitz NPMLE by EM on a grid): the prior of μ ≥ 0 that makes
-    x ~ N(μ, σ²) likeliest, then each E[μ | x]. Positive wherever a positive grid point has
-    prior weight."""
-    x = np.asarray(x, dtype=np.float64)
-    grid = np.concatenate([[0.0], np.geomspace(sd * 1e-3, max(float(x.max()), sd), grid_n - 1)])
-    # the prior is fitted on x rounded to σ/20 (EM on the distinct values, weighted by count)
-    xq, count = np.unique(np.round(x / (sd / 20.0)) * (sd / 20.0), return_counts=True)
-    Lq = np.exp(-0.5 * ((xq[:, None] - grid[None, :]) / sd) ** 2)
-    w = np.full(grid.size, 1.0 / grid.size)
-    for _ in range(iters):          # EM: w ← w · mean_x L(x, g) / f(x)
-        w = w * (Lq.T @ (count / np.maximum(Lq @ w, 1e-300))) / x.size
-    L = np.exp(-0.5 * ((x[:, None] - grid[None, :]) / sd) ** 2)
-    return (L @ (w * grid)) / np.maximum(L @ w, 1e-300)
-
-
-def _eb_background(T, sd, floor=FLOOR):
-    """Column sums denoised by empirical Bayes (their noise sd is σ√k)."""
-    col = T.sum(axis=0)
-    return _normalised_background(
-        _npmle_posterior_mean(col, sd * np.sqrt(T.shape[0])) if sd > 0 else np.maximum(col, 0.0),
-        floor)
-
-
-def _js_weights(T, sd, b):
-    """(m, D, w): row masses, deviations from m_i·b and the positive-part JS weights."""
-    k, d = T.shape
-    m = np.maximum(T.sum(axis=1), 0.0)
-    D = T - m[:, None] * b[None, :]
-    energy = np.einsum("ij,ij->i", D, D)
-    w = np.clip(1.0 - d * sd ** 2 / np.maximum(energy, 1e-300), 0.0, 1.0) if sd > 0 else np.ones(k)
-    return m, D, w
+    return rt.normalised_background(np.maximum(T.sum(axis=0), 0.0) + sd * np.sqrt(T.shape[0]), floor)
 
 
 def _js(T, sd, b):
-    """Variant a: refinement_topics.denoise_topic_word with this background."""
-    return rt.denoise_topic_word(T, sd, background=b)[0]
+    """Variant a: the plain James–Stein shrink (the landed rule before js_eb) with this background."""
+    return rt.shrink_topic_word(T, sd, b, T)[0]
 
 
 def _hetero(T, sd, b):
     """Variant b: per-entry shrink; D_iw's signal variance ∝ b_w, so w_iw = s_i²b_w /
     (s_i²b_w + σ²) with s_i² = (‖D_i‖² − dσ²)₊ (Xie–Kou–Brown style)."""
-    m, D, _ = _js_weights(T, sd, b)
+    m, D, _, _ = rt.james_stein_weights(T, sd, b)
     if sd > 0:
         s2 = np.maximum(np.einsum("ij,ij->i", D, D) - T.shape[1] * sd ** 2, 0.0)
         sig = s2[:, None] * b[None, :]
@@ -127,17 +88,13 @@ def _eb_rows(T, sd, b):
     """Each row's empirical Bayes posterior mean (prior fitted per row)."""
     if sd <= 0:
         return _publish(np.maximum(T, 0.0), b)
-    return _publish(np.array([_npmle_posterior_mean(row, sd) for row in T]), b)
+    return _publish(np.array([npmle_posterior_mean(row, sd) for row in T]), b)
 
 
 def _js_eb(T, sd, b):
     """The JS row weight w_i kept, the raw row replaced by its EB posterior mean:
-    topic_i ∝ (1 − w_i)·m_i·b + w_i·EB(T_i)."""
-    if sd <= 0:
-        return _js(T, sd, b)
-    m, _, w = _js_weights(T, sd, b)
-    E = np.array([_npmle_posterior_mean(row, sd) for row in T])
-    return _publish((1.0 - w)[:, None] * m[:, None] * b[None, :] + w[:, None] * E, b)
+    topic_i ∝ (1 − w_i)·m_i·b + w_i·EB(T_i) (refinement_topics.denoise_topic_word, landed)."""
+    return rt.denoise_topic_word(T, sd, background=b)[0]
 
 
 LAMBDAS = np.linspace(0.0, 1.0, 101)
@@ -179,11 +136,11 @@ RECIPES = {
     "fission_hetero": (_hetero, _cut_background, True),
     "fission_js_smooth": (_js, _smooth_background, True),
     "fission_hetero_smooth": (_hetero, _smooth_background, True),
-    "eb_row": (_eb_rows, _eb_background, False),
+    "eb_row": (_eb_rows, rt.eb_background, False),
     "eb_row_cut": (_eb_rows, _cut_background, False),
-    "hetero_eb": (_hetero, _eb_background, False),
-    "fission_eb_row": (_eb_rows, _eb_background, True),
-    "js_eb": (_js_eb, _eb_background, False),
+    "hetero_eb": (_hetero, rt.eb_background, False),
+    "fission_eb_row": (_eb_rows, rt.eb_background, True),
+    "js_eb": (_js_eb, rt.eb_background, False),
     "js_eb_cut": (_js_eb, _cut_background, False),
 }
 
@@ -198,10 +155,10 @@ def pooled_background(releases, sds):
     cols = [R.sum(axis=0) * total / R.sum() for R in releases]
     var = np.array([(s * np.sqrt(k) * total / R.sum()) ** 2 for R, s in zip(releases, sds)])
     if not np.all(var > 0):
-        return lambda T, sd: _eb_background(T, sd)
+        return lambda T, sd: rt.eb_background(T, sd)
     wts = (1.0 / var) / (1.0 / var).sum()
     col = sum(w * c for w, c in zip(wts, cols))
-    b = _normalised_background(_npmle_posterior_mean(col, float(np.sqrt(1.0 / (1.0 / var).sum()))))
+    b = rt.normalised_background(npmle_posterior_mean(col, float(np.sqrt(1.0 / (1.0 / var).sum()))))
     return lambda T, sd: b
 
 

@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("streamdp.errors", "streamdp.backoff", "streamdp.serialization", "streamdp.documents",
               "streamdp._counts_decode_kernel", "streamdp._fold_in_kernel", "streamdp._sum2_kernel",
               "streamdp._column_sum_kernel", "streamdp.refinement_sketch",
-              "streamdp.refinement_topics", "streamdp.epoch_sums",
+              "streamdp.refinement_topics", "streamdp.empirical_bayes", "streamdp.epoch_sums",
               "streamdp.moments.*", "streamdp.whitening", "streamdp.whitening.subspace",
               "streamdp.tensor", "streamdp.tensor.power_method", "streamdp.privacy.rounding",
               "streamdp.text", "streamdp.text.tokenizer", "streamdp.text.vocabulary",

@@ -18,7 +18,9 @@ import scipy.sparse as sp
 
 import streamdp
 from streamdp import refinement as R
+from streamdp import refinement_topics as RT
 from streamdp.continual import EpochSums
+from streamdp.empirical_bayes import npmle_posterior_mean
 from streamdp.evaluation import topic_recovery_metrics
 from streamdp.privacy.accountant import Accountant, BudgetExhausted
 from streamdp.privacy.conversions import zcdp_rho
@@ -123,12 +125,73 @@ def test_denoising_keeps_every_word_possible_and_the_strong_rows(rng):
     # a row that is pure noise falls back to the background and says so
     T[2] = rng.normal(0, 1.0, size=d)
     B, nts = R.denoise_topic_word(T, 1.0)
-    bg = R.background_distribution(T, 1.0)
+    bg = RT.eb_background(T, 1.0)
     assert np.abs(B[2] - bg).sum() < 0.05 and not nts[2] < 1
     snap = streamdp.TopicSnapshot(topic_word=B, alpha=np.ones(k), eigenvalues=np.ones(k), n_docs=1.0,
                                   privacy={}, mechanism="tensor", subspace_id="x",
                                   noise_to_signal=nts, stage="refined")
     assert "1 of 4 topics" in snap.quality_note
+
+
+def _plain_james_stein(T, sd, floor=RT.FLOOR):
+    """The published rule before js_eb, written out: b = cut column sums, rows T shrunk."""
+    k, d = T.shape
+    col = np.maximum(T.sum(axis=0) - 2.0 * sd * math.sqrt(k), 0.0)
+    b = (1.0 - floor) * col / col.sum() + floor / d
+    m = np.maximum(T.sum(axis=1), 0.0)
+    D = T - m[:, None] * b[None, :]
+    w = np.clip(1.0 - d * sd ** 2 / np.einsum("ij,ij->i", D, D), 0.0, 1.0) if sd > 0 else np.ones(k)
+    S = np.maximum(m[:, None] * b[None, :] + w[:, None] * D, 0.0)
+    S = (1.0 - floor) * S / S.sum(axis=1, keepdims=True) + floor * b[None, :]
+    return S / S.sum(axis=1, keepdims=True)
+
+
+def test_published_topics_shrink_empirical_bayes_rows_toward_the_eb_background(rng):
+    """Issue 22 item 2 (js_eb): topic_i ∝ (1 − w_i)·m_i·b + w_i·EB(T_i), b the EB column sums.
+    On sparse topics under noise it lands nearer the truth than the plain James–Stein shrink
+    (whose rows keep the noise of every empty word); every word stays possible."""
+    k, d, sd = 4, 1000, 9.0
+    truth = rng.dirichlet(np.full(d, 0.05), size=k)
+    T = 20_000 * truth + rng.normal(0, sd, size=(k, d))
+    B, nts = R.denoise_topic_word(T, sd)
+    assert np.all(B > 0) and np.allclose(B.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+    js = _plain_james_stein(T, sd)
+    err, err_js = np.abs(B - truth).sum(axis=1), np.abs(js - truth).sum(axis=1)
+    assert np.all(err < 0.6 * err_js)                          # measured ≈ 0.13 vs 0.28
+    # the formula, from its parts: JS weights against the EB background, EB rows, the floor
+    b = RT.eb_background(T, sd)
+    m, _, _, w = RT.james_stein_weights(T, sd, b)
+    rows = np.array([npmle_posterior_mean(row, sd) for row in T])
+    S = (1.0 - w)[:, None] * m[:, None] * b[None, :] + w[:, None] * rows
+    S = (1.0 - RT.FLOOR) * S / S.sum(axis=1, keepdims=True) + RT.FLOOR * b[None, :]
+    np.testing.assert_allclose(B, S / S.sum(axis=1, keepdims=True), rtol=1e-12, atol=1e-15)
+    # noise_to_signal keeps its meaning: the JS weight is 1 / (1 + nts²)
+    np.testing.assert_allclose(w, 1.0 / (1.0 + nts ** 2), rtol=1e-9)
+
+
+def test_without_noise_the_published_topics_are_as_before(rng):
+    """σ = 0 (non-private): the positive part of T, the cut background's floor: bit for bit."""
+    T = 3_000 * rng.dirichlet(np.full(50, 0.1), size=3) + rng.normal(0, 0.5, size=(3, 50))
+    B, nts = R.denoise_topic_word(T, 0.0)
+    np.testing.assert_array_equal(
+        B, RT.shrink_topic_word(T, 0.0, R.background_distribution(T, 0.0), T)[0])
+    np.testing.assert_allclose(B, _plain_james_stein(T, 0.0), rtol=1e-12, atol=1e-15)
+    assert np.all(nts == 0.0)
+
+
+def test_published_topics_read_only_the_sums_and_sd(rng, monkeypatch):
+    """Post-processing (docs/privacy.md): deterministic in (T, σ), no draws, no budget."""
+    T = 500 * rng.dirichlet(np.full(300, 0.1), size=5) + rng.normal(0, 2.0, size=(5, 300))
+    first = R.refined_topics(T, 2.0, 1.0)
+
+    def no_draws(*a, **k):
+        raise AssertionError("published topics must not draw random numbers")
+
+    monkeypatch.setattr(np.random, "default_rng", no_draws)
+    monkeypatch.setattr(np.random, "normal", no_draws)
+    again = R.refined_topics(T.copy(), 2.0, 1.0)
+    for x, y in zip(first, again):
+        np.testing.assert_array_equal(x, y)
 
 
 def test_sparse_topic_rule_picks_rows_whose_mass_stands_above_the_noise(rng):
