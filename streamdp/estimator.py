@@ -8,7 +8,8 @@ import numpy as np
 
 from streamdp.cluster_start import ClusterStartConfig
 from streamdp.documents import as_count_batch
-from streamdp.estimator_continual import close_epochs, continual_state
+from streamdp.estimator_continual import (check_public_start_vocabulary, close_epochs,
+                                          continual_state)
 from streamdp.estimator_one_shot import (choose_start_on_count, cluster_start_sums, operation,
                                          public_start_snapshot, refine_sums, release_start,
                                          spectral_release)
@@ -162,11 +163,13 @@ class StreamingSpectralLDA:
                                    topics the operator fitted on public documents (no budget,
                                    recorded as public input); "auto" (default): the start rule
                                    (:func:`streamdp.start.choose_start`, docs/privacy.md) on a
-                                   noised document count. Continual mode (``epochs=``) always
-                                   starts from each epoch's private tensor release: there only
-                                   "auto" and "tensor" are accepted (both mean that); "cluster"
-                                   or a PublicStart raise ValueError (a continual chain from a
-                                   public start: the services' ``start: public``)
+                                   noised document count. Continual mode (``epochs=``):
+                                   "auto" and "tensor" start from each epoch's private tensor
+                                   release; a PublicStart starts the chain as the services'
+                                   ``start: public`` (epochs 1…L folded into it, every epoch
+                                   refined, node ρ split ``refinement.PUBLIC_START_SHARE`` 0.9
+                                   to the refinement sums unless ``refinement`` is an explicit
+                                   RefinementConfig; refinement required); "cluster" raises
     cluster_start : ClusterStartConfig, optional
                                    iterations and budget shares of the clustering start
                                    (one-shot only: refused with ``epochs=``)
@@ -239,7 +242,8 @@ class StreamingSpectralLDA:
         self.refinement = check_refinement(refinement)
         self.start = check_start(start)
         self.cluster_start_config = check_cluster_start(cluster_start)
-        check_continual_start(epochs, self.start, cluster_start)
+        self.refinement = check_continual_start(epochs, self.start, cluster_start,
+                                                self.refinement, refinement, self.n_topics)
         self.start_choice_: dict | None = None
         self.warmup_share = check_warmup_boundary(warmup_boundary, warmup_share)
         self.warmup_boundary = warmup_boundary
@@ -309,6 +313,7 @@ class StreamingSpectralLDA:
         w, ranks = self._user_weights(self._warmup_users, X, users)
         if self._warmup is None:
             d = X.shape[1]
+            check_public_start_vocabulary(self, d)
             self._warmup = WarmupSketch(d, self._k_prime(d), clip=self.clip.warmup,
                                         seed=0 if self.seed is None else int(self.seed))
         if w is None:

@@ -9,6 +9,7 @@ import math
 import numbers
 import uuid
 import warnings
+from dataclasses import replace
 
 from streamdp.cluster_start import ClusterStartConfig
 from streamdp.continual import AGGREGATORS
@@ -20,7 +21,8 @@ from streamdp.privacy.plan import WARMUP_SHARE
 from streamdp.privacy.spend import SpendSession, UnitSpender, output_store_for
 from streamdp.privacy.user_bounding import (SCHEDULES, UserBounder, bounding_report,
                                             check_max_users, check_positive_int)
-from streamdp.refinement import RefinementConfig
+from streamdp.refinement import PUBLIC_START_SHARE, RefinementConfig
+from streamdp.start import PublicStart
 
 DEFAULT_CLIP_QUANTILE = 0.97
 DEFAULT_CLIP_BUDGET_SHARE = 0.05
@@ -98,28 +100,41 @@ def check_continual(epochs, horizon, mechanism: str, continual_aggregator: str) 
     return None if horizon is None else check_positive_int("horizon", horizon)
 
 
-def check_continual_start(epochs, start, cluster_start) -> None:
-    """Continual mode (``epochs=``) starts every epoch's chain from its own private spectral
-    (tensor) release: it has no start choice. "auto" (the default) and "tensor" mean exactly
-    that there; a start it would not use — "cluster", a PublicStart, a ClusterStartConfig — is
-    refused rather than silently dropped (a caller who passed a public start would otherwise
-    get tensor-start releases without a word)."""
+def check_continual_start(epochs, start, cluster_start, refinement: RefinementConfig | None,
+                          refinement_arg, n_topics: int) -> RefinementConfig | None:
+    """Continual mode's start (``epochs=``); returns the refinement plan of its nodes.
+
+    "auto" (the default) and "tensor" start every epoch's chain from the private tensor release
+    (epochs 1 … L spectral). A :class:`PublicStart` starts it as the services' ``start: public``
+    does: epochs 1 … L are folded into the public topics, every epoch is refined, and each node's
+    ρ is split ``PUBLIC_START_SHARE`` (0.9) to the refinement sums unless ``refinement`` is an
+    explicit RefinementConfig (its share is kept). A start continual mode has no use for — the
+    clustering start, a ClusterStartConfig — is refused rather than silently dropped."""
     if epochs is None:
-        return
+        return refinement
+    if isinstance(start, PublicStart):
+        if refinement is None:
+            raise ValueError("a public start in continual mode is used only by the refinement "
+                             "(epochs 1..L are folded into it): pass refinement=True or a "
+                             "RefinementConfig, or drop start=")
+        if start.n_topics != n_topics:
+            raise ValueError(f"the public start has {start.n_topics} topics; this model has "
+                             f"n_topics={n_topics}")
+        if isinstance(refinement_arg, RefinementConfig):
+            return refinement
+        return replace(refinement, share=PUBLIC_START_SHARE)
     if start not in ("auto", "tensor"):
-        what = ("a PublicStart" if not isinstance(start, str) else f"start={start!r}")
         raise ValueError(
-            f"{what} is not used in continual mode (epochs=EpochClock(...)): close_epochs "
-            "always starts from each epoch's private tensor release. For that start, release "
-            "one-shot (drop epochs/horizon and call streamdp.fit(..., start=...) or "
-            "release_start/refine); for a continual chain from a public start, run the "
-            "services with 'start: public' and 'public_start_file' (docs/services.md); or "
-            "pass start='auto' (the default) / 'tensor' here")
+            f"start={start!r} is not used in continual mode (epochs=EpochClock(...)): "
+            "close_epochs has no clustering start. Release one-shot (drop epochs/horizon and "
+            "call streamdp.fit(..., start='cluster')), or pass start='auto' (the default), "
+            "'tensor' or a streamdp.PublicStart here")
     if cluster_start is not None:
         raise ValueError(
             "cluster_start= is not used in continual mode (epochs=EpochClock(...)): "
             "close_epochs has no clustering start. Drop it, or release one-shot "
             "(streamdp.fit(..., start='cluster', cluster_start=...))")
+    return refinement
 
 
 def check_refinement(refinement) -> RefinementConfig | None:

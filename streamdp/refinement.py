@@ -62,7 +62,7 @@ from streamdp.refinement_topics import (  # noqa: F401 (re-exported)
 # tests import from here (re-exports)
 __all__ = ["BLOCK", "refinement_sensitivity", "SENSITIVITY", "SCHEMA_VERSION", "RefinementConfig",
            "fold_in", "RefinementModel", "topic_order", "align_topics", "FoldInModels",
-           "plan_refinement", "DEFAULT_MODEL_LAG", "ModelNotDecided", "PUBLIC_START_EPOCH",
+           "plan_refinement", "public_start_models", "PUBLIC_START_SHARE", "DEFAULT_MODEL_LAG", "ModelNotDecided", "PUBLIC_START_EPOCH",
            "RefinementSketch", "SKETCH_VERSION", "background_distribution", "denoise_topic_word",
            "epoch_refined", "model_epoch_for", "refined_topics", "sparse_topic_word"]
 
@@ -78,6 +78,12 @@ def refinement_sensitivity(max_documents: int = rounding.DEFAULT_MAX_DOCUMENTS_P
 #: the sensitivity at the default premise N_max (what :func:`plan_refinement` uses by default)
 SENSITIVITY = refinement_sensitivity()
 SCHEMA_VERSION = 1
+#: the share of each continual node's ρ spent on the refinement sums when the chain starts from
+#: a public start (the services' ``refinement_share_public`` default, the estimator's with
+#: ``start=PublicStart`` and ``epochs=``): every epoch is refined from the first, and the
+#: continual selection rule almost never publishes the spectral half of such a release
+#: (docs/privacy.md "The public start's node plan")
+PUBLIC_START_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -385,6 +391,18 @@ class FoldInModels:
         oldest = self.closed_through + 1 - self.lag
         for m in [m for m in self.models if m < oldest]:
             del self.models[m]
+
+
+def public_start_models(refinement: RefinementConfig, public_start) -> FoldInModels:
+    """The fold-in models of a continual chain from a public start (a
+    :class:`streamdp.PublicStart`): epochs 1 … L are folded into it, model epoch 0
+    (:func:`model_epoch_for` with ``public_start=True``). The services and the estimator
+    both start such a chain from this."""
+    models = FoldInModels(refinement.model_lag, public_start=True)
+    models.models[PUBLIC_START_EPOCH] = RefinementModel(
+        public_start.topic_word, public_start.alpha, public_start.start_id,
+        refinement.fold_in_iter, PUBLIC_START_EPOCH)
+    return models
 
 
 # ----------------------------------------------------------------------------- release

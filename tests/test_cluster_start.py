@@ -432,30 +432,3 @@ def test_a_refusal_after_the_admission_charges_the_draws_made_and_leaves_nothing
                                                           "cluster#2"]
     assert labels[::2] == labels[1::2]              # each reserved and committed: charged
     est.release(0.01)                               # nothing pending
-
-
-def test_continual_mode_refuses_a_start_it_would_not_use(lda):
-    """A continual estimator (epochs=) starts every epoch from its private tensor release: a
-    public start, a clustering start or its config passed to one would be silently dropped
-    (tensor-start releases under a caller who asked for a public start) — refused at
-    construction, naming what to do instead. The default "auto" and "tensor" keep working."""
-    model, X = lda
-    ps = PublicStart.fit(X[:500], 4, source="help pages", seed=0)
-    continual = dict(epsilon=1.0, epochs=streamdp.EpochClock(0.0, 1.0), horizon=4,
-                     sampler="fast", non_production=True)
-    for start in (ps, "cluster"):
-        with pytest.raises(ValueError, match="not used in continual mode") as err:
-            streamdp.StreamingSpectralLDA(4, start=start, **continual)
-        assert "streamdp.fit" in str(err.value) and "start: public" in str(err.value)
-    with pytest.raises(ValueError, match="cluster_start= is not used in continual mode"):
-        streamdp.StreamingSpectralLDA(4, cluster_start=streamdp.ClusterStartConfig(), **continual)
-    # one-shot keeps them (the public start's own test above fits with one)
-    streamdp.StreamingSpectralLDA(4, start=ps, epsilon=1.0, sampler="fast", non_production=True)
-    # continual with the default and with "tensor": each closes an epoch, tensor-started
-    for start in ({}, {"start": "tensor"}):
-        est = streamdp.StreamingSpectralLDA(4, seed=0, **continual, **start)
-        est.warmup(X[:3000])
-        est.partial_fit(X[3000:4000], np.full(1000, 0.5))
-        (snap,) = est.close_epochs(1.0)
-        assert snap.epoch == 1 and snap.topic_word.shape == (4, X.shape[1])
-        assert "public_start" not in snap.privacy

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from streamdp.refinement import PUBLIC_START_EPOCH, FoldInModels, RefinementModel
+from streamdp.refinement import FoldInModels, public_start_models
 from streamdp.errors import ConfigError
 from streamdp.start import choose_service_start, warmup_noised_count, warmup_subspace_nts
 
@@ -50,12 +50,9 @@ def is_public(choice: dict | None) -> bool:
 def fold_in_models(refinement, public_start, public: bool) -> FoldInModels:
     """The fold-in models with the start's: epochs 1…L are folded into the public start
     (model epoch 0, streamdp.refinement.model_epoch_for) when it was chosen."""
-    models = FoldInModels(refinement.model_lag, public_start=public)
     if public:
-        models.models[PUBLIC_START_EPOCH] = RefinementModel(
-            public_start.topic_word, public_start.alpha, public_start.start_id,
-            refinement.fold_in_iter, PUBLIC_START_EPOCH)
-    return models
+        return public_start_models(refinement, public_start)
+    return FoldInModels(refinement.model_lag, public_start=False)
 
 
 def node_refinement(cfg, choice: dict | None):

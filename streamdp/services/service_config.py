@@ -27,7 +27,7 @@ from streamdp.privacy.noise import DEFAULT_SAMPLER, SAMPLER_KINDS, require_produ
 from streamdp.privacy.user_bounding import (DEFAULT_MAX_USERS, SCHEDULES, UserBounder,
                                             bounding_report)
 from streamdp.privacy.plan import WARMUP_SHARE
-from streamdp.refinement import RefinementConfig
+from streamdp.refinement import PUBLIC_START_SHARE, RefinementConfig
 from streamdp.services.routing import Routing
 from streamdp.services.vocabulary import VocabularyError, file_provenance
 from streamdp.start import PublicStartFileError, load_public_start
@@ -165,8 +165,9 @@ class ServiceConfig:
     # publishes the spectral half of a release refined from a public start, so its nodes give
     # the refinement sums more of their rho (docs/privacy.md "The public start's node plan")
     refinement_share_public: float = _field(
-        0.9, "must be a number in (0, 1) (the share of each tree node's rho spent on the "
-             "refinement sums when the start is public; default 0.9), got {got}", gt=0, lt=1)
+        PUBLIC_START_SHARE, "must be a number in (0, 1) (the share of each tree node's rho "
+                            "spent on the refinement sums when the start is public; default "
+                            "0.9), got {got}", gt=0, lt=1)
     # L: epoch e is refined against snapshot e − L
     refinement_model_lag: int = _field(2, "must be an integer number of epochs >= 1 (default 2)",
                                        ge=1)
