@@ -13,7 +13,8 @@ the final pass's (T, σ) — the ``*_pooled`` ones also of the earlier releases'
 is scored in seconds: distinct topics, mean and median NPMI, background share and diversity
 (streamdp.evaluation.distinct), held-out document-completion perplexity and zero-probability
 tokens, next to the **background-only model** (k copies of the training word counts + 0.5).
-Row ``landed`` is what the fit published (checked equal to the cached snapshot's topics).
+Row ``landed`` is what the fit published (checked equal to the cached snapshot's topics; a cache
+written before js_eb landed, 5840f78, holds the plain James–Stein topics, which row ``js`` is).
 """
 from __future__ import annotations
 
