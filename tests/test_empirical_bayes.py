@@ -86,3 +86,14 @@ def test_posterior_mean_reads_only_x_and_sd(monkeypatch):
 def test_a_noise_sd_that_is_not_positive_is_refused(sd):
     with pytest.raises(ValueError, match="sd must be > 0"):
         npmle_posterior_mean(np.ones(3), sd)
+
+
+def test_posterior_means_do_not_depend_on_the_chunk_size(monkeypatch):
+    """The posterior is computed a chunk of values at a time (bounded memory): the same values,
+    up to the last bit (BLAS may sum a small block in another order)."""
+    import streamdp.empirical_bayes as eb
+    rng = np.random.default_rng(2)
+    x = np.abs(rng.standard_cauchy(1000)) * 3.0 + rng.normal(0.0, 1.0, 1000)
+    whole = npmle_posterior_mean(x, 1.0)
+    monkeypatch.setattr(eb, "CHUNK", 7)
+    np.testing.assert_allclose(npmle_posterior_mean(x, 1.0), whole, rtol=1e-13, atol=1e-300)
