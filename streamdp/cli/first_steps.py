@@ -90,7 +90,7 @@ def _demo(a) -> int:
              vocabulary=a.vocabulary, selection_docs=a.selection_docs,
              privacy_unit=a.privacy_unit, max_docs_per_user_epoch=a.max_docs_per_user_epoch,
              start=a.start, public_docs=a.public_docs,
-             refinement_share_public=a.refinement_share_public)
+             refinement_share_public=a.refinement_share_public, noise_seed=a.noise_seed)
     return 0
 
 
@@ -161,6 +161,9 @@ def add_demo(sub) -> None:
     d.add_argument("--sampler", choices=SAMPLER_KINDS, default=DEFAULT_SAMPLER,
                    help="noise sampler (docs/privacy_accounting.md)")
     d.add_argument("--seed", type=int, default=0, help="seed of the demo corpus")
+    d.add_argument("--noise-seed", dest="noise_seed", type=int, default=None,
+                   help="INSECURE: seed the noise (reproducible releases, for tests; anyone who "
+                        "knows the seed can subtract the noise). Default: unseeded")
     d.add_argument("--privacy-unit", choices=("document", "user"), default="document",
                    help="document: add/remove one document; user: add/remove every document of "
                         "one user (the demo's documents get authors, documents per user from a "

@@ -105,7 +105,8 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
              timeout: float = 600.0, out=print, vocabulary: str | None = None,
              selection_docs: int = 10_000, privacy_unit: str = "document",
              max_docs_per_user_epoch: int | None = None, start: str = "auto",
-             public_docs: int = 5_000, refinement_share_public: float | None = None) -> dict:
+             public_docs: int = 5_000, refinement_share_public: float | None = None,
+             noise_seed: int | None = None) -> dict:
 
     # everything that can be refused is refused before a broker starts or a folder is made
     if epsilon is not None and (isinstance(epsilon, bool) or not isinstance(epsilon, (int, float))
@@ -214,6 +215,8 @@ def run_demo(*, epsilon: float | None = 1.0, warmup_docs: int = 20_000, stream_d
                         ledger=str(work / "ledger.jsonl"), snapshot_dir=str(work / "snapshots"),
                         checkpoint_seconds=2.0, poll_seconds=0.5, seed=seed,
                         non_production=True,   # embedded broker: CreateTime, derived control key
+                        # reproducible noise for tests: insecure, refused outside non_production
+                        noise_seed=noise_seed, insecure_reproducible_noise=noise_seed is not None,
                         confirm_backfill=True,  # a replay of last week's documents, on purpose
                         closing="operator",   # a replay: epochs close by the flush below
                         **user_fields)
